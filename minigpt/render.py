@@ -1,0 +1,78 @@
+"""Rich renderings of minigpt's reports for the terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from minigpt.params import ParamReport
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f}{unit}"
+    return f"{n:,.0f}"
+
+
+def params_view(report: ParamReport, title: str, stored_total: int | None = None) -> Group:
+    """The GPT-3 style table, the reconciliation with the module, and derived costs."""
+    c = report.config
+    shape = (
+        f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} head_dim={c.head_dim} "
+        f"d_ff={c.d_ff} vocab_size={c.vocab_size:,} block_size={c.block_size:,} "
+        f"bias={c.bias} tied={c.tie_embeddings}"
+    )
+    table = Table(title=f"Parameters of {title}", caption=shape, title_justify="left")
+    table.add_column("Part")
+    table.add_column("Formula", style="dim")
+    table.add_column("Parameters", justify="right")
+    for row in report.rows:
+        table.add_row(row.name, row.formula, f"{row.count:,}")
+    table.add_section()
+    table.add_row(Text("Total (GPT-3 style)", style="bold"), "", Text(f"{report.gpt3_total:,}", style="bold"))
+
+    recon = Table(title="Reconciliation with the module minigpt builds", title_justify="left")
+    recon.add_column("Adjustment")
+    recon.add_column("Formula", style="dim")
+    recon.add_column("Parameters", justify="right")
+    for row in report.adjustments:
+        recon.add_row(row.name, row.formula, f"{row.count:+,}")
+    recon.add_section()
+    recon.add_row(Text("Exact total", style="bold"), "", Text(f"{report.exact_total:,}", style="bold"))
+    if stored_total is not None:
+        ok = stored_total == report.exact_total
+        mark = Text("✓ matches" if ok else "✗ differs", style="green" if ok else "bold red")
+        recon.add_row("Stored in model.safetensors", mark, f"{stored_total:,}")
+
+    costs = Table(title="Where they are and what they cost", title_justify="left")
+    costs.add_column("Quantity")
+    costs.add_column("Value", justify="right")
+    for part, n in report.shares.items():
+        costs.add_row(f"share: {part}", f"{n:,} ({100 * n / report.exact_total:.1f}%)")
+    m = report.memory_bytes
+    costs.add_row("weights fp32 / bf16", f"{human_bytes(m['weights_fp32'])} / {human_bytes(m['weights_bf16'])}")
+    costs.add_row("training with AdamW (16 B/param)", human_bytes(m["training_adamw"]))
+    f = report.flops_per_token
+    costs.add_row("FLOPs per token: forward / training", f"{human_count(f['forward'])} / {human_count(f['training'])}")
+    kv = report.kv_cache_bytes
+    costs.add_row("KV cache per token bf16 / fp32", f"{human_bytes(kv['per_token_bf16'])} / {human_bytes(kv['per_token_fp32'])}")
+    costs.add_row(
+        f"KV cache, full context of {c.block_size:,} bf16 / fp32",
+        f"{human_bytes(kv['full_context_bf16'])} / {human_bytes(kv['full_context_fp32'])}",
+    )
+    notes = Text("\n".join(f"{k}: {v}" for k, v in report.formulas.items()), style="dim")
+    return Group(table, Text(""), recon, Text(""), costs, notes)
+
+
+def print_params(report: ParamReport, title: str, stored_total: int | None = None, console: Console | None = None) -> None:
+    (console or Console()).print(params_view(report, title, stored_total))

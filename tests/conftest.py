@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny configs, the optional ../shared data, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+R50K_FILE = SHARED_DATA / "r50k_base.tiktoken"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
+
+# keep tests reproducible and light on the 2-core machines
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def runner():
+    from typer.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture
+def r50k_file() -> Path:
+    if not R50K_FILE.is_file():
+        pytest.skip("../shared/data/r50k_base.tiktoken is absent")
+    return R50K_FILE
+
+
+@pytest.fixture
+def shakespeare() -> Path:
+    if not SHAKESPEARE.is_file():
+        pytest.skip("../shared/data/tinyshakespeare.txt is absent")
+    return SHAKESPEARE

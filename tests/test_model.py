@@ -1,0 +1,118 @@
+"""The model against references: shapes, causality, SDPA vs manual attention, loss at init."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minigpt.config import GPTConfig
+from minigpt.errors import MinigptError
+from minigpt.model import GPT
+
+TINY = GPTConfig(vocab_size=53, block_size=16, n_layer=2, n_head=4, n_embd=32)
+
+
+def manual_attention(attn, x: torch.Tensor) -> torch.Tensor:
+    """Plain matmul-softmax causal attention, the textbook reference for SDPA."""
+    B, T, C = x.shape
+    q, k, v = attn.qkv(x)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    return attn.c_proj(y)
+
+
+def test_forward_shapes() -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    idx = torch.randint(0, TINY.vocab_size, (3, 10))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 10, TINY.vocab_size) and loss is not None and loss.ndim == 0
+    last, none = model(idx)
+    assert last.shape == (3, TINY.vocab_size) and none is None
+    torch.testing.assert_close(last, logits[:, -1, :])
+    full, _ = model(idx, all_logits=True)
+    torch.testing.assert_close(full, logits)
+
+
+def test_causality() -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    idx = torch.randint(0, TINY.vocab_size, (1, 12))
+    changed = idx.clone()
+    changed[0, 7:] = (changed[0, 7:] + 1) % TINY.vocab_size
+    a, _ = model(idx, all_logits=True)
+    b, _ = model(changed, all_logits=True)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_sdpa_matches_manual_attention(bias: bool) -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=53, block_size=16, n_layer=1, n_head=4, n_embd=32, bias=bias)
+    attn = GPT(config).transformer.h[0].attn.eval()
+    x = torch.randn(2, 16, 32)
+    torch.testing.assert_close(attn(x), manual_attention(attn, x))
+
+
+def test_loss_at_init_is_near_uniform() -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=500, block_size=32, n_layer=2, n_head=2, n_embd=64)
+    idx, targets = torch.randint(0, 500, (2, 8, 32))
+    _, loss = GPT(config)(idx, targets)
+    assert abs(loss.item() - math.log(500)) < 0.1
+
+
+def test_tied_and_untied_heads() -> None:
+    tied = GPT(TINY)
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    untied = GPT(GPTConfig(**{**TINY.to_dict(), "tie_embeddings": False}))
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.num_params() == tied.num_params() + TINY.vocab_size * TINY.n_embd
+
+
+def test_residual_projection_init_is_scaled() -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=100, block_size=8, n_layer=8, n_head=4, n_embd=256)
+    model = GPT(config)
+    std = model.transformer.h[0].mlp.c_proj.weight.std().item()
+    assert abs(std - 0.02 / math.sqrt(16)) < 0.001
+    assert abs(model.transformer.h[0].mlp.c_fc.weight.std().item() - 0.02) < 0.001
+
+
+def test_too_long_sequence_is_a_clean_error() -> None:
+    model = GPT(TINY)
+    with pytest.raises(MinigptError, match="block_size"):
+        model(torch.zeros(1, TINY.block_size + 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(n_embd=30, n_head=4), "divisible"),
+        (dict(n_layer=0), "n_layer"),
+        (dict(vocab_size=-5), "vocab_size"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(block_size=2.5), "block_size"),
+    ],
+)
+def test_config_validation(fields: dict, message: str) -> None:
+    with pytest.raises(MinigptError, match=message):
+        GPTConfig(**fields)
+
+
+def test_dropout_only_in_training() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=53, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.5))
+    idx = torch.randint(0, 53, (2, 16))
+    model.eval()
+    a, _ = model(idx)
+    b, _ = model(idx)
+    torch.testing.assert_close(a, b)
+    model.train()
+    c, _ = model(idx)
+    assert not torch.allclose(a, c)
