@@ -62,6 +62,13 @@ def atomic_path(path: Path) -> Iterator[Path]:
             tmp.unlink()
 
 
+def remove_stale_temps(directory: Path) -> None:
+    """Delete temp files a killed writer left behind (the files they were replacing are intact)."""
+    for tmp in Path(directory).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
@@ -245,6 +252,7 @@ def save_run_files(
     """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(run_dir)
     if save_weights:
         save_tensors(run_dir / WEIGHTS_FILE, model_tensors(model), metadata={"format": FORMAT})
     atomic_write_json(run_dir / TOKENIZER_FILE, tokenizer.to_json())

@@ -16,6 +16,12 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token caches go to a per-session temp dir, never the user's ~/.cache."""
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "minigpt-cache"))
+
+
 @pytest.fixture
 def runner():
     from typer.testing import CliRunner

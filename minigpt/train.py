@@ -1,0 +1,500 @@
+"""Training as a function over typed configs: AdamW, warmup + cosine, eval, atomic checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minigpt import checkpoint as ckpt
+from minigpt.config import GPTConfig
+from minigpt.data import BatchSampler, DataConfig, Dataset, bits_per_byte, prepare_data
+from minigpt.device import autocast_context, resolve_device, resolve_dtype
+from minigpt.distributed import DistContext
+from minigpt.errors import MinigptError, UsageError
+from minigpt.model import GPT
+from minigpt.params import count_params
+from minigpt.presets import preset as get_preset
+from minigpt.progress import Reporter
+from minigpt.tokenizer import Tokenizer
+
+STATE_FORMAT = "minigpt-state"
+EVAL_SEED_OFFSET = 1_000_003  # validation windows come from their own stream, fixed across evals
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every training setting; saved in the run's config.json and reused on --resume."""
+
+    # model shape: a preset, then any explicit overrides (vocab_size always comes from the tokenizer)
+    preset: str = "mini"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None
+    dropout: float = 0.0
+    bias: bool = True
+    # optimisation
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    # budget: the first one reached stops the run
+    max_iters: int | None = None
+    max_time: float | None = None  # seconds
+    max_tokens: int | None = None
+    # evaluation and logging
+    eval_every: int = 250
+    eval_iters: int = 20
+    log_every: int = 10
+    # runtime
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        positive_ints = ("batch_size", "grad_accum", "eval_every", "eval_iters", "log_every")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        for name in ("max_iters", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.max_time is not None and self.max_time <= 0:
+            raise UsageError(f"--max-time must be positive, got {self.max_time}s")
+        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
+            raise UsageError(f"need 0 < --lr and 0 <= --min-lr <= --lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise UsageError("--warmup, --weight-decay and --grad-clip must not be negative (0 turns them off)")
+        if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
+            raise UsageError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if not 0 <= self.dropout < 1:
+            raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def has_budget(self) -> bool:
+        return any(v is not None for v in (self.max_iters, self.max_time, self.max_tokens))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        shape = get_preset(self.preset)
+        shape.pop("vocab_size", None)
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(self, name) is not None:
+                shape[name] = getattr(self, name)
+        return GPTConfig(vocab_size=vocab_size, dropout=self.dropout, bias=self.bias, **shape)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '90', '90s', '10m', '1h30m' or '1.5h'."""
+    s = text.strip().lower().replace(" ", "")
+    pos, total = 0, 0.0
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+    while pos < len(s):
+        m = _DURATION.match(s, pos)
+        if not m or m.end() == pos:
+            break
+        total += float(m.group(1)) * scale[m.group(2)]
+        pos = m.end()
+    if not s or pos != len(s) or total <= 0:
+        raise UsageError(f"cannot read duration {text!r}: use e.g. 90s, 10m, 1h30m")
+    return total
+
+
+@dataclass
+class TrainState:
+    """Progress that a checkpoint must carry for an exact resume."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0
+    best_val_loss: float = math.inf
+    best_step: int = -1
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    state: TrainState
+    interrupted: bool
+    stop_reason: str
+    metrics: list[dict[str, Any]]
+
+
+def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
+    """Linear warmup over `warmup` steps, then cosine from lr to min_lr over the budget's progress."""
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = min(max(progress, 0.0), 1.0)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * p))
+
+
+def budget_progress(cfg: TrainConfig, state: TrainState) -> float:
+    """Fraction of the budget used: the largest of steps, time and tokens (1.0 means stop)."""
+    parts = [0.0]
+    if cfg.max_iters is not None:
+        parts.append(state.step / cfg.max_iters)
+    if cfg.max_time is not None:
+        parts.append(state.elapsed / cfg.max_time)
+    if cfg.max_tokens is not None:
+        parts.append(state.tokens / cfg.max_tokens)
+    return max(parts)
+
+
+def stop_reason(cfg: TrainConfig, state: TrainState) -> str | None:
+    if cfg.max_iters is not None and state.step >= cfg.max_iters:
+        return f"reached --max-iters {cfg.max_iters}"
+    if cfg.max_time is not None and state.elapsed >= cfg.max_time:
+        return f"reached --max-time {cfg.max_time:g}s"
+    if cfg.max_tokens is not None and state.tokens >= cfg.max_tokens:
+        return f"reached --max-tokens {cfg.max_tokens:,}"
+    return None
+
+
+def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and "wpe" not in name else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cuda", "cpu")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+@torch.no_grad()
+def estimate_loss(
+    model: torch.nn.Module,
+    tokens: Any,
+    cfg: TrainConfig,
+    block_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    dist: DistContext,
+) -> float:
+    """Mean loss on eval_iters fixed windows of the split (the same windows at every evaluation)."""
+    sampler = BatchSampler(tokens, block_size, cfg.batch_size, cfg.seed + EVAL_SEED_OFFSET, dist.rank, dist.world_size)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    for _ in range(cfg.eval_iters):
+        x, y = sampler.next_batch()
+        with autocast_context(device, dtype):
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.float()
+    model.train(was_training)
+    mean = total / cfg.eval_iters
+    return dist.all_reduce_mean(mean).item()
+
+
+def _state_tensors(
+    model: GPT, optimizer: torch.optim.Optimizer, sampler: BatchSampler
+) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in ckpt.model_tensors(model).items()}
+    for name, p in model.named_parameters():
+        for key, value in optimizer.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim/{name}/{key}"] = value
+    for key, value in sampler.state_dict().items():
+        tensors[f"sampler/{key}"] = value
+    tensors["rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()
+    return tensors
+
+
+def save_state(
+    run_dir: Path,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    sampler: BatchSampler,
+    state: TrainState,
+    cfg: TrainConfig,
+) -> None:
+    """The resumable state (latest weights, AdamW moments, sampler and RNG) as one atomic safetensors file."""
+    meta = {"format": STATE_FORMAT, "state": json.dumps(asdict(state)), "train": json.dumps(cfg.to_dict())}
+    ckpt.save_tensors(run_dir / ckpt.STATE_FILE, _state_tensors(model, optimizer, sampler), metadata=meta)
+
+
+def load_state(
+    run_dir: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: BatchSampler
+) -> TrainState:
+    """Restore everything save_state wrote; any mismatch is a clean error."""
+    path = run_dir / ckpt.STATE_FILE
+    tensors, meta = ckpt.load_tensors(path)
+    if meta.get("format") != STATE_FORMAT:
+        raise MinigptError(f"{path} is not a minigpt training state")
+    weights = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    restored = ckpt.build_model(model.config, weights, path, "cpu")
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(model.named_parameters(), restored.named_parameters(), strict=True):
+            p.copy_(q)
+    for name, p in model.named_parameters():
+        prefix = f"optim/{name}/"
+        st = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        if st:
+            optimizer.state[p] = {k: (v.to(p.device) if k != "step" else v) for k, v in st.items()}
+    sampler.load_state_dict({k.removeprefix("sampler/"): v for k, v in tensors.items() if k.startswith("sampler/")})
+    torch.set_rng_state(tensors["rng/torch"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
+    try:
+        return TrainState(**json.loads(meta["state"]))
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise MinigptError(f"{path} has an unreadable training state ({e})") from None
+
+
+class _StopSignals:
+    """First Ctrl-C/SIGTERM asks the loop to stop after the current step; a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested is not None:
+            # saves are atomic, so leaving mid-write cannot corrupt the previous checkpoint
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_StopSignals]:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        try:
+            yield self
+        finally:
+            for sig, old in self._old.items():
+                signal.signal(sig, old)
+
+
+def _resolve_run(
+    cfg: TrainConfig,
+    data: DataConfig | None,
+    out: Path | None,
+    resume: Path | None,
+    init_from: Path | None,
+    overwrite: bool,
+    budget_overrides: dict[str, Any],
+) -> tuple[TrainConfig, DataConfig, Path, Tokenizer | None, GPTConfig | None]:
+    """Work out the settings of a new, resumed or fine-tuned run before touching the disk."""
+    if resume is not None:
+        saved = ckpt.read_run_config(resume)
+        if not (resume / ckpt.STATE_FILE).is_file():
+            raise MinigptError(f"{resume} has no {ckpt.STATE_FILE}: nothing to resume")
+        cfg = replace(TrainConfig.from_dict(saved["train"]), **budget_overrides)
+        saved_data = saved["data"]
+        data = DataConfig(
+            **{**saved_data, "paths": tuple(Path(p) for p in saved_data["paths"]),
+               "val_file": Path(saved_data["val_file"]) if saved_data.get("val_file") else None}
+        )
+        return cfg, data, resume, ckpt.load_tokenizer(resume), ckpt.run_model_config(saved, resume)
+    if data is None:
+        raise UsageError("give a text file to train on, or --resume DIR")
+    out = out if out is not None else ckpt.DEFAULT_ROOT / _default_name(data)
+    ckpt.guard_new_run_dir(out, overwrite)
+    if init_from is not None:
+        saved = ckpt.read_run_config(init_from)
+        return cfg, data, out, ckpt.load_tokenizer(init_from), ckpt.run_model_config(saved, init_from)
+    return cfg, data, out, None, None
+
+
+def _default_name(data: DataConfig) -> str:
+    stem = data.paths[0].stem if data.paths else "run"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "run"
+
+
+def train(
+    cfg: TrainConfig,
+    data: DataConfig | None = None,
+    *,
+    out: Path | None = None,
+    resume: Path | None = None,
+    init_from: Path | None = None,
+    overwrite: bool = False,
+    budget_overrides: dict[str, Any] | None = None,
+    reporter: Reporter | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train a model (new, resumed from `resume`, or starting from `init_from`'s weights) and save it."""
+    t_start = time.perf_counter()
+    dist = DistContext.from_env()
+    cfg, data, out, tokenizer, fixed_shape = _resolve_run(
+        cfg, data, out, resume, init_from, overwrite, budget_overrides or {}
+    )
+    reporter = reporter or Reporter(enabled=dist.is_master)
+    if resume is None and not cfg.has_budget:
+        raise UsageError("give a budget: --max-iters, --max-time or --max-tokens")
+
+    device = resolve_device(cfg.device, local_rank=dist.local_rank)
+    dtype = resolve_dtype(cfg.dtype, device)
+    torch.manual_seed(cfg.seed)
+
+    block_size = fixed_shape.block_size if fixed_shape else cfg.model_config(1).block_size
+    with dist.master_first():
+        dataset = prepare_data(data, block_size, tokenizer=tokenizer, progress=dist.is_master)
+    tokenizer = dataset.tokenizer
+    if fixed_shape is not None:
+        model_config = fixed_shape
+        if tokenizer.vocab_size > model_config.vocab_size:
+            raise MinigptError("tokenizer is larger than the model's vocabulary")
+    else:
+        model_config = cfg.model_config(tokenizer.vocab_size)
+
+    model = GPT(model_config).to(device)
+    if init_from is not None and resume is None:
+        tensors, _ = ckpt.load_tensors(init_from / ckpt.WEIGHTS_FILE)
+        source = ckpt.build_model(model_config, tensors, init_from / ckpt.WEIGHTS_FILE, str(device))
+        model.load_state_dict(source.state_dict())
+    model.train()
+    optimizer = make_optimizer(model, cfg, device)
+    sampler = BatchSampler(dataset.train, model_config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size)
+
+    state = TrainState()
+    if resume is not None:
+        state = load_state(out, model, optimizer, sampler)
+        reporter.log(f"resuming {out} at step {state.step:,} ({state.tokens:,} tokens)")
+    metrics_path = out / ckpt.METRICS_FILE
+    history = ckpt.read_jsonl(metrics_path) if resume is not None else []
+
+    extra = {"train": cfg.to_dict(), "data": _data_dict(data), "metrics": {}}
+    if dist.is_master:
+        if resume is None:
+            if out.exists() and overwrite:
+                for name in (ckpt.STATE_FILE, ckpt.WEIGHTS_FILE, ckpt.METRICS_FILE):
+                    (out / name).unlink(missing_ok=True)
+            ckpt.save_run_files(out, model, tokenizer, extra, save_weights=False)
+    train_model = dist.wrap(model, device)
+    if cfg.compile:
+        train_model = torch.compile(train_model)
+
+    report = count_params(model_config)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_config.block_size * dist.world_size
+    reporter.start(cfg, model_config, report.exact_total, tokenizer.describe(), dataset, device, dtype, out, dist.world_size)
+
+    def evaluate_and_save(final: bool = False) -> None:
+        val_loss = estimate_loss(train_model, dataset.val, cfg, model_config.block_size, device, dtype, dist)
+        train_loss = estimate_loss(train_model, dataset.train, cfg, model_config.block_size, device, dtype, dist)
+        bpb = bits_per_byte(val_loss, len(dataset.val), dataset.val_bytes)
+        state.last_eval = {"val_loss": val_loss, "train_loss": train_loss, "val_bpb": bpb,
+                           "val_ppl": math.exp(min(val_loss, 700))}
+        improved = val_loss < state.best_val_loss
+        if improved:
+            state.best_val_loss, state.best_step = val_loss, state.step
+        record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3), **state.last_eval}
+        history.append({"kind": "eval", **record})
+        if dist.is_master:
+            ckpt.append_jsonl(metrics_path, {"kind": "eval", **record})
+            extra["metrics"] = {
+                "best_val_loss": state.best_val_loss, "best_step": state.best_step,
+                "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes),
+                "last": record,
+            }
+            ckpt.save_run_files(out, model, tokenizer, extra, save_weights=improved)
+            save_state(out, model, optimizer, sampler, state, cfg)
+        reporter.evaluated(record, improved)
+        dist.barrier()
+
+    signals = _StopSignals()
+    interrupted = False
+    reason = stop_reason(cfg, state)
+    t_resume = time.perf_counter() - state.elapsed  # elapsed carries over a resume
+    with signals.installed():
+        while reason is None:
+            progress = budget_progress(cfg, state)
+            lr = lr_at(cfg, state.step, progress)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(cfg.grad_accum):
+                x, y = sampler.next_batch()
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with dist.no_sync(train_model, last=micro == cfg.grad_accum - 1), autocast_context(device, dtype):
+                    _, loss = train_model(x, y)
+                    loss = loss / cfg.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            step_loss = loss_sum.item()
+            if not math.isfinite(step_loss):
+                raise MinigptError(
+                    f"loss became {step_loss} at step {state.step}: lower --lr (now {cfg.lr:g}) or "
+                    f"raise --warmup; the last good checkpoint in {out} is untouched"
+                )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            state.tokens += tokens_per_step
+            state.elapsed = dist.agree_time(time.perf_counter() - t_resume)
+            if on_step is not None:
+                on_step(state.step)
+            if state.step % cfg.log_every == 0 or state.step == 1:
+                record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3),
+                          "loss": dist.all_reduce_mean(torch.tensor(step_loss, device=device)).item(), "lr": lr}
+                history.append({"kind": "train", **record})
+                if dist.is_master:
+                    ckpt.append_jsonl(metrics_path, {"kind": "train", **record})
+                reporter.step(record, budget_progress(cfg, state), tokens_per_step)
+            reason = stop_reason(cfg, state)
+            if dist.any_flag(signals.requested is not None):
+                interrupted, reason = True, f"stopped by {signals.requested or 'a signal on another rank'}"
+            if reason is None and state.step % cfg.eval_every == 0:
+                evaluate_and_save()
+        evaluate_and_save(final=True)
+    total = time.perf_counter() - t_start
+    reporter.finish(history, state, out, reason or "", interrupted, total, dataset)
+    dist.close()
+    return TrainResult(out=out, state=state, interrupted=interrupted, stop_reason=reason or "", metrics=history)
+
+
+def _data_dict(data: DataConfig) -> dict[str, Any]:
+    d = asdict(data)
+    d["paths"] = [str(p) for p in data.paths]
+    d["val_file"] = str(data.val_file) if data.val_file else None
+    d["cache_dir"] = str(data.cache_dir) if data.cache_dir else None
+    return d
+
+
+def dataset_summary(dataset: Dataset) -> str:
+    return (
+        f"{len(dataset.train):,} train / {len(dataset.val):,} val tokens "
+        f"({dataset.val_bytes_per_token:.2f} bytes/token)"
+    )
