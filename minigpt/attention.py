@@ -140,10 +140,10 @@ def _replay(model: GPT, ids: Sequence[int], keep: Callable[[int, torch.Tensor], 
 
 def attention_maps(model: GPT, ids: Sequence[int]) -> AttentionMaps:
     """All layers' and heads' full T x T patterns (memory grows as n_layer * n_head * T²)."""
-    layers: list[torch.Tensor] = []
-    logits = _replay(model, ids, lambda _layer, w: layers.append(w.cpu()))
     import torch
 
+    layers: list[torch.Tensor] = []
+    logits = _replay(model, ids, lambda _layer, w: layers.append(w.cpu()))
     return AttentionMaps(weights=torch.stack(layers), logits=logits.float().cpu())
 
 
@@ -152,11 +152,11 @@ def attention_row(model: GPT, ids: Sequence[int], position: int = -1) -> torch.T
 
     Causality means later tokens cannot change it, so only ids[:position+1] are run.
     """
+    import torch
+
     position = resolve_index(position, len(ids), "position", "tokens") if ids else 0
     rows: list[torch.Tensor] = []
     _replay(model, ids[: position + 1], lambda _layer, w: rows.append(w[:, -1, :].cpu()))
-    import torch
-
     return torch.stack(rows)
 
 
@@ -244,6 +244,8 @@ def _ramp(w: float) -> tuple[int, int, int]:
 
 
 def _cell_style(w: float, strong: bool) -> str:
+    if round(100 * w) == 0:
+        return ""  # unshaded, like the blank text: only weights that show as a number get a colour
     r, g, b = _ramp(w)
     fg = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 128 else "white"
     return f"{'bold ' if strong else ''}{fg} on rgb({r},{g},{b})"
@@ -312,9 +314,8 @@ def position_view(
         if start and c == 0:
             table.add_column(Text("…\nearlier", justify="right"), justify="right", no_wrap=True)
         for p in chunk:
-            table.add_column(
-                Text(f"{p}\n{_fit(labels[p], col_w[p])}", justify="right"), justify="right", no_wrap=True
-            )
+            header = Text(f"{p}\n{_fit(labels[p], col_w[p])}", justify="right")
+            table.add_column(header, justify="right", no_wrap=True, min_width=col_w[p])
         for i, name in enumerate(row_names):
             cells: list[Text] = []
             if start and c == 0:
