@@ -147,15 +147,17 @@ def attention(
     ] = False,
     png: Annotated[
         Path | None,
-        typer.Option(help="Also draw the grid (one head, or a tile of heads) as a PNG; needs minigpt[viz]."),
+        typer.Option(help="Also draw the grid (one head, or a tile of heads) as a PNG (needs the viz extra)."),
     ] = None,
 ) -> None:
     """Show which earlier tokens each attention head weights, seen from the last (or --position) token.
 
-    By default: every layer and head's weights (in %) over the tokens, strongest in bold, then each
-    head's top tokens. `--layer L [--head H]` draws whole causal patterns as grids (row: position,
-    column: the position it attends to). Tokens show ⏎ for newline, ⇥ for tab, · for space and \\xNN for
-    the bytes of a split character. Examples: `minigpt attention "To be, or not to be"`,
+    By default: every layer and head's weights (in %) over the tokens, strongest in bold, then
+    each head's top tokens. `--layer L` (with `--head H` for one head) draws whole causal patterns
+    as grids: row = position, column = the position it attends to. Tokens show ⏎ for newline,
+    ⇥ for tab, · for space and \\xNN for the bytes of a split character.
+
+    Examples: `minigpt attention "To be, or not to be"`,
     `minigpt attention "Hello" --layer 0 --head 1 --png head.png`.
     """
     from rich.console import Console
