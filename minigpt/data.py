@@ -504,6 +504,11 @@ def prepare_data(
     tokenize once into the cache (keyed by the content hash of the inputs and the tokenizer), memory-map
     the tokens and split them. Every bad input is a one-line MinigptError, and then nothing is written.
 
+    Cache layout: <cache>/tokenizers/<key>.json (trained char/bpe tokenizers) and <cache>/tokens/<key>.bin
+    (raw uint16/uint32 ids) with <key>.json beside it (count, dtype, text bytes); entries are never evicted.
+    Concurrent calls are safe (atomic renames) but each tokenizes on a cold cache: under torchrun, prepare
+    on rank 0 first, then the other ranks reuse the cache.
+
     With --val-fraction the tokenizer learns from all the input text; with --val-file from the training
     files only, and a char tokenizer then rejects validation characters it never saw.
     """
@@ -541,6 +546,12 @@ def prepare_data(
             n_train = n - n_val
         _check_long_enough(config, block_size, n_train, n_val)
         staging.commit()
+    except OSError as e:  # unreadable input, unwritable cache, full disk
+        staging.abort()
+        where = Path(e.filename) if e.filename else config.cache_root
+        hint = "set MINIGPT_CACHE_DIR to a writable folder with free space"
+        fix = f"; {hint}" if config.cache_root in (where, *where.parents) else ""
+        raise MinigptError(f"cannot access {where}: {e.strerror or e}{fix}") from None
     except BaseException:
         staging.abort()
         raise

@@ -446,3 +446,11 @@ def test_build_tokenizer_streams_texts_once() -> None:
         yield from ["ab", "cd"]
 
     assert build_tokenizer("char", texts).chars == list("abcd") and calls == [1]
+
+
+def test_unwritable_cache_is_a_one_line_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.txt", make_text())
+    blocker = write(tmp_path / "cache", "a file where the cache folder should be")
+    with pytest.raises(MinigptError, match="MINIGPT_CACHE_DIR") as e:
+        prepare_data(config(tmp_path, path, cache_dir=blocker / "sub"), 8, progress=False)
+    assert "\n" not in str(e.value) and blocker.read_text().startswith("a file")
