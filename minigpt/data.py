@@ -75,7 +75,7 @@ class DataConfig:
             raise UsageError(f"unknown --encoding {self.encoding!r}; try utf-8, utf-16 or latin-1") from None
         if self.errors not in ERRORS_CHOICES:
             raise UsageError(
-                f"encoding errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
+                f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
             )
         kind = tokenizer_kind(self.tokenizer)
         if self.vocab_size is not None:

@@ -454,3 +454,12 @@ def test_unwritable_cache_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(MinigptError, match="MINIGPT_CACHE_DIR") as e:
         prepare_data(config(tmp_path, path, cache_dir=blocker / "sub"), 8, progress=False)
     assert "\n" not in str(e.value) and blocker.read_text().startswith("a file")
+
+
+def test_data_prep_does_not_import_torch() -> None:
+    """Tokenizing stays light (the benchmark's RSS numbers rely on it); torch loads with the sampler."""
+    import subprocess
+    import sys
+
+    code = "import sys, minigpt.data; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
