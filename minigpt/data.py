@@ -1,0 +1,691 @@
+"""Text files to token ids: input checks, a content-keyed token cache, train/val split and batches."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from minigpt.errors import MinigptError, UsageError
+from minigpt.tokenizer import (
+    DEFAULT_BPE_VOCAB_SIZE,
+    CharTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    check_bpe_vocab_size,
+    default_threads,
+    tokenizer_from_json,
+    tokenizer_kind,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+CACHE_FORMAT = 1  # bump when the token stream for the same text and tokenizer would change
+READ_BYTES = 4 << 20  # bytes read and decoded at a time
+PIECE_CHARS = 1 << 20  # characters per tokenizer call when encoding (one thread each)
+TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (it buffers 64 of them)
+SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
+ERRORS_CHOICES = ("strict", "replace", "ignore")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the text is and how to read and tokenize it."""
+
+    paths: tuple[Path, ...]  # files and/or directories of .txt files
+    tokenizer: str = "char"  # a --tokenizer value for build_tokenizer
+    vocab_size: int | None = None  # bpe only; DEFAULT_BPE_VOCAB_SIZE when None
+    val_fraction: float = 0.1  # the last fraction of the token stream validates
+    val_file: Path | None = None  # a separate validation text instead
+    encoding: str = "utf-8"
+    errors: str = "strict"  # "replace" substitutes U+FFFD for undecodable bytes
+    cache_dir: Path | None = None  # default: $MINIGPT_CACHE_DIR or ~/.cache/minigpt
+
+    def __post_init__(self) -> None:
+        paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else tuple(self.paths)
+        object.__setattr__(self, "paths", tuple(Path(p) for p in paths))
+        for name in ("val_file", "cache_dir"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if not self.paths:
+            raise UsageError(
+                "no training text given: pass one or more text files or directories of .txt files"
+            )
+        if self.val_file is None and not (
+            isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction < 1
+        ):
+            raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {self.val_fraction!r}")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise UsageError(f"unknown --encoding {self.encoding!r}; try utf-8, utf-16 or latin-1") from None
+        if self.errors not in ERRORS_CHOICES:
+            raise UsageError(
+                f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
+            )
+        kind = tokenizer_kind(self.tokenizer)
+        if self.vocab_size is not None:
+            if kind != "bpe":
+                raise UsageError(f"--vocab-size only applies to --tokenizer bpe, not {self.tokenizer}")
+            check_bpe_vocab_size(self.vocab_size)
+
+    @property
+    def cache_root(self) -> Path:
+        """The cache directory in effect."""
+        if self.cache_dir is not None:
+            return self.cache_dir
+        env = os.environ.get("MINIGPT_CACHE_DIR")
+        return Path(env) if env else Path.home() / ".cache" / "minigpt"
+
+
+@dataclass
+class Dataset:
+    """Token ids of the training and validation text, memory-mapped from the cache."""
+
+    tokenizer: Tokenizer
+    train: np.ndarray  # 1-D uint16/uint32 memmap of token ids
+    val: np.ndarray
+    val_bytes: int  # UTF-8 bytes of the validation text
+    train_bytes: int
+    cache_path: Path  # the training token file
+
+    @property
+    def val_bytes_per_token(self) -> float:
+        """UTF-8 bytes per validation token: divide loss in bits/token by this to get bits/byte."""
+        return self.val_bytes / len(self.val)
+
+
+def bits_per_byte(loss_nats_per_token: float, tokens: int, num_bytes: int) -> float:
+    """Convert a mean loss over `tokens` tokens that spell `num_bytes` bytes of text to bits per byte."""
+    if tokens <= 0 or num_bytes <= 0:
+        raise ValueError("bits_per_byte needs a positive token and byte count")
+    return loss_nats_per_token * tokens / (num_bytes * math.log(2))
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: Path
+    size: int
+    digest: str  # sha256 of the bytes
+
+
+def _collect_files(paths: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(
+                f
+                for f in p.rglob("*.txt")
+                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
+            if not found:
+                raise MinigptError(
+                    f"{p} is a directory with no .txt files; pass text files or a folder of .txt files"
+                )
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        elif p.exists():
+            raise MinigptError(f"{p} is not a regular file; pass text files or directories of .txt files")
+        else:
+            raise MinigptError(f"{p}: no such file or directory")
+    unique: dict[Path, Path] = {}
+    for f in files:
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
+
+
+def _ascii_compatible(encoding: str) -> bool:
+    name = codecs.lookup(encoding).name
+    return not name.startswith(("utf-16", "utf-32"))
+
+
+def _binary_error(path: Path) -> MinigptError:
+    return MinigptError(
+        f"{path} looks like a binary file (it contains NUL bytes); minigpt trains on text files"
+    )
+
+
+def _hash_source(path: Path, encoding: str, advance: Callable[[int], None]) -> _Source:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(READ_BYTES):
+                if size == 0 and _ascii_compatible(encoding) and b"\x00" in block[:SNIFF_BYTES]:
+                    raise _binary_error(path)
+                h.update(block)
+                size += len(block)
+                advance(len(block))
+    except OSError as e:
+        raise MinigptError(f"cannot read {path}: {e.strerror}") from None
+    if size == 0:
+        raise MinigptError(f"{path} is empty: there is no text to train on")
+    return _Source(path, size, h.hexdigest())
+
+
+def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int], None]) -> Iterator[str]:
+    """The decoded text of one file, block by block, checking it is real text as it goes."""
+    decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
+    offset = 0  # bytes of the file fed to the decoder so far
+    nonblank = False
+    with open(src.path, "rb") as f:
+        while True:
+            block = f.read(READ_BYTES)
+            final = not block
+            state = decoder.getstate()
+            pending = len(state[0]) if isinstance(state[0], bytes) else 0
+            try:
+                text = decoder.decode(block, final=final)
+            except UnicodeDecodeError as e:
+                where = offset - pending + e.start
+                raise MinigptError(
+                    f"{src.path}: invalid {encoding} at byte offset {where:,} ({e.reason}); fix the file, "
+                    f"pass the right --encoding, or replace undecodable bytes with --encoding-errors replace"
+                ) from None
+            offset += len(block)
+            if text:
+                if "\x00" in text:
+                    raise _binary_error(src.path)
+                nonblank = nonblank or not text.isspace()
+                yield text
+            advance(len(block))
+            if final:
+                break
+    if not nonblank:
+        raise MinigptError(f"{src.path} contains only whitespace: there is no text to train on")
+
+
+def _safe_cut(text: str, limit: int) -> int:
+    """A cut point in (limit/2, limit] where every split pattern we use starts a new pre-token anyway,
+    so encoding the pieces separately gives the same ids as encoding the whole text.
+    """
+    lo = limit // 2
+    end = limit
+    # after a newline that a letter or digit follows: no pattern joins "\n" to a following word
+    while (i := text.rfind("\n", lo, end)) >= 0:
+        if text[i + 1].isalnum():
+            return i + 1
+        end = i
+    # else before the space of "word word": the space begins the next word's pre-token
+    end = limit
+    while (i := text.rfind(" ", lo, end)) > 0:
+        if text[i - 1].isalpha() and text[i + 1].isalpha():
+            return i
+        end = i
+    return limit  # no such point (one huge "word"): the split differs but still round-trips exactly
+
+
+def _pieces(blocks: Iterable[str], size: int) -> Iterator[str]:
+    buf = ""
+    for block in blocks:
+        buf = buf + block if buf else block
+        while len(buf) > size:
+            cut = _safe_cut(buf, size)
+            yield buf[:cut]
+            buf = buf[cut:]
+    if buf:
+        yield buf
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+class _Staging:
+    """Cache writes go to temp files and only land (by rename) once every check has passed;
+    on failure the temp files and any directories this run created are removed: nothing is written.
+    """
+
+    def __init__(self) -> None:
+        self.created: list[Path] = []
+        self.moves: list[tuple[Path, Path]] = []
+
+    def temp_for(self, final: Path) -> Path:
+        for d in reversed([final.parent, *final.parent.parents]):
+            if not d.exists():
+                d.mkdir()
+                self.created.append(d)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        self.moves.append((tmp, final))
+        return tmp
+
+    def write_json(self, final: Path, obj: Any) -> None:
+        self.temp_for(final).write_text(json.dumps(obj) + "\n", encoding="utf-8")
+
+    def commit(self) -> None:
+        # concurrent runs (torchrun ranks) write identical content; a rename is atomic, the last one wins
+        for tmp, final in self.moves:
+            os.replace(tmp, final)
+        self.moves.clear()
+
+    def abort(self) -> None:
+        for tmp, _ in self.moves:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        for d in reversed(self.created):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+class _Reporter:
+    """Progress bars and short notes on stderr, or silence."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def bar(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
+        if not self.enabled:
+            yield lambda n: None
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
+        console = Console(stderr=True)
+        # a bar only makes sense on a terminal; in a log file it would leave blank lines behind
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+            task = progress.add_task(description, total=total)
+            yield lambda n: progress.advance(task, n)
+
+
+def _texts(
+    sources: Sequence[_Source], config: DataConfig, advance: Callable[[int], None], piece: int
+) -> Iterator[str]:
+    for src in sources:
+        yield from _pieces(_file_text(src, config.encoding, config.errors, advance), piece)
+
+
+def _get_tokenizer(
+    config: DataConfig, sources: Sequence[_Source], staging: _Staging, report: _Reporter
+) -> Tokenizer:
+    kind = tokenizer_kind(config.tokenizer)
+    if kind == "tiktoken":
+        return build_tokenizer(config.tokenizer, None, None)
+    vocab = (config.vocab_size or DEFAULT_BPE_VOCAB_SIZE) if kind == "bpe" else None
+    key = _key(
+        {
+            "format": CACHE_FORMAT,
+            "tokenizer": kind,
+            "vocab_size": vocab,
+            "encoding": config.encoding,
+            "errors": config.errors,
+            "inputs": [s.digest for s in sources],
+        }
+    )
+    path = config.cache_root / "tokenizers" / f"{key}.json"
+    if path.is_file():
+        with contextlib.suppress(OSError, ValueError, MinigptError):
+            tok = tokenizer_from_json(json.loads(path.read_text(encoding="utf-8")))
+            report.note(f"reusing the {tok.describe()} tokenizer built earlier from this text ({path})")
+            return tok
+    total = sum(s.size for s in sources)
+    label = "building char vocabulary" if kind == "char" else f"training bpe tokenizer ({vocab:,} tokens)"
+    start = time.perf_counter()
+    with report.bar(label, total) as advance:
+        tok = build_tokenizer(
+            config.tokenizer, lambda: _texts(sources, config, advance, TRAIN_PIECE_CHARS), config.vocab_size
+        )
+    report.note(f"{label}: {tok.describe()} from {total / 1e6:.1f} MB in {time.perf_counter() - start:.1f}s")
+    staging.write_json(path, tok.to_json())
+    return tok
+
+
+def _read_meta(meta_path: Path, bin_path: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        if meta["format"] == CACHE_FORMAT and bin_path.stat().st_size == int(meta["tokens"]) * dtype.itemsize:
+            return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _encode_stream(
+    sources: Sequence[_Source],
+    tokenizer: Tokenizer,
+    config: DataConfig,
+    out: Path,
+    advance: Callable[[int], None],
+    label: str,
+) -> tuple[int, int]:
+    """Tokenize the sources into `out` (documents joined by <|endoftext|> where the tokenizer has one).
+
+    At most 2 pieces per thread are in memory at once, whatever the input size. Returns
+    (tokens, UTF-8 bytes of text).
+    """
+    dtype = _token_dtype(tokenizer.vocab_size)
+    lengths = tokenizer.text_byte_lengths()
+    threads = default_threads()
+    char = tokenizer if isinstance(tokenizer, CharTokenizer) else None
+    unknown: dict[Path, set[str]] = {}
+    tokens = text_bytes = 0
+
+    def encode(piece: str) -> np.ndarray:
+        return tokenizer.encode_arrays([piece], 1)[0]
+
+    with open(out, "wb") as f, ThreadPoolExecutor(threads) as pool:
+        pending: deque[Future[np.ndarray] | np.ndarray] = deque()
+
+        def write_oldest() -> None:
+            nonlocal tokens, text_bytes
+            item = pending.popleft()
+            ids = item.result() if isinstance(item, Future) else item
+            ids.astype(dtype, copy=False).tofile(f)
+            tokens += len(ids)
+            text_bytes += int(lengths[ids].sum())
+
+        try:
+            for k, src in enumerate(sources):
+                if k and tokenizer.eot_id is not None:
+                    pending.append(np.array([tokenizer.eot_id], dtype=np.uint32))
+                for piece in _pieces(_file_text(src, config.encoding, config.errors, advance), PIECE_CHARS):
+                    if char is not None:
+                        ids = char.lookup(piece)
+                        if (ids < 0).any():
+                            unknown.setdefault(src.path, set()).update(char.unknown_chars(piece))
+                        if not unknown:  # else keep scanning only to list every unknown character at once
+                            pending.append(ids)
+                    else:
+                        pending.append(pool.submit(encode, piece))
+                    while len(pending) > 2 * threads:
+                        write_oldest()
+            while pending and not unknown:
+                write_oldest()
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    if unknown:
+        files = list(unknown)
+        where = f"{label} file {files[0]}" + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
+        raise MinigptError(CharTokenizer.unknown_message(set().union(*unknown.values()), where))
+    return tokens, text_bytes
+
+
+def _get_tokens(
+    sources: Sequence[_Source],
+    tokenizer: Tokenizer,
+    tokenizer_digest: str,
+    config: DataConfig,
+    staging: _Staging,
+    report: _Reporter,
+    label: str,
+) -> tuple[Path, dict[str, Any]]:
+    key = _key(
+        {
+            "format": CACHE_FORMAT,
+            "tokenizer": tokenizer_digest,
+            "encoding": config.encoding,
+            "errors": config.errors,
+            "inputs": [s.digest for s in sources],
+        }
+    )
+    bin_path = config.cache_root / "tokens" / f"{key}.bin"
+    meta_path = bin_path.with_suffix(".json")
+    meta = _read_meta(meta_path, bin_path)
+    if meta is not None:
+        report.note(f"reusing cached {label} tokens: {meta['tokens']:,} tokens ({bin_path})")
+        return bin_path, meta
+    total = sum(s.size for s in sources)
+    start = time.perf_counter()
+    with report.bar(f"tokenizing {label} text", total) as advance:
+        tokens, text_bytes = _encode_stream(
+            sources, tokenizer, config, staging.temp_for(bin_path), advance, label
+        )
+    seconds = time.perf_counter() - start
+    meta = {
+        "format": CACHE_FORMAT,
+        "tokens": tokens,
+        "dtype": _token_dtype(tokenizer.vocab_size).name,
+        "text_bytes": text_bytes,
+        "tokenizer": tokenizer.describe(),
+        "inputs": [str(s.path) for s in sources],
+    }
+    staging.write_json(meta_path, meta)
+    report.note(
+        f"tokenized {label} text: {total / 1e6:.1f} MB -> {tokens:,} tokens in {seconds:.1f}s "
+        f"({total / 1e6 / max(seconds, 1e-9):.1f} MB/s)"
+    )
+    return bin_path, meta
+
+
+def _count_bytes(tokens: np.ndarray, lengths: np.ndarray, step: int = 1 << 22) -> int:
+    # in slices, so a huge memmap is never copied whole into memory
+    return sum(int(lengths[tokens[i : i + step]].sum()) for i in range(0, len(tokens), step))
+
+
+def prepare_data(
+    config: DataConfig, block_size: int, tokenizer: Tokenizer | None = None, progress: bool = True
+) -> Dataset:
+    """Check the inputs, build the tokenizer (or use the one given, e.g. on resume or fine-tuning),
+    tokenize once into the cache (keyed by the content hash of the inputs and the tokenizer), memory-map
+    the tokens and split them. Every bad input is a one-line MinigptError, and then nothing is written.
+
+    Cache layout: <cache>/tokenizers/<key>.json (trained char/bpe tokenizers) and <cache>/tokens/<key>.bin
+    (raw uint16/uint32 ids) with <key>.json beside it (count, dtype, text bytes); entries are never evicted.
+    Concurrent calls are safe (atomic renames) but each tokenizes on a cold cache: under torchrun, prepare
+    on rank 0 first, then the other ranks reuse the cache.
+
+    With --val-fraction the tokenizer learns from all the input text; with --val-file from the training
+    files only, and a char tokenizer then rejects validation characters it never saw.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise UsageError(f"--block-size must be a positive integer, not {block_size!r}")
+    report = _Reporter(progress)
+    train_files = _collect_files(config.paths)
+    val_files = _collect_files([config.val_file]) if config.val_file is not None else []
+    both = {f.resolve() for f in train_files} & {f.resolve() for f in val_files}
+    if both:
+        raise UsageError(f"{next(iter(both))} is both training and validation text; pick one or the other")
+    total = sum(f.stat().st_size for f in train_files + val_files)
+    with (
+        report.bar("hashing inputs", total)
+        if total > 64 << 20
+        else contextlib.nullcontext(lambda n: None) as adv
+    ):
+        train_src = [_hash_source(f, config.encoding, adv) for f in train_files]
+        val_src = [_hash_source(f, config.encoding, adv) for f in val_files]
+
+    staging = _Staging()
+    try:
+        if tokenizer is None:
+            tokenizer = _get_tokenizer(config, train_src, staging, report)
+        digest = hashlib.sha256(json.dumps(tokenizer.to_json(), sort_keys=True).encode()).hexdigest()
+        train_bin, train_meta = _get_tokens(train_src, tokenizer, digest, config, staging, report, "training")
+        val_bin, val_meta = train_bin, train_meta
+        if val_src:
+            val_bin, val_meta = _get_tokens(val_src, tokenizer, digest, config, staging, report, "validation")
+        n = int(train_meta["tokens"])
+        if val_src:
+            n_train, n_val = n, int(val_meta["tokens"])
+        else:
+            n_val = max(1, round(n * config.val_fraction))
+            n_train = n - n_val
+        _check_long_enough(config, block_size, n_train, n_val)
+        staging.commit()
+    except OSError as e:  # unreadable input, unwritable cache, full disk
+        staging.abort()
+        where = Path(e.filename) if e.filename else config.cache_root
+        hint = "set MINIGPT_CACHE_DIR to a writable folder with free space"
+        fix = f"; {hint}" if config.cache_root in (where, *where.parents) else ""
+        raise MinigptError(f"cannot access {where}: {e.strerror or e}{fix}") from None
+    except BaseException:
+        staging.abort()
+        raise
+
+    dtype = np.dtype(train_meta["dtype"])
+    stream = np.memmap(train_bin, dtype=dtype, mode="r", shape=(n,))
+    lengths = tokenizer.text_byte_lengths()
+    if val_src:
+        train = stream
+        val = np.memmap(val_bin, dtype=dtype, mode="r", shape=(n_val,))
+        val_bytes, train_bytes = int(val_meta["text_bytes"]), int(train_meta["text_bytes"])
+    else:
+        train, val = stream[:n_train], stream[n_train:]
+        val_bytes = _count_bytes(val, lengths)
+        train_bytes = int(train_meta["text_bytes"]) - val_bytes
+    return Dataset(tokenizer, train, val, val_bytes, train_bytes, train_bin)
+
+
+def _check_long_enough(config: DataConfig, block_size: int, n_train: int, n_val: int) -> None:
+    if min(n_train, n_val) > block_size:
+        return
+    fit = min(n_train, n_val) - 1
+    fix = f"use --block-size {fit} or less, or give more text" if fit >= 1 else "give more text"
+    if config.val_file is None:
+        raise MinigptError(
+            f"the text is only {n_train + n_val:,} tokens ({n_train:,} train + {n_val:,} validation at "
+            f"--val-fraction {config.val_fraction:g}): too short for --block-size {block_size} plus a "
+            f"validation split, each needs block size + 1 tokens; {fix}"
+        )
+    raise MinigptError(
+        f"the training text is {n_train:,} tokens and the validation file {n_val:,}: too short for "
+        f"--block-size {block_size}, each needs block size + 1 tokens; {fix}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+
+def _window_batch(
+    tokens: np.ndarray, starts: Sequence[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    buf = np.empty((len(starts), block_size + 1), dtype=np.int64)
+    for row, s in enumerate(starts):
+        buf[row] = tokens[s : s + block_size + 1]
+    t = torch.from_numpy(buf)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+class BatchSampler:
+    """Random windows of block_size+1 tokens, drawn with a torch.Generator seeded from (seed, rank, batch).
+
+    Reseeding per batch makes the state just the number of batches drawn, the same on every rank:
+    saving rank 0's state resumes every rank exactly, and rank r of world_size draws its own windows.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        import torch
+
+        for name, value, least in (
+            ("block_size", block_size, 1),
+            ("batch_size", batch_size, 1),
+            ("world_size", world_size, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} is outside world size {world_size}")
+        if len(tokens) < block_size + 1:
+            raise MinigptError(
+                f"{len(tokens):,} tokens are too few for one window of block size {block_size} + 1; "
+                f"use --block-size {max(len(tokens) - 1, 1)} or less, or give more text"
+            )
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = int(seed)
+        self.rank = rank
+        self.world_size = world_size
+        self.batches = 0
+        self._gen = torch.Generator()
+
+    def _batch_seed(self, index: int) -> int:
+        text = f"minigpt-batches:{self.seed}:{self.rank}:{index}".encode()
+        return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y): int64 CPU tensors of shape (batch_size, block_size), y shifted one token on."""
+        import torch
+
+        self._gen.manual_seed(self._batch_seed(self.batches))
+        self.batches += 1
+        high = len(self.tokens) - self.block_size  # starts in [0, high) keep the window in range
+        starts = torch.randint(0, high, (self.batch_size,), generator=self._gen).tolist()
+        return _window_batch(self.tokens, starts, self.block_size)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        import torch
+
+        return {"batches": torch.tensor([self.batches], dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        value = state.get("batches") if isinstance(state, dict) else None
+        if value is None or value.numel() != 1 or int(value.item()) < 0:
+            raise MinigptError("the saved batch sampler state is damaged (no batch count); start a new run")
+        self.batches = int(value.item())
+
+
+def eval_batches(
+    tokens: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    max_batches: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic (x, y) batches over back-to-back windows of the tokens, so each token is predicted
+    at most once. With max_batches, an evenly spaced subset of windows (per rank); ranks share windows out.
+    """
+    windows = (len(tokens) - 1) // block_size
+    starts = np.arange(windows, dtype=np.int64) * block_size
+    if max_batches is not None:
+        wanted = max_batches * batch_size * world_size
+        if wanted < windows:
+            starts = starts[np.unique(np.linspace(0, windows - 1, wanted).round().astype(np.int64))]
+    mine = starts[rank::world_size].tolist()
+    for i in range(0, len(mine), batch_size):
+        yield _window_batch(tokens, mine[i : i + batch_size], block_size)

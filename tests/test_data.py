@@ -1,0 +1,465 @@
+"""Data pipeline: streaming tokenization into the cache, splits, batches, and every bad input."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import minigpt.data as data
+from minigpt.data import BatchSampler, DataConfig, bits_per_byte, eval_batches, prepare_data
+from minigpt.errors import MinigptError, UsageError
+from minigpt.tokenizer import BPETokenizer, CharTokenizer, build_tokenizer
+
+WORDS = "the king and queen of england spoke to a citizen about bread corn and the senate".split()
+
+
+def make_text(n_words: int = 3000, seed: int = 0, newlines: bool = True) -> str:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_words):
+        out.append(rng.choice(WORDS))
+        out.append("\n" if newlines and i % 9 == 8 else (", " if i % 13 == 0 else " "))
+    return "".join(out).strip() + "\n"
+
+
+def config(tmp_path: Path, *paths: Path, **kw) -> DataConfig:
+    kw.setdefault("cache_dir", tmp_path / "cache")
+    return DataConfig(paths=tuple(paths), **kw)
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts real tokenizations and tokenizer builds (cache misses)."""
+    calls = {"encode": 0, "build": 0}
+    encode, build = data._encode_stream, data.build_tokenizer
+
+    def counting_encode(*args, **kwargs):
+        calls["encode"] += 1
+        return encode(*args, **kwargs)
+
+    def counting_build(*args, **kwargs):
+        calls["build"] += 1
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(data, "_encode_stream", counting_encode)
+    monkeypatch.setattr(data, "build_tokenizer", counting_build)
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------- basics
+
+
+def test_char_dataset_split_and_bytes(tmp_path: Path) -> None:
+    text = make_text() + "café ☕\n"
+    ds = prepare_data(config(tmp_path, write(tmp_path / "a.txt", text)), 16, progress=False)
+    assert isinstance(ds.tokenizer, CharTokenizer) and set(ds.tokenizer.chars) == set(text)
+    assert ds.train.dtype == np.uint16 and isinstance(ds.train, np.memmap)
+    ids = np.concatenate([ds.train, ds.val])
+    assert ds.tokenizer.decode(ids.tolist()) == text
+    assert len(ds.val) == round(len(text) * 0.1)
+    assert ds.val_bytes == len(ds.tokenizer.decode(ds.val.tolist()).encode())
+    assert ds.train_bytes + ds.val_bytes == len(text.encode())
+    assert ds.val_bytes_per_token == ds.val_bytes / len(ds.val)
+    assert ds.cache_path.is_file() and ds.cache_path.parent.parent == tmp_path / "cache"
+
+
+def test_bpe_dataset_matches_whole_text_encoding(tmp_path: Path) -> None:
+    text = make_text(5000)
+    ds = prepare_data(
+        config(tmp_path, write(tmp_path / "a.txt", text), tokenizer="bpe", vocab_size=300), 32, progress=False
+    )
+    assert isinstance(ds.tokenizer, BPETokenizer) and ds.tokenizer.vocab_size == 300
+    assert np.concatenate([ds.train, ds.val]).tolist() == ds.tokenizer.encode(text)
+    assert ds.train_bytes + ds.val_bytes == len(text.encode())
+
+
+@pytest.mark.parametrize("newlines", [True, False])
+@pytest.mark.parametrize("kind", ["bpe", "r50k"])
+def test_chunked_encoding_equals_whole_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, r50k_file: Path, kind: str, newlines: bool
+) -> None:
+    """Pieces are cut where the split pattern starts a new pre-token anyway, so ids do not change."""
+    monkeypatch.setattr(data, "READ_BYTES", 777)
+    monkeypatch.setattr(data, "PIECE_CHARS", 1000)
+    text = make_text(4000, newlines=newlines) + "\n\n  indented line\n\tand tabs\n" + make_text(500, seed=1)
+    spec = str(r50k_file) if kind == "r50k" else "bpe"
+    vocab = 300 if kind == "bpe" else None
+    ds = prepare_data(
+        config(tmp_path, write(tmp_path / "a.txt", text), tokenizer=spec, vocab_size=vocab), 8, progress=False
+    )
+    assert np.concatenate([ds.train, ds.val]).tolist() == ds.tokenizer.encode(text)
+
+
+def test_shakespeare_r50k_tokens(tmp_path: Path, shakespeare: Path, r50k_file: Path) -> None:
+    ds = prepare_data(config(tmp_path, shakespeare, tokenizer=str(r50k_file)), 256, progress=False)
+    text = shakespeare.read_text(encoding="utf-8")
+    assert len(ds.train) + len(ds.val) == 338_025  # tiktoken r50k_base on tinyshakespeare
+    assert np.concatenate([ds.train, ds.val]).tolist() == ds.tokenizer.encode(text)
+    assert ds.train_bytes + ds.val_bytes == len(text.encode())
+
+
+def test_directory_and_several_files(tmp_path: Path) -> None:
+    write(tmp_path / "docs" / "b.txt", "second file\n")
+    write(tmp_path / "docs" / "a.txt", "first file\n")
+    write(tmp_path / "docs" / "sub" / "c.txt", "third file\n")
+    write(tmp_path / "docs" / "notes.md", "not text for us\n")
+    write(tmp_path / "docs" / ".hidden" / "d.txt", "hidden\n")
+    extra = write(tmp_path / "extra.txt", make_text(300))
+    ds = prepare_data(
+        config(tmp_path, tmp_path / "docs", extra, tokenizer="bpe", vocab_size=280), 4, progress=False
+    )
+    ids = np.concatenate([ds.train, ds.val]).tolist()
+    eot = ds.tokenizer.eot_id
+    docs = [ds.tokenizer.decode(part) for part in _split(ids, eot)]
+    assert docs == ["first file\n", "second file\n", "third file\n", make_text(300)]
+    # eot separators are not text: they add no bytes
+    assert ds.train_bytes + ds.val_bytes == sum(len(d.encode()) for d in docs)
+
+
+def _split(ids: list[int], sep: int) -> list[list[int]]:
+    parts: list[list[int]] = [[]]
+    for i in ids:
+        if i == sep:
+            parts.append([])
+        else:
+            parts[-1].append(i)
+    return parts
+
+
+def test_val_file(tmp_path: Path) -> None:
+    train, val = (
+        write(tmp_path / "train.txt", make_text(2000)),
+        write(tmp_path / "val.txt", make_text(500, seed=3)),
+    )
+    ds = prepare_data(config(tmp_path, train, val_file=val), 16, progress=False)
+    assert ds.tokenizer.decode(ds.train.tolist()) == train.read_text()
+    assert ds.tokenizer.decode(ds.val.tolist()) == val.read_text()
+    assert ds.val_bytes == len(val.read_bytes()) and ds.train_bytes == len(train.read_bytes())
+
+
+def test_given_tokenizer_is_used(tmp_path: Path, counted: dict[str, int]) -> None:
+    tok = CharTokenizer.from_texts([make_text()])
+    ds = prepare_data(
+        config(tmp_path, write(tmp_path / "a.txt", make_text(seed=5))), 8, tokenizer=tok, progress=False
+    )
+    assert ds.tokenizer is tok and counted["build"] == 0
+
+
+def test_encoding_option_and_replacement(tmp_path: Path) -> None:
+    latin = write(tmp_path / "latin.txt", ("café crème " * 50).encode("latin-1"))
+    ds = prepare_data(config(tmp_path, latin, encoding="latin-1"), 8, progress=False)
+    assert "é" in ds.tokenizer.chars
+    bad = write(tmp_path / "bad.txt", b"good text " * 30 + b"\xff\xfe" + b" more text" * 30)
+    ds = prepare_data(config(tmp_path, bad, errors="replace"), 8, progress=False)
+    assert "\ufffd" in ds.tokenizer.chars
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+def test_cache_is_reused_then_invalidated(
+    tmp_path: Path, counted: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "a.txt", make_text(2000))
+    cfg = config(tmp_path, path, tokenizer="bpe", vocab_size=300)
+    first = prepare_data(cfg, 16, progress=False)
+    assert counted == {"encode": 1, "build": 1}
+    second = prepare_data(cfg, 16, progress=True)
+    assert counted == {"encode": 1, "build": 1}  # neither trained nor tokenized again
+    err = capsys.readouterr().err
+    assert "reusing cached training tokens" in err and "reusing the bpe" in err
+    assert second.cache_path == first.cache_path
+    assert (
+        np.array_equal(second.train, first.train) and second.tokenizer.to_json() == first.tokenizer.to_json()
+    )
+
+    # a different block size or split reuses the same token cache
+    prepare_data(config(tmp_path, path, tokenizer="bpe", vocab_size=300, val_fraction=0.2), 8, progress=False)
+    assert counted == {"encode": 1, "build": 1}
+
+    write(path, make_text(2000, seed=9))
+    third = prepare_data(cfg, 16, progress=False)
+    assert counted == {"encode": 2, "build": 2}
+    assert third.cache_path != first.cache_path
+    assert third.tokenizer.decode(np.concatenate([third.train, third.val]).tolist()) == path.read_text()
+
+
+def test_cache_keyed_by_tokenizer(tmp_path: Path, counted: dict[str, int]) -> None:
+    path = write(tmp_path / "a.txt", make_text(2000))
+    a = prepare_data(config(tmp_path, path, tokenizer="bpe", vocab_size=300), 16, progress=False)
+    b = prepare_data(config(tmp_path, path, tokenizer="bpe", vocab_size=320), 16, progress=False)
+    c = prepare_data(config(tmp_path, path), 16, progress=False)
+    assert len({a.cache_path, b.cache_path, c.cache_path}) == 3 and counted["encode"] == 3
+
+
+def test_damaged_cache_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    ds = prepare_data(cfg, 16, progress=False)
+    expected = np.concatenate([ds.train, ds.val]).copy()
+    del ds
+    bins = list((tmp_path / "cache" / "tokens").glob("*.bin"))
+    with open(bins[0], "r+b") as f:
+        f.truncate(100)  # e.g. a crash or a full disk
+    again = prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2 and np.array_equal(np.concatenate([again.train, again.val]), expected)
+
+
+def test_progress_messages_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prepare_data(config(tmp_path, write(tmp_path / "a.txt", make_text()), tokenizer="bpe", vocab_size=300), 8)
+    out, err = capsys.readouterr()
+    assert out == "" and "tokenized training text" in err and "training bpe tokenizer" in err
+    prepare_data(config(tmp_path, write(tmp_path / "b.txt", make_text(seed=2))), 8, progress=False)
+    assert capsys.readouterr() == ("", "")
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def assert_one_line_and_nothing_written(exc: pytest.ExceptionInfo, tmp_path: Path) -> None:
+    assert isinstance(exc.value, MinigptError) and exc.value.exit_code != 0
+    assert "\n" not in str(exc.value)
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    "name, content, match",
+    [
+        ("empty.txt", b"", "is empty"),
+        ("blank.txt", b" \n\t\r\n   \n", "only whitespace"),
+        ("image.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)), "looks like a binary file"),
+        ("nul.txt", b"text " * 5000 + b"\x00" + b"text", "looks like a binary file"),
+    ],
+)
+def test_bad_file_content(tmp_path: Path, name: str, content: bytes, match: str) -> None:
+    path = write(tmp_path / name, content)
+    with pytest.raises(MinigptError, match=match) as e:
+        prepare_data(config(tmp_path, path), 8, progress=False)
+    assert str(path) in str(e.value)
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+@pytest.mark.parametrize("read_bytes", [data.READ_BYTES, 1000, 1001, 1002])
+def test_invalid_utf8_names_file_and_byte_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_bytes: int
+) -> None:
+    monkeypatch.setattr(data, "READ_BYTES", read_bytes)
+    good = "é".encode() * 500  # 1000 bytes of two-byte characters
+    path = write(
+        tmp_path / "a.txt", good + b"\xc3" + b"(" + b"more" * 100
+    )  # \xc3 must be followed by 0x80-0xbf
+    with pytest.raises(MinigptError, match=r"a\.txt: invalid utf-8 at byte offset 1,000 ") as e:
+        prepare_data(config(tmp_path, path, tokenizer="bpe", vocab_size=260), 8, progress=False)
+    assert "--encoding" in str(e.value)
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+def test_truncated_utf8_at_end_of_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.txt", b"abc " * 100 + "é".encode()[:1])
+    with pytest.raises(MinigptError, match="byte offset 400 ") as e:
+        prepare_data(config(tmp_path, path), 8, progress=False)
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
+    with pytest.raises(MinigptError, match="no such file or directory") as e:
+        prepare_data(config(tmp_path, tmp_path / "nope.txt"), 8, progress=False)
+    assert_one_line_and_nothing_written(e, tmp_path)
+    write(tmp_path / "dir" / "readme.md", "not a .txt")
+    with pytest.raises(MinigptError, match="directory with no .txt files") as e:
+        prepare_data(config(tmp_path, tmp_path / "dir"), 8, progress=False)
+    assert_one_line_and_nothing_written(e, tmp_path)
+    with pytest.raises(MinigptError, match="no such file") as e:
+        prepare_data(
+            config(tmp_path, write(tmp_path / "ok.txt", make_text()), val_file=tmp_path / "v.txt"), 8
+        )
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_too_short_says_tokens_and_fitting_block_size(tmp_path: Path, tokenizer: str) -> None:
+    path = write(tmp_path / "a.txt", make_text(40))
+    vocab = 300 if tokenizer == "bpe" else None
+    ds = prepare_data(config(tmp_path / "ok", path, tokenizer=tokenizer, vocab_size=vocab), 1, progress=False)
+    n = len(ds.train) + len(ds.val)
+    n_val = len(ds.val)
+    with pytest.raises(MinigptError) as e:
+        prepare_data(config(tmp_path, path, tokenizer=tokenizer, vocab_size=vocab), 256, progress=False)
+    message = str(e.value)
+    assert f"only {n:,} tokens" in message and "--block-size 256" in message
+    assert (f"--block-size {n_val - 1} or less" in message) if n_val > 1 else ("give more text" in message)
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+def test_too_short_with_val_file(tmp_path: Path) -> None:
+    train = write(tmp_path / "train.txt", make_text(200))
+    val = write(tmp_path / "val.txt", "the king\n")
+    with pytest.raises(MinigptError, match=r"validation file 9: .*--block-size 8 or less") as e:
+        prepare_data(config(tmp_path, train, val_file=val), 64, progress=False)
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+def test_char_val_file_with_unseen_characters(tmp_path: Path) -> None:
+    train = write(tmp_path / "train.txt", make_text(500))
+    val = write(tmp_path / "val.txt", "the king Zé said 42\n")
+    with pytest.raises(MinigptError) as e:
+        prepare_data(config(tmp_path, train, val_file=val), 4, progress=False)
+    message = str(e.value)
+    assert f"validation file {val} has 4 character(s)" in message
+    for c in ("'2'", "'4'", "'Z'", "'é'"):
+        assert c in message
+    assert "--tokenizer bpe" in message
+    assert_one_line_and_nothing_written(e, tmp_path)
+
+
+def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.txt", make_text())
+    cases = [
+        dict(tokenizer="bpe", vocab_size=200),
+        dict(tokenizer="bpe", vocab_size=256),
+        dict(tokenizer="char", vocab_size=300),
+        dict(tokenizer="wordpiece"),
+        dict(val_fraction=0.0),
+        dict(val_fraction=1.0),
+        dict(encoding="klingon"),
+        dict(errors="surrogateescape"),
+    ]
+    for kw in cases:
+        with pytest.raises(UsageError) as e:
+            config(tmp_path, path, **kw)
+        assert "\n" not in str(e.value), kw
+    with pytest.raises(UsageError, match="at least 257"):
+        config(tmp_path, path, tokenizer="bpe", vocab_size=255)
+    with pytest.raises(UsageError, match="no training text"):
+        DataConfig(paths=())
+    with pytest.raises(UsageError, match="block-size"):
+        prepare_data(config(tmp_path, path), 0, progress=False)
+    with pytest.raises(UsageError, match="both training and validation"):
+        prepare_data(config(tmp_path, path, val_file=path), 8, progress=False)
+    assert not (tmp_path / "cache").exists()
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+
+def test_batches_are_windows_of_the_stream() -> None:
+    tokens = np.arange(1000, dtype=np.uint16)
+    x, y = BatchSampler(tokens, block_size=16, batch_size=8, seed=0).next_batch()
+    assert x.shape == y.shape == (8, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    assert torch.equal(x - x[:, :1], torch.arange(16).expand(8, 16))  # consecutive tokens
+    assert int(x.min()) >= 0 and int(y.max()) <= 999
+
+
+def test_batches_deterministic_per_seed_and_rank() -> None:
+    tokens = np.arange(100_000, dtype=np.uint32)
+
+    def draws(seed: int, rank: int = 0, world: int = 1, n: int = 3) -> list[torch.Tensor]:
+        sampler = BatchSampler(tokens, 32, 4, seed=seed, rank=rank, world_size=world)
+        return [sampler.next_batch()[0] for _ in range(n)]
+
+    a, b = draws(1), draws(1)
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not torch.equal(draws(2)[0], a[0])
+    ranks = [draws(1, r, 4)[0][:, 0] for r in range(4)]
+    starts = [set(r.tolist()) for r in ranks]
+    assert all(not (starts[i] & starts[j]) for i in range(4) for j in range(i + 1, 4))
+
+
+def test_sampler_state_replays_exactly() -> None:
+    tokens = np.arange(50_000, dtype=np.uint16)
+    sampler = BatchSampler(tokens, 8, 4, seed=7)
+    for _ in range(5):
+        sampler.next_batch()
+    state = {k: v.clone() for k, v in sampler.state_dict().items()}
+    expected = [sampler.next_batch() for _ in range(3)]
+    resumed = BatchSampler(tokens, 8, 4, seed=7)
+    resumed.load_state_dict(state)
+    for (x, y), (ex, ey) in zip([resumed.next_batch() for _ in range(3)], expected, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    with pytest.raises(MinigptError, match="damaged"):
+        resumed.load_state_dict({})
+
+
+def test_sampler_state_goes_through_safetensors(tmp_path: Path) -> None:
+    from minigpt.checkpoint import load_tensors, save_tensors
+
+    sampler = BatchSampler(np.arange(5000, dtype=np.uint16), 8, 2, seed=3)
+    sampler.next_batch()
+    save_tensors(tmp_path / "s.safetensors", sampler.state_dict())
+    resumed = BatchSampler(np.arange(5000, dtype=np.uint16), 8, 2, seed=3)
+    resumed.load_state_dict(load_tensors(tmp_path / "s.safetensors")[0])
+    assert torch.equal(resumed.next_batch()[0], sampler.next_batch()[0])
+
+
+def test_sampler_bad_arguments() -> None:
+    tokens = np.arange(10, dtype=np.uint16)
+    with pytest.raises(MinigptError, match="too few"):
+        BatchSampler(tokens, 10, 1, seed=0)
+    BatchSampler(tokens, 9, 1, seed=0).next_batch()  # exactly one window fits
+    with pytest.raises(UsageError):
+        BatchSampler(tokens, 4, 0, seed=0)
+    with pytest.raises(UsageError):
+        BatchSampler(tokens, 4, 1, seed=0, rank=2, world_size=2)
+
+
+def test_eval_batches_cover_windows_once() -> None:
+    tokens = np.arange(1001, dtype=np.uint16)
+    batches = list(eval_batches(tokens, 10, 16))
+    ys = torch.cat([y for _, y in batches]).flatten().tolist()
+    assert ys == list(range(1, 1001))  # every token after the first predicted exactly once
+    shards = [torch.cat([x for x, _ in eval_batches(tokens, 10, 4, rank=r, world_size=3)]) for r in range(3)]
+    assert sorted(torch.cat(shards)[:, 0].tolist()) == list(range(0, 1000, 10))
+    few = list(eval_batches(tokens, 10, 4, max_batches=2))
+    assert len(few) == 2 and few[0][0][0, 0] == 0 and few[-1][0][-1, 0] == 990
+
+
+def test_bits_per_byte() -> None:
+    assert bits_per_byte(math.log(2), 100, 100) == pytest.approx(1.0)
+    assert bits_per_byte(math.log(256), 10, 40) == pytest.approx(2.0)  # 8 bits per token, 4 bytes per token
+    with pytest.raises(ValueError):
+        bits_per_byte(1.0, 0, 10)
+
+
+def test_uint32_for_large_vocabularies() -> None:
+    assert data._token_dtype(65536) == np.uint16 and data._token_dtype(65537) == np.uint32
+
+
+def test_build_tokenizer_streams_texts_once() -> None:
+    calls = []
+
+    def texts():
+        calls.append(1)
+        yield from ["ab", "cd"]
+
+    assert build_tokenizer("char", texts).chars == list("abcd") and calls == [1]
+
+
+def test_unwritable_cache_is_a_one_line_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.txt", make_text())
+    blocker = write(tmp_path / "cache", "a file where the cache folder should be")
+    with pytest.raises(MinigptError, match="MINIGPT_CACHE_DIR") as e:
+        prepare_data(config(tmp_path, path, cache_dir=blocker / "sub"), 8, progress=False)
+    assert "\n" not in str(e.value) and blocker.read_text().startswith("a file")
+
+
+def test_data_prep_does_not_import_torch() -> None:
+    """Tokenizing stays light (the benchmark's RSS numbers rely on it); torch loads with the sampler."""
+    import subprocess
+    import sys
+
+    code = "import sys, minigpt.data; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
