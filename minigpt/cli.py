@@ -208,14 +208,13 @@ def train(
         str | None,
         typer.Option(help="Text encoding of the input files. [default: utf-8]", rich_help_panel=_DATA),
     ] = None,
-    replace_invalid: Annotated[
-        bool,
+    encoding_errors: Annotated[
+        str | None,
         typer.Option(
-            "--replace-invalid",
-            help="Replace undecodable bytes instead of stopping with an error.",
+            help="strict: stop at undecodable bytes; replace: substitute U+FFFD. [default: strict]",
             rich_help_panel=_DATA,
         ),
-    ] = False,
+    ] = None,
     batch_size: Annotated[
         int | None, typer.Option(help="Sequences per micro-batch (per process).", rich_help_panel=_OPT)
     ] = None,
@@ -341,10 +340,11 @@ def train(
         val_fraction=val_fraction,
         val_file=val_file,
         encoding=encoding,
+        errors=encoding_errors,
     )
     if resume is not None:
         given = [k for k, v in {**model_opts, **opt_opts, **data_opts}.items() if v is not None]
-        if files or given or init_from or replace_invalid or out:
+        if files or given or init_from or out:
             extra = ", ".join("--" + k.replace("_", "-") for k in given) or "files/--out/--init-from"
             raise MinigptError(
                 f"--resume continues a run with its saved settings; only budget options may change (got {extra})",
@@ -366,12 +366,55 @@ def train(
             cfg = TrainConfig(**{**cfg_fields, "max_iters": 2000})
         data = DataConfig(
             paths=tuple(files),
-            errors="replace" if replace_invalid else "strict",
             **{k: v for k, v in data_opts.items() if v is not None},
         )
         result = run_training(cfg, data, out=out, init_from=init_from, overwrite=overwrite)
     if result.interrupted:
         raise typer.Exit(130)
+
+
+@app.command("eval")
+def eval_cmd(
+    run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
+    files: Annotated[list[Path], typer.Argument(help="Text file(s) or folders of .txt files to score.")],
+    batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 16,
+    max_windows: Annotated[
+        int | None, typer.Option(min=1, help="Score at most this many evenly spaced windows (default: all).")
+    ] = None,
+    encoding: Annotated[str, typer.Option(help="Text encoding of the files.")] = "utf-8",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "float32",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
+) -> None:
+    """Loss, perplexity and bits-per-byte of a trained model on any text file."""
+    from minigpt.checkpoint import load_run
+    from minigpt.device import resolve_device, resolve_dtype
+    from minigpt.evaluate import evaluate_files
+
+    dev = resolve_device(device)
+    model, tokenizer, _ = load_run(run, str(dev))
+    result = evaluate_files(
+        model, tokenizer, files, dev, resolve_dtype(dtype, dev), batch_size, max_windows, encoding
+    )
+    if as_json:
+        _emit_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{run} on {', '.join(str(f) for f in files)}", title_justify="left")
+    for name in ("loss (nats/token)", "perplexity", "bits per byte", "tokens", "bytes"):
+        table.add_column(name, justify="right")
+    table.add_row(
+        f"{result.loss:.4f}",
+        f"{result.perplexity:.2f}",
+        f"{result.bits_per_byte:.4f}",
+        f"{result.tokens:,}",
+        f"{result.bytes:,}",
+    )
+    Console().print(table)
 
 
 @app.command()

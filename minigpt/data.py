@@ -213,6 +213,15 @@ def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int]
         raise MinigptError(f"{src.path} contains only whitespace: there is no text to train on")
 
 
+def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "strict") -> str:
+    """The whole text of files (or folders of .txt files), checked as training input is; files joined by newlines."""
+    parts = []
+    for path in _collect_files(Path(p) for p in paths):
+        src = _hash_source(path, encoding, lambda n: None)
+        parts.append("".join(_file_text(src, encoding, errors, lambda n: None)))
+    return "\n".join(parts)
+
+
 def _safe_cut(text: str, limit: int) -> int:
     """A cut point in (limit/2, limit] where every split pattern we use starts a new pre-token anyway,
     so encoding the pieces separately gives the same ids as encoding the whole text.

@@ -64,7 +64,7 @@ class Reporter:
 
     def __init__(self, enabled: bool = True, live: bool | None = None, console: Console | None = None) -> None:
         self.enabled = enabled
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self.live_mode = self.console.is_terminal if live is None else live
         self._live: Live | None = None
         self._last_step: dict[str, Any] = {}

@@ -17,7 +17,7 @@ import torch
 
 from minigpt import checkpoint as ckpt
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, bits_per_byte, prepare_data
+from minigpt.data import BatchSampler, DataConfig, Dataset, bits_per_byte, eval_batches, prepare_data
 from minigpt.device import autocast_context, resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
@@ -28,7 +28,6 @@ from minigpt.progress import Reporter
 from minigpt.tokenizer import Tokenizer
 
 STATE_FORMAT = "minigpt-state"
-EVAL_SEED_OFFSET = 1_000_003  # validation windows come from their own stream, fixed across evals
 
 
 @dataclass(frozen=True)
@@ -204,19 +203,18 @@ def estimate_loss(
     dtype: torch.dtype,
     dist: DistContext,
 ) -> float:
-    """Mean loss on eval_iters fixed windows of the split (the same windows at every evaluation)."""
-    sampler = BatchSampler(tokens, block_size, cfg.batch_size, cfg.seed + EVAL_SEED_OFFSET, dist.rank, dist.world_size)
+    """Mean loss over eval_iters batches of evenly spaced windows: the same windows at every evaluation."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), device=device)
-    for _ in range(cfg.eval_iters):
-        x, y = sampler.next_batch()
+    n = 0
+    for x, y in eval_batches(tokens, block_size, cfg.batch_size, cfg.eval_iters, dist.rank, dist.world_size):
         with autocast_context(device, dtype):
             _, loss = model(x.to(device), y.to(device))
         total += loss.float()
+        n += 1
     model.train(was_training)
-    mean = total / cfg.eval_iters
-    return dist.all_reduce_mean(mean).item()
+    return dist.all_reduce_mean(total / max(n, 1)).item()
 
 
 def _state_tensors(

@@ -1,0 +1,84 @@
+"""Loss, perplexity and bits-per-byte of a trained model on any text."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minigpt.data import bits_per_byte, eval_batches, read_text
+from minigpt.device import autocast_context
+from minigpt.errors import MinigptError
+from minigpt.model import GPT
+from minigpt.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean cross-entropy, nats per token
+    perplexity: float
+    bits_per_byte: float
+    tokens: int  # tokens predicted
+    bytes: int  # UTF-8 bytes those tokens spell
+    windows: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+@torch.no_grad()
+def evaluate_ids(
+    model: GPT,
+    ids: np.ndarray,
+    byte_lengths: np.ndarray,
+    device: torch.device,
+    dtype: torch.dtype,
+    batch_size: int = 16,
+    max_windows: int | None = None,
+) -> EvalResult:
+    """Score back-to-back windows of block_size tokens (each token predicted once, from its window)."""
+    T = model.config.block_size
+    if len(ids) < 2:
+        raise MinigptError(f"the text is only {len(ids)} token(s): need at least 2 to score a prediction")
+    block = min(T, len(ids) - 1)
+    max_batches = None if max_windows is None else max(1, math.ceil(max_windows / batch_size))
+    total_nats, tokens, nbytes, windows = 0.0, 0, 0, 0
+    model.eval()
+    for x, y in eval_batches(ids, block, batch_size, max_batches):
+        with autocast_context(device, dtype):
+            logits, _ = model(x.to(device), all_logits=True)
+        nll = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), y.to(device).reshape(-1), reduction="sum"
+        )
+        total_nats += nll.item()
+        tokens += y.numel()
+        nbytes += int(byte_lengths[y.numpy()].sum())
+        windows += x.size(0)
+    loss = total_nats / tokens
+    return EvalResult(
+        loss=loss,
+        perplexity=math.exp(min(loss, 700.0)),
+        bits_per_byte=bits_per_byte(loss, tokens, max(nbytes, 1)),
+        tokens=tokens,
+        bytes=nbytes,
+        windows=windows,
+    )
+
+
+def evaluate_files(
+    model: GPT,
+    tokenizer: Tokenizer,
+    paths: list[Path],
+    device: torch.device,
+    dtype: torch.dtype,
+    batch_size: int = 16,
+    max_windows: int | None = None,
+    encoding: str = "utf-8",
+    errors: str = "strict",
+) -> EvalResult:
+    text = read_text(paths, encoding, errors)
+    ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+    return evaluate_ids(model, ids, tokenizer.text_byte_lengths(), device, dtype, batch_size, max_windows)

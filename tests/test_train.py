@@ -1,0 +1,276 @@
+"""Training end to end on tiny texts: checkpoints, exact resume, atomic saves, budgets, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigpt import checkpoint as ckpt
+from minigpt.cli import app
+from minigpt.data import DataConfig
+from minigpt.errors import MinigptError
+from minigpt.train import TrainConfig, parse_duration, train
+
+from conftest import ROOT
+
+TEXT = "".join(
+    f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
+    for i, w in enumerate(["alpha", "beta", "gamma", "delta"] * 60)
+)
+TINY = ["--preset", "tiny", "--batch-size", "4", "--eval-iters", "2", "--log-every", "5"]
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def tiny_cfg(**kw) -> TrainConfig:
+    base = dict(preset="tiny", batch_size=4, eval_iters=2, eval_every=5, log_every=5, max_iters=10, warmup=2,
+                device="cpu", dtype="float32", dropout=0.1)
+    return TrainConfig(**{**base, **kw})
+
+
+def data_cfg(path: Path, tmp_path: Path) -> DataConfig:
+    return DataConfig(paths=(path,), cache_dir=tmp_path / "cache")
+
+
+def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "12", "--eval-every", "6",
+                                 "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    for name in (ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE, ckpt.METRICS_FILE):
+        assert (out / name).is_file(), name
+    config = json.loads((out / ckpt.CONFIG_FILE).read_text())
+    assert config["metrics"]["best_val_loss"] > 0 and config["train"]["max_iters"] == 12
+    records = ckpt.read_jsonl(out / ckpt.METRICS_FILE)
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [6, 12]
+    assert "generate with: minigpt generate --model" in result.output
+
+    result = runner.invoke(app, ["eval", str(out), str(text_file), "--json"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    assert metrics["loss"] > 0 and abs(metrics["perplexity"] - 2.718281828 ** metrics["loss"]) < 1e-3 * metrics["perplexity"]
+    assert metrics["bits_per_byte"] > 0
+
+    result = runner.invoke(app, ["params", str(out), "--json"])
+    report = json.loads(result.stdout)
+    assert report["exact_total"] == report["stored_total"]
+    model, _, _ = ckpt.load_run(out)
+    assert model.num_params() == report["exact_total"]
+
+
+def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path) -> None:
+    """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
+    data = data_cfg(text_file, tmp_path)
+    cfg = tiny_cfg(max_iters=12, eval_every=4)
+    straight = train(cfg, data, out=tmp_path / "straight")
+
+    def stop_at_6(step: int) -> None:
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = train(cfg, data, out=tmp_path / "split", on_step=stop_at_6)
+    assert first.interrupted and first.state.step == 6
+    resumed = train(TrainConfig(), resume=tmp_path / "split")
+    assert resumed.state.step == 12 and not resumed.interrupted
+    a, _ = ckpt.load_tensors(tmp_path / "straight" / ckpt.STATE_FILE)
+    b, _ = ckpt.load_tensors(tmp_path / "split" / ckpt.STATE_FILE)
+    for key in a:
+        if key.startswith(("model/", "optim/")):
+            assert torch.equal(a[key], b[key]), key
+    assert straight.state.best_val_loss == pytest.approx(resumed.state.best_val_loss)
+
+
+def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "4", "--out", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "8"])
+    assert result.exit_code == 0, result.output
+    steps = [r["step"] for r in ckpt.read_jsonl(out / ckpt.METRICS_FILE) if r["kind"] == "eval"]
+    assert steps[-1] == 8
+    result = runner.invoke(app, ["train", "--resume", str(out), "--lr", "1"])
+    assert result.exit_code == 2 and "only budget options" in result.output
+
+
+def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    before = (out / ckpt.WEIGHTS_FILE).read_bytes()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "--overwrite" in result.output
+    assert (out / ckpt.WEIGHTS_FILE).read_bytes() == before
+    assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "budget, check",
+    [
+        (dict(max_iters=3), lambda s: s.step == 3),
+        (dict(max_tokens=4 * 32 * 5), lambda s: s.step == 5),
+        (dict(max_time=0.5), lambda s: s.elapsed >= 0.5),
+        (dict(max_iters=100000, max_tokens=4 * 32 * 2), lambda s: s.step == 2),
+    ],
+)
+def test_budgets_first_reached_stops(text_file: Path, tmp_path: Path, budget: dict, check) -> None:
+    result = train(tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run")
+    assert check(result.state), result.state
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "10x", "-5s", "0"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(MinigptError):
+        parse_duration(text)
+
+
+def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(monkeypatch, text_file: Path, tmp_path: Path) -> None:
+    from minigpt import model as model_mod
+
+    real = model_mod.GPT.forward
+    calls = {"train": 0}
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = real(self, idx, targets, **kw)
+        if self.training and loss is not None:
+            calls["train"] += 1
+            if calls["train"] > 5:  # steps 1-5 are fine, step 6 diverges
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(model_mod.GPT, "forward", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(MinigptError, match="loss became nan at step 5"):
+        train(tiny_cfg(max_iters=10, eval_every=4), data_cfg(text_file, tmp_path), out=out)
+    _, meta = ckpt.load_tensors(out / ckpt.STATE_FILE)
+    assert json.loads(meta["state"])["step"] == 4
+    model, _, _ = ckpt.load_run(out)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_non_tty_log_lines(text_file: Path, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "10", "--eval-every", "5",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert any(line.startswith("step ") and "| loss " in line and "tok/s" in line for line in lines), out.stderr
+    assert any(line.startswith("eval ") and "val loss" in line and "val bpb" in line for line in lines)
+
+
+def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "1000000",
+         "--eval-every", "100000", "--out", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
+    )
+    deadline = time.time() + 60
+    while not (run / ckpt.CONFIG_FILE).exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"resume with: minigpt train --resume {run}" in err
+    model, _, _ = ckpt.load_run(run)
+    assert model.num_params() > 0
+
+
+SAVER = """
+import sys, torch
+from pathlib import Path
+from minigpt.checkpoint import save_run_files
+from minigpt.model import GPT, GPTConfig
+from minigpt.tokenizer import CharTokenizer
+torch.manual_seed(0)
+model = GPT(GPTConfig(vocab_size=40, block_size=64, n_layer=4, n_head=4, n_embd=128))
+tok = CharTokenizer([chr(65 + i) for i in range(40)])
+print("ready", flush=True)
+i = 0
+while True:
+    with torch.no_grad():
+        model.transformer.wte.weight.fill_(float(i))
+    save_run_files(Path(sys.argv[1]), model, tok, {"i": i})
+    i += 1
+"""
+
+
+def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rng = random.Random(0)
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(run)], stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.kill()
+        proc.wait()
+        if not (run / ckpt.WEIGHTS_FILE).exists():
+            continue
+        model, _, config = ckpt.load_run(run)
+        fill = model.transformer.wte.weight
+        assert torch.all(fill == fill.flatten()[0])  # one whole save, never a mix of two
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: (d / "empty.txt").write_text("   \n") and d / "empty.txt", "empty"),
+        (lambda d: (d / "bin.txt").write_bytes(bytes(range(256)) * 4) and d / "bin.txt", "binary"),
+        (lambda d: (d / "bad.txt").write_bytes(b"hello " * 100 + b"\xff\xfe" + b"x" * 100) and d / "bad.txt", "UTF-8"),
+        (lambda d: (d / "short.txt").write_text("just a few words") and d / "short.txt", "block"),
+        (lambda d: (d / "emptydir").mkdir() or d / "emptydir", ".txt"),
+    ],
+)
+def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> None:
+    path = make(tmp_path)
+    result = runner.invoke(app, ["train", str(path), *TINY, "--max-iters", "2", "--out", str(tmp_path / "run")])
+    assert result.exit_code in (1, 2), result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message.lower() in errors[0].lower(), result.output
+    assert result.output.strip().splitlines()[-1] == errors[0] and "Traceback" not in result.output
+    assert not (tmp_path / "run" / ckpt.WEIGHTS_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch-size", "0"], "batch-size"),
+        (["--lr", "-1"], "lr"),
+        (["--max-time", "soon"], "duration"),
+        (["--n-embd", "30", "--n-head", "4"], "divisible"),
+        (["--dropout", "1.5"], "dropout"),
+        (["--tokenizer", "nonsense"], "tokenizer"),
+        (["--device", "tpu"], "device"),
+        (["--dtype", "int8"], "dtype"),
+        (["--tokenizer", "bpe", "--vocab-size", "100"], "256"),
+    ],
+)
+def test_bad_options_through_train(runner, text_file: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(tmp_path / "r"), *args])
+    assert result.exit_code in (1, 2), result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
