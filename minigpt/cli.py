@@ -538,5 +538,75 @@ def attention(
         typer.echo(f"wrote {png}", err=True)
 
 
+convert_app = typer.Typer(
+    cls=_Group,
+    help="Convert between Hugging Face GPT-2 checkpoints and minigpt runs (safetensors, no pickle).",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(convert_app, name="convert")
+
+
+def _report_conversion(result: Any, what: str) -> None:
+    typer.echo(
+        f"wrote {result.out}: {what}, {result.params:,} parameters "
+        f"({result.config.n_layer} layers, {result.config.n_head} heads, width {result.config.n_embd}), "
+        f"tokenizer {result.tokenizer}",
+        err=True,
+    )
+    if result.tokenizer_note:
+        typer.echo(f"note: {result.tokenizer_note}", err=True)
+
+
+@convert_app.command("from-hf")
+def convert_from_hf(
+    src: Annotated[
+        Path, typer.Argument(help="Local Hugging Face GPT-2 directory (config.json + model.safetensors).")
+    ],
+    out: Annotated[Path, typer.Argument(help="minigpt run directory to write.")],
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="tiktoken encoding name or .tiktoken file. Default: the directory's own vocab.json + "
+            "merges.txt (or tokenizer.json), else r50k_base from TIKTOKEN_CACHE_DIR."
+        ),
+    ] = None,
+    tokenizer_file: Annotated[
+        Path | None,
+        typer.Option(help="The r50k_base.tiktoken ranks file (or another .tiktoken file) to use."),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at OUT.")] = False,
+) -> None:
+    """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape) as a minigpt run, offline.
+
+    Example: `minigpt convert from-hf ./gpt2 checkpoints/gpt2`, then `minigpt params checkpoints/gpt2`
+    or `minigpt train input.txt --init-from checkpoints/gpt2`.
+    """
+    from minigpt.convert import from_hf
+
+    result = from_hf(src, out, tokenizer=tokenizer, tokenizer_file=tokenizer_file, overwrite=overwrite)
+    _report_conversion(result, "minigpt run")
+
+
+@convert_app.command("to-hf")
+def convert_to_hf(
+    run: Annotated[
+        Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
+    ],
+    out: Annotated[Path, typer.Argument(help="Directory to write for transformers' from_pretrained.")],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
+    ] = False,
+) -> None:
+    """Export a run as a Hugging Face GPT-2 directory: GPT2LMHeadModel.from_pretrained(OUT) loads it.
+
+    GPT-2 style tokenizers (r50k_base) also get vocab.json + merges.txt for GPT2Tokenizer.
+    """
+    from minigpt.convert import to_hf
+
+    result = to_hf(run, out, overwrite=overwrite)
+    _report_conversion(result, "GPT2LMHeadModel")
+
+
 def main() -> None:
     app()

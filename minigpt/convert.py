@@ -1,0 +1,596 @@
+"""Convert Hugging Face GPT-2 checkpoints to minigpt run directories and back, never unpickling."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from minigpt import checkpoint as ckpt
+from minigpt.config import GPTConfig
+from minigpt.errors import MinigptError, UsageError
+from minigpt.tokenizer import ENDOFTEXT, GPT2_SPLIT_PATTERN, NAMED_ENCODINGS
+
+if TYPE_CHECKING:
+    import torch
+
+    from minigpt.tokenizer import TiktokenTokenizer, Tokenizer
+
+HF_CONFIG = "config.json"
+HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+HF_VOCAB = "vocab.json"
+HF_MERGES = "merges.txt"
+HF_TOKENIZER_JSON = "tokenizer.json"
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
+HF_SPECIAL_TOKENS = "special_tokens_map.json"
+# minigpt's own tokenizer.json would be mistaken by transformers for a `tokenizers` file: renamed
+MINIGPT_TOKENIZER = "minigpt_tokenizer.json"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack")
+# files a previous export into OUT may have left that transformers would read before (or beside) ours
+_STALE_HF_FILES = (
+    HF_INDEX,
+    *PICKLE_WEIGHTS,
+    HF_TOKENIZER_JSON,
+    HF_VOCAB,
+    HF_MERGES,
+    HF_TOKENIZER_CONFIG,
+    HF_SPECIAL_TOKENS,
+    MINIGPT_TOKENIZER,
+    "generation_config.json",
+)
+
+# HF's Conv1D stores (in, out); nn.Linear stores (out, in)
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# the causal-mask buffers older transformers versions saved with the weights
+_MASK_BUFFER = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function; minigpt's GELU(approximate="tanh")
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion wrote: the directory, the model shape and a one-line tokenizer note."""
+
+    out: Path
+    config: GPTConfig
+    params: int
+    tokenizer: str
+    tokenizer_note: str | None = None  # set when the tokenizer could not be written in the target format
+
+
+# ---------------------------------------------------------------- configs
+
+
+def read_hf_config(src: Path) -> dict[str, Any]:
+    """config.json of a Hugging Face model directory, checked to describe a GPT-2."""
+    src = Path(src)
+    if not src.exists():
+        raise MinigptError(f"{src} does not exist: pass a local Hugging Face GPT-2 directory")
+    if not src.is_dir():
+        raise MinigptError(f"{src} is a file: pass the directory that save_pretrained wrote")
+    path = src / HF_CONFIG
+    if not path.is_file():
+        raise MinigptError(f"{src} has no {HF_CONFIG}: not a Hugging Face model directory")
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MinigptError(f"{path} is corrupt ({e})") from None
+    if not isinstance(hf, dict):
+        raise MinigptError(f"{path} is not a model config (expected a JSON object)")
+    if hf.get("format") == ckpt.FORMAT:
+        raise MinigptError(f"{src} is a minigpt run already; `minigpt convert to-hf` goes the other way")
+    if hf.get("model_type") != "gpt2":
+        raise MinigptError(
+            f"{src} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2'): "
+            f"only GPT-2 checkpoints convert"
+        )
+    return hf
+
+
+def config_from_hf(hf: dict[str, Any], source: Path) -> GPTConfig:
+    """The GPTConfig of a GPT-2 config.json; anything minigpt's architecture cannot express is an error.
+
+    Absent keys take transformers' GPT2Config defaults, as transformers itself would.
+    """
+
+    def get(key: str, default: Any) -> Any:
+        value = hf.get(key, default)
+        return default if value is None and default is not None else value
+
+    n_embd = get("n_embd", 768)
+    n_inner = hf.get("n_inner")
+    if n_inner is not None and n_inner != 4 * n_embd:
+        raise MinigptError(
+            f"{source}: n_inner {n_inner} is not 4 x n_embd ({4 * n_embd}); minigpt's MLP is 4 x n_embd wide"
+        )
+    act = get("activation_function", "gelu_new")
+    if act not in _TANH_GELUS:
+        raise MinigptError(
+            f"{source}: activation_function {act!r} is not supported; minigpt uses GPT-2's gelu_new"
+        )
+    unsupported = {
+        "scale_attn_weights": (get("scale_attn_weights", True), True),
+        "scale_attn_by_inverse_layer_idx": (get("scale_attn_by_inverse_layer_idx", False), False),
+        "add_cross_attention": (get("add_cross_attention", False), False),
+    }
+    for key, (value, wanted) in unsupported.items():
+        if bool(value) != wanted:
+            raise MinigptError(f"{source}: {key}={value} is not plain GPT-2 attention; minigpt cannot run it")
+    try:
+        return GPTConfig(
+            vocab_size=get("vocab_size", 50257),
+            block_size=get("n_positions", 1024),
+            n_layer=get("n_layer", 12),
+            n_head=get("n_head", 12),
+            n_embd=n_embd,
+            dropout=0.0,  # inference-first; fine-tuning sets its own
+            bias=True,
+            tie_embeddings=bool(get("tie_word_embeddings", True)),
+            layer_norm_eps=float(get("layer_norm_epsilon", 1e-5)),
+        )
+    except (MinigptError, TypeError, ValueError) as e:
+        raise MinigptError(f"{source}: not a usable GPT-2 config ({e})") from None
+
+
+def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
+    """A transformers GPT2Config (as config.json) for a minigpt model of GPT-2 architecture."""
+    if not config.bias:
+        raise MinigptError(
+            "this model has no biases (trained with --no-bias); GPT-2 always has them, so transformers' "
+            "GPT2LMHeadModel cannot hold it"
+        )
+    if eot_id is not None and not 0 <= eot_id < config.vocab_size:
+        eot_id = None
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "add_cross_attention": False,
+        "use_cache": True,
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "dtype": "float32",
+    }
+
+
+# ---------------------------------------------------------------- tensor names and layouts
+
+
+def _is_conv1d(name: str) -> bool:
+    return name.endswith(_CONV1D_SUFFIXES)
+
+
+def _short(names: Iterable[str]) -> str:
+    names = sorted(names)
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def expected_hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """minigpt tensor name -> the shape GPT-2's file stores it in (Conv1D weights transposed)."""
+    import torch
+
+    from minigpt.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    shapes = {}
+    for name, t in ckpt.model_tensors(model).items():
+        shape = tuple(t.shape)
+        shapes[name] = shape[::-1] if _is_conv1d(name) else shape
+    return shapes
+
+
+def _minigpt_name(hf_name: str) -> str:
+    # save_pretrained of GPT2LMHeadModel prefixes "transformer."; GPT2Model and the original hub files do not
+    if hf_name == "lm_head.weight" or hf_name.startswith("transformer."):
+        return hf_name
+    return "transformer." + hf_name
+
+
+def plan_import(shapes: dict[str, list[int]], config: GPTConfig, source: Path) -> dict[str, str]:
+    """HF tensor name -> minigpt name for every tensor to import, after checking names and shapes."""
+    expected = expected_hf_shapes(config)
+    plan: dict[str, str] = {}
+    unexpected = []
+    for hf_name in shapes:
+        if _MASK_BUFFER.match(hf_name):
+            continue
+        name = _minigpt_name(hf_name)
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue  # transformers ties it to wte on load whatever the file holds
+        if name not in expected:
+            unexpected.append(hf_name)
+        elif name in plan.values():
+            raise MinigptError(f"{source} holds {name} twice (with and without the 'transformer.' prefix)")
+        else:
+            plan[hf_name] = name
+    missing = set(expected) - set(plan.values())
+    if missing:
+        raise MinigptError(
+            f"{source} lacks tensors a GPT-2 of this config needs: {_short(missing)}; "
+            f"is it a complete GPT2LMHeadModel checkpoint?"
+        )
+    if unexpected:
+        raise MinigptError(f"{source} holds tensors that are not GPT-2's: {_short(unexpected)}")
+    for hf_name, name in plan.items():
+        if tuple(shapes[hf_name]) != expected[name]:
+            raise MinigptError(
+                f"{source}: {hf_name} has shape {list(shapes[hf_name])} but config.json implies "
+                f"{list(expected[name])}"
+            )
+    return plan
+
+
+def to_hf_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """minigpt's tensors (GPT-2 names, Linear layout) in GPT2LMHeadModel's names and Conv1D layout."""
+    return {name: (t.t() if _is_conv1d(name) else t).contiguous() for name, t in tensors.items()}
+
+
+def weight_files(src: Path) -> list[Path]:
+    """The safetensors files of a HF model directory (one file or a sharded index); refuse pickles."""
+    single, index = src / HF_WEIGHTS, src / HF_INDEX
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise MinigptError(f"{index} is corrupt ({e})") from None
+        files = [src / n for n in names]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise MinigptError(f"{src} lacks the shard(s) {_short(absent)} that {HF_INDEX} lists")
+        return files
+    if any((src / n).is_file() for n in PICKLE_WEIGHTS):
+        raise MinigptError(
+            f"{src} has only pickled weights ({PICKLE_WEIGHTS[0]}), which minigpt never loads (unpickling "
+            f"can run code): re-save as safetensors with transformers, "
+            f"GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(NEW_DIR)"
+        )
+    if any((src / n).is_file() for n in OTHER_WEIGHTS):
+        raise MinigptError(
+            f"{src} has TensorFlow/Flax weights only: re-save them as {HF_WEIGHTS} with transformers"
+        )
+    raise MinigptError(f"{src} has no {HF_WEIGHTS}: save the model with save_pretrained")
+
+
+def _hf_shapes(files: list[Path]) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for f in files:
+        shapes.update(ckpt.safetensors_shapes(f))
+    return shapes
+
+
+def _load_planned(files: list[Path], plan: dict[str, str]) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    tensors = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as handle:
+                for hf_name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if hf_name in plan:
+                        t = handle.get_tensor(hf_name).float()
+                        name = plan[hf_name]
+                        tensors[name] = t.t().contiguous() if _is_conv1d(name) else t
+        except Exception as e:  # safetensors raises several types for truncated or garbled files
+            raise MinigptError(f"{f} is corrupt or not a safetensors file ({e})") from None
+    return tensors
+
+
+# ---------------------------------------------------------------- byte-level BPE files
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable character (vocab.json and merges.txt use it)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + n)
+            n += 1
+    return mapping
+
+
+def _token_str(token: bytes) -> str:
+    # latin-1 turns each byte into the code point of the same number, which translate then maps
+    return token.decode("latin-1").translate(bytes_to_unicode())
+
+
+def _split_below(token: bytes, ranks: dict[bytes, int], limit: int) -> list[bytes]:
+    """Byte-level BPE of token using only the ranks below limit (how tiktoken would build it)."""
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 2:
+        best_rank, best_i = limit, -1
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1], limit)
+            if r < best_rank:
+                best_rank, best_i = r, i
+        if best_i < 0:
+            break
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+    return parts
+
+
+def bpe_vocab_merges(ranks: dict[bytes, int], specials: dict[str, int]) -> tuple[dict[str, int], list[str]]:
+    """vocab.json and merges.txt entries equivalent to tiktoken ranks.
+
+    Each multi-byte token's merge is recovered by running BPE on its bytes with the ranks below its own:
+    that yields the two parts tiktoken joins to make it. A token that does not come out as exactly two
+    parts can never be produced by BPE, so the ranks have no merges-file equivalent (a MinigptError).
+    """
+    vocab: dict[str, int] = {}
+    merges: list[str] = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        vocab[_token_str(token)] = rank
+        if len(token) > 1:
+            parts = _split_below(token, ranks, rank)
+            if len(parts) != 2:
+                raise MinigptError(f"token {token!r} (rank {rank}) is not the merge of two earlier tokens")
+            merges.append(f"{_token_str(parts[0])} {_token_str(parts[1])}")
+    for text, i in specials.items():
+        vocab[text] = i
+    return vocab, merges
+
+
+def ranks_from_vocab_merges(
+    vocab: dict[str, int], merges: list[tuple[str, str]], source: Path
+) -> tuple[dict[bytes, int], dict[str, int]]:
+    """tiktoken ranks and special tokens from GPT-2 style vocab.json + merges.txt.
+
+    tiktoken merges by the rank of the joined token, transformers by the order of merges.txt; the two
+    agree when each merge's result has a higher id than its parts and ids grow along merges.txt, which
+    is checked (GPT-2's own files satisfy it: tiktoken's r50k_base was made from them).
+    """
+    dec = {c: b for b, c in bytes_to_unicode().items()}
+    results = {a + b for a, b in merges}
+    ranks: dict[bytes, int] = {}
+    specials: dict[str, int] = {}
+    for text, i in vocab.items():
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise MinigptError(f"{source}: id of {text!r} is not an integer")
+        if (len(text) == 1 and text in dec) or text in results:
+            try:
+                ranks[bytes(dec[c] for c in text)] = i
+            except KeyError:
+                raise MinigptError(f"{source}: {text!r} is not a byte-level BPE token") from None
+        else:
+            specials[text] = i
+    last = -1
+    for a, b in merges:
+        ids = [vocab.get(a), vocab.get(b), vocab.get(a + b)]
+        if None in ids:
+            raise MinigptError(f"{source}: merge '{a} {b}' uses tokens that are not in the vocabulary")
+        ia, ib, ic = ids
+        if not (ia < ic and ib < ic and ic > last):
+            raise MinigptError(
+                f"{source}: merge '{a} {b}' is out of id order, so tiktoken ranks cannot reproduce it"
+            )
+        last = ic
+    return ranks, specials
+
+
+def _read_dir_tokenizer(src: Path) -> TiktokenTokenizer | None:
+    """The byte-level BPE a HF directory ships (vocab.json + merges.txt, or tokenizer.json), if any."""
+    from minigpt.tokenizer import TiktokenTokenizer
+
+    vocab_path, merges_path, fast_path = src / HF_VOCAB, src / HF_MERGES, src / HF_TOKENIZER_JSON
+    try:
+        if vocab_path.is_file() and merges_path.is_file():
+            source = vocab_path
+            vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+            lines = merges_path.read_text(encoding="utf-8").splitlines()
+            merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+            added: dict[str, int] = {}
+        elif fast_path.is_file():
+            source = fast_path
+            data = json.loads(fast_path.read_text(encoding="utf-8"))
+            model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
+            byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
+            if model.get("type") != "BPE" or not byte_level or pre.get("add_prefix_space"):
+                raise MinigptError(
+                    f"{fast_path} is not GPT-2's byte-level BPE: pass --tokenizer NAME|FILE for the "
+                    f"model's tokenizer"
+                )
+            vocab = model.get("vocab")
+            merges = [
+                tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])
+            ]
+            added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+        else:
+            return None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, KeyError) as e:
+        raise MinigptError(f"{src}: unreadable tokenizer files ({e}); pass --tokenizer NAME|FILE") from None
+    if not isinstance(vocab, dict) or any(len(m) != 2 for m in merges):
+        raise MinigptError(f"{source} is not a GPT-2 style BPE vocabulary; pass --tokenizer NAME|FILE")
+    ranks, specials = ranks_from_vocab_merges(vocab, merges, source)  # type: ignore[arg-type]
+    specials.update(added)
+    r50k = NAMED_ENCODINGS["r50k_base"]
+    if _ranks_sha256(ranks) == r50k.sha256 and specials == r50k.specials:
+        return TiktokenTokenizer(r50k.name, r50k.pattern, ranks, r50k.specials)
+    return TiktokenTokenizer(src.name or "hf-bpe", GPT2_SPLIT_PATTERN, ranks, specials)
+
+
+def _ranks_sha256(ranks: dict[bytes, int]) -> str:
+    """sha256 of the ranks written as a .tiktoken file (so it matches the published files' hashes)."""
+    import base64
+    import hashlib
+
+    h = hashlib.sha256()
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        h.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
+    return h.hexdigest()
+
+
+def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: Path | None) -> Tokenizer:
+    """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the directory's own BPE files,
+    else r50k_base (GPT-2's) from TIKTOKEN_CACHE_DIR.
+    """
+    from minigpt.tokenizer import TiktokenTokenizer, tokenizer_kind
+
+    if tokenizer_file is not None:
+        if tokenizer is not None:
+            raise UsageError("give --tokenizer or --tokenizer-file, not both")
+        return TiktokenTokenizer.from_file(tokenizer_file)
+    if tokenizer is not None:
+        if tokenizer_kind(tokenizer) != "tiktoken":
+            raise UsageError(
+                f"--tokenizer {tokenizer} is learned from training text; a converted model needs the "
+                f"tokenizer it was trained with: a tiktoken name (r50k_base for GPT-2) or a .tiktoken file"
+            )
+        if tokenizer in NAMED_ENCODINGS:
+            return _named(tokenizer)
+        return TiktokenTokenizer.from_file(tokenizer)
+    own = _read_dir_tokenizer(src)
+    return own if own is not None else _named("r50k_base")
+
+
+def _named(name: str) -> Tokenizer:
+    import os
+
+    from minigpt.tokenizer import TiktokenTokenizer
+
+    try:
+        return TiktokenTokenizer.from_name(name)
+    except MinigptError:
+        spec = NAMED_ENCODINGS[name]
+        where = os.environ.get("TIKTOKEN_CACHE_DIR")
+        looked = f"TIKTOKEN_CACHE_DIR={where}" if where else "TIKTOKEN_CACHE_DIR is not set"
+        raise MinigptError(
+            f"the {name} tokenizer's ranks file is not available offline ({looked}): download {spec.url} "
+            f"and pass --tokenizer-file path/to/{spec.file}, or put it in TIKTOKEN_CACHE_DIR"
+        ) from None
+
+
+# ---------------------------------------------------------------- the two conversions
+
+
+def _check_out(out: Path, src: Path, overwrite: bool) -> None:
+    """Refuse to write over the source, into a file, or into a non-empty directory without --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise MinigptError(f"{out} exists and is not a directory: choose another OUT")
+    if out.resolve() == src.resolve():
+        raise MinigptError(f"OUT is the source directory {src}: choose another OUT")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise MinigptError(f"{out} is not empty: choose another OUT or pass --overwrite to replace its model")
+
+
+def _clear(out: Path, names: Iterable[str]) -> None:
+    for name in names:
+        (out / name).unlink(missing_ok=True)
+
+
+def from_hf(
+    src: Path,
+    out: Path,
+    *,
+    tokenizer: str | None = None,
+    tokenizer_file: Path | None = None,
+    overwrite: bool = False,
+) -> ConvertResult:
+    """Write a minigpt run directory from a local Hugging Face GPT-2 directory (safetensors only).
+
+    Everything is checked (config, tensor names and shapes from the file headers, tokenizer) before
+    anything is written; an existing run at `out` is only replaced with `overwrite`.
+    """
+    src, out = Path(src), Path(out)
+    hf = read_hf_config(src)
+    config = config_from_hf(hf, src / HF_CONFIG)
+    files = weight_files(src)
+    plan = plan_import(_hf_shapes(files), config, src)
+    tok = resolve_import_tokenizer(src, tokenizer, tokenizer_file)
+    if tok.vocab_size > config.vocab_size:
+        raise MinigptError(
+            f"the tokenizer ({tok.describe()}) is larger than the model's vocabulary ({config.vocab_size:,}): "
+            f"pass the tokenizer the model was trained with"
+        )
+    _check_out(out, src, overwrite)
+    model = ckpt.build_model(config, _load_planned(files, plan), src)
+    out.mkdir(parents=True, exist_ok=True)
+    # a replaced run's optimizer state and history belong to other weights
+    _clear(out, (ckpt.STATE_FILE, ckpt.METRICS_FILE))
+    extra = {"source": {"kind": "huggingface", "path": str(src.resolve()), "model_type": "gpt2"}}
+    ckpt.save_run_files(out, model, tok, extra)
+    return ConvertResult(out, config, model.num_params(), tok.describe())
+
+
+def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str] | None:
+    """transformers' GPT-2 tokenizer files for a byte-level BPE with GPT-2's split pattern, else None."""
+    from minigpt.tokenizer import _RankedBPE
+
+    if not isinstance(tokenizer, _RankedBPE) or tokenizer.pattern != GPT2_SPLIT_PATTERN:
+        return None
+    if set(tokenizer.specials) - {ENDOFTEXT}:
+        return None
+    try:
+        vocab, merges = bpe_vocab_merges(tokenizer.ranks, tokenizer.specials)
+    except MinigptError:
+        return None
+    eot = ENDOFTEXT if ENDOFTEXT in tokenizer.specials else None
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "model_max_length": block_size,
+        "add_prefix_space": False,
+        "errors": "replace",
+        "bos_token": eot,
+        "eos_token": eot,
+        "unk_token": eot,
+    }
+    specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot} if eot else {}
+    return {
+        HF_VOCAB: json.dumps(vocab, ensure_ascii=False) + "\n",
+        HF_MERGES: "#version: 0.2\n" + "".join(m + "\n" for m in merges),
+        HF_TOKENIZER_CONFIG: json.dumps(config, indent=2) + "\n",
+        HF_SPECIAL_TOKENS: json.dumps(specials, indent=2) + "\n",
+    }
+
+
+def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu") -> ConvertResult:
+    """Write a directory transformers' GPT2LMHeadModel.from_pretrained loads: config.json,
+    model.safetensors and, for a GPT-2 style byte-level BPE, the tokenizer files.
+    """
+    run, out = Path(run), Path(out)
+    model, tok, _ = ckpt.load_run(run, device)
+    config = model.config
+    hf = hf_config(config, tok.eot_id)
+    _check_out(out, run, overwrite)
+    tok_files = hf_tokenizer_files(tok, config.block_size)
+    out.mkdir(parents=True, exist_ok=True)
+    _clear(out, _STALE_HF_FILES)
+    # metadata format "pt" is what transformers checks before loading a safetensors file
+    ckpt.save_tensors(out / HF_WEIGHTS, to_hf_tensors(ckpt.model_tensors(model)), metadata={"format": "pt"})
+    note = None
+    if tok_files is not None:
+        for name, text in tok_files.items():
+            ckpt.atomic_write_bytes(out / name, text.encode("utf-8"))
+    else:
+        ckpt.atomic_write_json(out / MINIGPT_TOKENIZER, tok.to_json())
+        note = (
+            f"the tokenizer is minigpt's own ({tok.describe()}), which transformers cannot load: "
+            f"it is saved as {out / MINIGPT_TOKENIZER}; encode text with minigpt"
+        )
+    ckpt.atomic_write_json(out / HF_CONFIG, hf)  # last: without it the directory is not a model yet
+    return ConvertResult(out, config, model.num_params(), tok.describe(), note)
