@@ -158,12 +158,10 @@ def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
 
 def build_model(config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu") -> GPT:
     """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
-    import torch
 
     from minigpt.model import GPT
 
-    with torch.device("meta"):
-        model = GPT(config)
+    model = GPT.uninitialized(config)
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

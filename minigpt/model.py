@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -13,6 +15,24 @@ from minigpt.config import GPTConfig
 from minigpt.errors import UsageError
 
 __all__ = ["GPT", "GPTConfig", "KVCacheLike"]
+
+
+@contextlib.contextmanager
+def _skip_init() -> Iterator[None]:
+    # random init of a large model costs seconds, and the meta device pulls in torch._dynamo for
+    # nn.Embedding; loading only needs the storage, so the init methods become no-ops for a moment
+    classes = (nn.Linear, nn.Embedding, nn.LayerNorm)
+    saved = [c.reset_parameters for c in classes]
+    saved_gpt = GPT.reset_parameters
+    try:
+        for c in classes:
+            c.reset_parameters = lambda self: None  # type: ignore[method-assign]
+        GPT.reset_parameters = lambda self: None  # type: ignore[method-assign]
+        yield
+    finally:
+        for c, fn in zip(classes, saved, strict=True):
+            c.reset_parameters = fn  # type: ignore[method-assign]
+        GPT.reset_parameters = saved_gpt  # type: ignore[method-assign]
 
 
 class KVCacheLike(Protocol):
@@ -115,12 +135,16 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         self.reset_parameters()
 
+    @classmethod
+    def uninitialized(cls, config: GPTConfig) -> GPT:
+        """A GPT with allocated but uninitialised weights, fast to build when loaded weights replace them."""
+        with _skip_init():
+            return cls(config)
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
         for name, p in self.named_parameters():
-            if p.device.type == "meta":
-                continue
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
             elif p.dim() >= 2:

@@ -330,7 +330,9 @@ def _resolve_run(
     ckpt.guard_new_run_dir(out, overwrite)
     if init_from is not None:
         saved = ckpt.read_run_config(init_from)
-        return cfg, data, out, ckpt.load_tokenizer(init_from), ckpt.run_model_config(saved, init_from)
+        # the shape is the source run's; dropout is a training choice, so --dropout applies
+        shape = replace(ckpt.run_model_config(saved, init_from), dropout=cfg.dropout)
+        return cfg, data, out, ckpt.load_tokenizer(init_from), shape
     return cfg, data, out, None, None
 
 
