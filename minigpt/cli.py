@@ -310,14 +310,12 @@ def train(
     Example: `minigpt train input.txt --max-time 5m`, then `minigpt generate "ROMEO:"`.
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
-    if nproc is not None and nproc > 1:
-        import os
+    import os
 
-        if "WORLD_SIZE" in os.environ:
-            raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
-        raise typer.Exit(_launch_local(nproc, _relaunch_args(ctx.params)))
+    if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
+        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
     from minigpt.data import DataConfig
-    from minigpt.train import TrainConfig, parse_duration
+    from minigpt.train import TrainConfig, check_launch, parse_duration
     from minigpt.train import train as run_training
 
     model_opts = dict(
@@ -366,7 +364,7 @@ def train(
                 f"--resume continues a run with its saved settings; only budget options may change (got {extra})",
                 exit_code=2,
             )
-        result = run_training(TrainConfig(), resume=resume, budget_overrides=budget)
+        run_args: dict[str, Any] = dict(cfg=TrainConfig(), resume=resume, budget_overrides=budget)
     else:
         if not files:
             raise MinigptError(
@@ -384,7 +382,12 @@ def train(
             paths=tuple(files),
             **{k: v for k, v in data_opts.items() if v is not None},
         )
-        result = run_training(cfg, data, out=out, init_from=init_from, overwrite=overwrite)
+        run_args = dict(cfg=cfg, data=data, out=out, init_from=init_from, overwrite=overwrite)
+    if nproc is not None and nproc > 1:
+        # mistakes show here as one line, not once per rank inside torchrun's failure report
+        check_launch(nproc, **run_args)
+        raise typer.Exit(_launch_local(nproc, _relaunch_args(ctx.params)))
+    result = run_training(**run_args)
     if result.interrupted:
         raise typer.Exit(130)
 

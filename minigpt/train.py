@@ -18,7 +18,15 @@ import torch
 
 from minigpt import checkpoint as ckpt
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, bits_per_byte, eval_batches, prepare_data
+from minigpt.data import (
+    BatchSampler,
+    DataConfig,
+    Dataset,
+    _collect_files,
+    bits_per_byte,
+    eval_batches,
+    prepare_data,
+)
 from minigpt.device import autocast_context, resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
@@ -345,6 +353,28 @@ def _resolve_run(
         saved = ckpt.read_run_config(init_from)
         return cfg, data, out, ckpt.load_tokenizer(init_from), ckpt.run_model_config(saved, init_from)
     return cfg, data, out, None, None
+
+
+def check_launch(
+    nproc: int,
+    cfg: TrainConfig,
+    data: DataConfig | None = None,
+    *,
+    out: Path | None = None,
+    resume: Path | None = None,
+    init_from: Path | None = None,
+    overwrite: bool = False,
+    budget_overrides: dict[str, Any] | None = None,
+) -> None:
+    """What `train --nproc N` can check before starting N processes: settings, run directory, input files,
+    and one GPU per process."""
+    cfg, data, *_ = _resolve_run(cfg, data, out, resume, init_from, overwrite, budget_overrides or {})
+    _collect_files([*data.paths, *([data.val_file] if data.val_file else [])])
+    if cfg.device == "mps":
+        raise UsageError("several processes need CUDA GPUs or the CPU; --device mps trains in one process")
+    gpus = torch.cuda.device_count() if cfg.device in ("auto", "cuda") and torch.cuda.is_available() else 0
+    if 0 < gpus < nproc:
+        raise UsageError(f"--nproc {nproc} but only {gpus} CUDA GPU(s) here; use --nproc {gpus} or less")
 
 
 def _default_name(data: DataConfig) -> str:

@@ -220,10 +220,13 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_saving_and_resume_changes_
 
 
 def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("a b.txt", "-x.txt"):
+        Path(name).write_text(TEXT)
     seen = {}
     monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: seen.update(n=n, args=args) or 7)
     argv = ["train", "--preset", "tiny", "--no-bias", "--compile", "--lr", "0.001", "--max-time", "5m",
-            "--out", str(tmp_path / "r"), "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
+            "--out", "r", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
     result = runner.invoke(app, argv)
     assert result.exit_code == 7, result.output
     assert seen["n"] == 3
@@ -233,8 +236,30 @@ def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_p
     assert {"--no-bias", "--compile"} <= set(opts) and "--overwrite" not in opts and "--nproc" not in opts
     assert opts[opts.index("--lr") + 1] == "0.001" and opts[opts.index("--max-time") + 1] == "5m"
     assert _relaunch_args({"files": None, "resume": Path("r"), "overwrite": True, "nproc": 2}) == [
-        "--resume", "r", "--overwrite"
-    ]  # fmt: skip
+        "--resume",
+        "r",
+        "--overwrite",
+    ]
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda d: [str(d / "missing.txt")], "no such file"),
+        (lambda d: [str(d / "t.txt"), "--batch-size", "0"], "batch-size"),
+        (lambda d: [str(d / "t.txt"), "--out", str(d)], "already holds"),
+        (lambda d: ["--resume", str(d / "nothing")], "nothing"),
+    ],
+)
+def test_nproc_checks_before_launching(
+    runner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, make_args, message
+):
+    (tmp_path / "t.txt").write_text(TEXT)
+    monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: pytest.fail("launched"))
+    result = runner.invoke(app, ["train", *make_args(tmp_path), "--nproc", "2"])
+    assert result.exit_code in (1, 2)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
 
 
 def test_nproc_is_refused_inside_torchrun(runner, monkeypatch: pytest.MonkeyPatch, text_file: Path) -> None:
