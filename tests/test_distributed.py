@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT
@@ -102,7 +103,15 @@ def assert_loadable(run: Path) -> dict:
 class UnionSampler(BatchSampler):
     """One process drawing, per batch, exactly what ranks 0 and 1 of 2 draw with half the batch each."""
 
-    def __init__(self, tokens, block_size, batch_size, seed, rank=0, world_size=1) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         super().__init__(tokens, block_size, batch_size, seed, rank, world_size)
         self.parts = [BatchSampler(tokens, block_size, batch_size // 2, seed, r, 2) for r in (0, 1)]
 
@@ -252,8 +261,12 @@ def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_p
     ],
 )
 def test_nproc_checks_before_launching(
-    runner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, make_args, message
-):
+    runner,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    make_args: Callable[[Path], list[str]],
+    message: str,
+) -> None:
     (tmp_path / "t.txt").write_text(TEXT)
     monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: pytest.fail("launched"))
     result = runner.invoke(app, ["train", *make_args(tmp_path), "--nproc", "2"])
