@@ -148,6 +148,7 @@ _RUN = "Run"
 
 @app.command()
 def train(
+    ctx: typer.Context,
     files: Annotated[
         list[Path] | None,
         typer.Argument(
@@ -295,13 +296,26 @@ def train(
         bool,
         typer.Option("--overwrite", help="Replace an existing run directory at --out.", rich_help_panel=_RUN),
     ] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Train in N processes on this machine (one per GPU) through torch.distributed.run.",
+            rich_help_panel=_RUN,
+        ),
+    ] = None,
 ) -> None:
     """Train a GPT on your text: live progress on stderr, checkpoints in a run directory, resumable.
 
     Example: `minigpt train input.txt --max-time 5m`, then `minigpt generate "ROMEO:"`.
+    Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
+    import os
+
+    if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
+        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
     from minigpt.data import DataConfig
-    from minigpt.train import TrainConfig, parse_duration
+    from minigpt.train import TrainConfig, check_launch, parse_duration
     from minigpt.train import train as run_training
 
     model_opts = dict(
@@ -350,7 +364,7 @@ def train(
                 f"--resume continues a run with its saved settings; only budget options may change (got {extra})",
                 exit_code=2,
             )
-        result = run_training(TrainConfig(), resume=resume, budget_overrides=budget)
+        run_args: dict[str, Any] = dict(cfg=TrainConfig(), resume=resume, budget_overrides=budget)
     else:
         if not files:
             raise MinigptError(
@@ -368,9 +382,68 @@ def train(
             paths=tuple(files),
             **{k: v for k, v in data_opts.items() if v is not None},
         )
-        result = run_training(cfg, data, out=out, init_from=init_from, overwrite=overwrite)
+        run_args = dict(cfg=cfg, data=data, out=out, init_from=init_from, overwrite=overwrite)
+    if nproc is not None and nproc > 1:
+        # mistakes show here as one line, not once per rank inside torchrun's failure report
+        check_launch(nproc, **run_args)
+        raise typer.Exit(_launch_local(nproc, _relaunch_args(ctx.params)))
+    result = run_training(**run_args)
     if result.interrupted:
         raise typer.Exit(130)
+
+
+def _relaunch_args(params: dict[str, Any]) -> list[str]:
+    """The `train` arguments that were given, spelled out again for the worker processes (minus --nproc)."""
+    args: list[str] = []
+    for name, value in params.items():
+        if name in ("files", "nproc") or value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                args.append(flag)
+            elif name != "overwrite":
+                args.append("--no-" + flag[2:])
+        else:
+            args += [flag, str(value)]
+    files = params.get("files") or []
+    return args + (["--", *(str(f) for f in files)] if files else [])
+
+
+def _launch_local(nproc: int, args: list[str]) -> int:
+    """Run `minigpt train ARGS` as nproc processes under torch.distributed.run on this machine; its exit code.
+
+    The launcher gets its own process group, so a Ctrl-C here reaches it once, and it stops the workers
+    (they save and exit); a second Ctrl-C goes to every process, which then exit at once.
+    """
+    import os
+    import signal
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "minigpt", "train", *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, process_group=0)
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        try:
+            if len(received) == 1:
+                proc.send_signal(signum)
+            else:
+                os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if received:
+        return 128 + received[0]
+    return code if code >= 0 else 128 - code
 
 
 @app.command("eval")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import re
@@ -17,7 +18,15 @@ import torch
 
 from minigpt import checkpoint as ckpt
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, bits_per_byte, eval_batches, prepare_data
+from minigpt.data import (
+    BatchSampler,
+    DataConfig,
+    Dataset,
+    _collect_files,
+    bits_per_byte,
+    eval_batches,
+    prepare_data,
+)
 from minigpt.device import autocast_context, resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
@@ -137,6 +146,8 @@ class TrainState:
     best_val_loss: float = math.inf
     best_step: int = -1
     last_eval: dict[str, float] = field(default_factory=dict)
+    # processes that trained the run so far: a resume on another count keeps the global batch
+    world_size: int = 1
 
 
 @dataclass
@@ -203,18 +214,19 @@ def estimate_loss(
     dtype: torch.dtype,
     dist: DistContext,
 ) -> float:
-    """Mean loss over eval_iters batches of evenly spaced windows: the same windows at every evaluation."""
+    """Mean loss per window over eval_iters batches of evenly spaced windows: the same windows at every
+    evaluation, shared out between ranks (one may get fewer, or none: windows are counted, not batches)."""
     was_training = model.training
     model.eval()
-    total = torch.zeros((), device=device)
-    n = 0
+    sums = torch.zeros(2, device=device, dtype=torch.float64)  # loss x windows, windows
     for x, y in eval_batches(tokens, block_size, cfg.batch_size, cfg.eval_iters, dist.rank, dist.world_size):
         with autocast_context(device, dtype):
             _, loss = model(x.to(device), y.to(device))
-        total += loss.float()
-        n += 1
+        sums[0] += loss.double() * x.size(0)
+        sums[1] += x.size(0)
     model.train(was_training)
-    return dist.all_reduce_mean(total / max(n, 1)).item()
+    total, windows = dist.all_reduce_sum(sums).tolist()
+    return total / max(windows, 1.0)
 
 
 def _state_tensors(
@@ -275,17 +287,26 @@ def load_state(
 
 
 class _StopSignals:
-    """First Ctrl-C/SIGTERM asks the loop to stop after the current step; a second one exits at once."""
+    """First Ctrl-C/SIGTERM asks the loop to stop after the current step; a second one exits at once.
 
-    def __init__(self) -> None:
+    Under torchrun a Ctrl-C reaches each worker twice, from the terminal and relayed by the launcher a moment
+    later, so there a repeat within `grace` seconds counts as the same request.
+    """
+
+    def __init__(self, grace: float = 0.0) -> None:
         self.requested: str | None = None
+        self.grace = grace
+        self._first = 0.0
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested is not None:
+            if time.monotonic() - self._first < self.grace:
+                return
             # saves are atomic, so leaving mid-write cannot corrupt the previous checkpoint
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
+        self._first = time.monotonic()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[_StopSignals]:
@@ -336,6 +357,28 @@ def _resolve_run(
     return cfg, data, out, None, None
 
 
+def check_launch(
+    nproc: int,
+    cfg: TrainConfig,
+    data: DataConfig | None = None,
+    *,
+    out: Path | None = None,
+    resume: Path | None = None,
+    init_from: Path | None = None,
+    overwrite: bool = False,
+    budget_overrides: dict[str, Any] | None = None,
+) -> None:
+    """What `train --nproc N` can check before starting N processes: settings, run directory, input files,
+    and one GPU per process."""
+    cfg, data, *_ = _resolve_run(cfg, data, out, resume, init_from, overwrite, budget_overrides or {})
+    _collect_files([*data.paths, *([data.val_file] if data.val_file else [])])
+    if cfg.device == "mps":
+        raise UsageError("several processes need CUDA GPUs or the CPU; --device mps trains in one process")
+    gpus = torch.cuda.device_count() if cfg.device in ("auto", "cuda") and torch.cuda.is_available() else 0
+    if 0 < gpus < nproc:
+        raise UsageError(f"--nproc {nproc} but only {gpus} CUDA GPU(s) here; use --nproc {gpus} or less")
+
+
 def _default_name(data: DataConfig) -> str:
     stem = data.paths[0].stem if data.paths else "run"
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "run"
@@ -355,13 +398,14 @@ def train(
 ) -> TrainResult:
     """Train a model (new, resumed from `resume`, or starting from `init_from`'s weights) and save it."""
     t_start = time.perf_counter()
-    dist = DistContext.from_env()
     cfg, data, out, tokenizer, fixed_shape = _resolve_run(
         cfg, data, out, resume, init_from, overwrite, budget_overrides or {}
     )
-    reporter = reporter or Reporter(enabled=dist.is_master)
     if resume is None and not cfg.has_budget:
         raise UsageError("give a budget: --max-iters, --max-time or --max-tokens")
+    # every rank checks its settings before joining; rank 0 writes nothing until all have joined
+    dist = DistContext.from_env(cfg.device)
+    reporter = reporter or Reporter(enabled=dist.is_master)
 
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -390,7 +434,9 @@ def train(
     state = TrainState()
     if resume is not None:
         state = load_state(out, model, optimizer, sampler)
+        cfg = _keep_global_batch(cfg, state.world_size, dist.world_size, reporter)
         reporter.log(f"resuming {out} at step {state.step:,} ({state.tokens:,} tokens)")
+    state.world_size = dist.world_size
     metrics_path = out / ckpt.METRICS_FILE
     history = ckpt.read_jsonl(metrics_path) if resume is not None else []
 
@@ -432,12 +478,15 @@ def train(
         reporter.evaluated(record, improved)
         dist.barrier()
 
-    signals = _StopSignals()
+    signals = _StopSignals(grace=1.0 if dist.enabled else 0.0)
     interrupted = False
     reason = stop_reason(cfg, state)
     t_resume = time.perf_counter() - state.elapsed  # elapsed carries over a resume
-    with signals.installed():
+    with signals.installed(), dist.peer_errors(out):
         while reason is None:
+            if dist.enabled and model_config.dropout > 0:
+                # each rank its own dropout masks, reproducible from the step alone (so on any process count)
+                torch.manual_seed(_step_seed(cfg.seed, dist.rank, state.step))
             progress = budget_progress(cfg, state)
             lr = lr_at(cfg, state.step, progress)
             for group in optimizer.param_groups:
@@ -453,7 +502,7 @@ def train(
                 loss_sum += loss.detach()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            step_loss = loss_sum.item()
+            step_loss = dist.all_reduce_mean(loss_sum).item()  # all ranks see a NaN on any and stop together
             if not math.isfinite(step_loss):
                 raise MinigptError(
                     f"loss became {step_loss} at step {state.step}: lower --lr (now {cfg.lr:g}) or "
@@ -463,18 +512,20 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.tokens += tokens_per_step
-            state.elapsed = dist.agree_time(time.perf_counter() - t_resume)
             if on_step is not None:
                 on_step(state.step)
+            # one collective: whether any rank was asked to stop, and rank 0's clock for the time budget
+            elapsed = time.perf_counter() - t_resume
+            stop_asked, state.elapsed = dist.agree_stop(signals.requested is not None, elapsed)
             if state.step % cfg.log_every == 0 or state.step == 1:
                 record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3),
-                          "loss": dist.all_reduce_mean(torch.tensor(step_loss, device=device)).item(), "lr": lr}
+                          "loss": step_loss, "lr": lr}
                 history.append({"kind": "train", **record})
                 if dist.is_master:
                     ckpt.append_jsonl(metrics_path, {"kind": "train", **record})
                 reporter.step(record, budget_progress(cfg, state), tokens_per_step)
             reason = stop_reason(cfg, state)
-            if dist.any_flag(signals.requested is not None):
+            if stop_asked:
                 interrupted, reason = True, f"stopped by {signals.requested or 'a signal on another rank'}"
             if reason is None and state.step % cfg.eval_every == 0:
                 evaluate_and_save()
@@ -483,6 +534,30 @@ def train(
     reporter.finish(history, state, out, reason or "", interrupted, total, dataset)
     dist.close()
     return TrainResult(out=out, state=state, interrupted=interrupted, stop_reason=reason or "", metrics=history)
+
+
+def _keep_global_batch(cfg: TrainConfig, saved_world: int, world: int, reporter: Reporter) -> TrainConfig:
+    """On a resume with another number of processes, scale --grad-accum so a step sees as many sequences."""
+    if saved_world == world:
+        return cfg
+    per_step = saved_world * cfg.grad_accum * cfg.batch_size
+    if (saved_world * cfg.grad_accum) % world == 0:
+        accum = saved_world * cfg.grad_accum // world
+        reporter.log(
+            f"the run was trained by {saved_world} process(es), now {world}: gradient accumulation "
+            f"{cfg.grad_accum} -> {accum} keeps {per_step:,} sequences per step"
+        )
+        return replace(cfg, grad_accum=accum)
+    reporter.log(
+        f"warning: the run was trained by {saved_world} process(es) with {per_step:,} sequences per step; "
+        f"{world} cannot keep that, so a step now sees {world * cfg.grad_accum * cfg.batch_size:,}"
+    )
+    return cfg
+
+
+def _step_seed(seed: int, rank: int, step: int) -> int:
+    text = f"minigpt-dropout:{seed}:{rank}:{step}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
 def _data_dict(data: DataConfig) -> dict[str, Any]:

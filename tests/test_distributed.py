@@ -1,0 +1,348 @@
+"""Training under torchrun on the CPU (Gloo, 2 processes): same step as one process, resume, kills, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+
+import minigpt.train as train_mod
+from minigpt import checkpoint as ckpt
+from minigpt.cli import _relaunch_args, app
+from minigpt.data import BatchSampler, DataConfig
+from minigpt.distributed import DistContext, collective_timeout
+from minigpt.errors import MinigptError, UsageError
+from minigpt.train import TrainConfig, TrainState, _keep_global_batch, _StopSignals, train
+
+TEXT = "".join(
+    f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
+    for i, w in enumerate(["alpha", "beta", "gamma", "delta"] * 60)
+)
+TINY = ["--preset", "tiny", "--batch-size", "4", "--eval-iters", "2", "--log-every", "5", "--device", "cpu"]
+RUN_FILES = sorted(
+    [ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE, ckpt.METRICS_FILE]
+)
+linux_only = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds workers through /proc")
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def child_env() -> dict[str, str]:
+    # one thread per worker on the 2-core machines; a collective stuck on a lost peer fails the test quickly
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MINIGPT_DIST_TIMEOUT": "30"}
+
+
+def torchrun(args: list[str], log: Path, **kw) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "minigpt", *map(str, args)]  # fmt: skip
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=f, stderr=subprocess.STDOUT, **kw)
+
+
+def wait_for(done: Callable[[], bool], proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"torchrun ended or stalled early (rc {proc.returncode}):\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def records(run: Path, kind: str) -> list[dict]:
+    return [r for r in ckpt.read_jsonl(run / ckpt.METRICS_FILE) if r["kind"] == kind]
+
+
+def worker_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the launcher's worker processes."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                not proc.name.isdigit()
+                or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher
+            ):
+                continue
+            env = dict(v.split("=", 1) for v in (proc / "environ").read_text().split("\0") if "=" in v)
+        except (OSError, IndexError, ValueError):
+            continue
+        if "RANK" in env:
+            found[int(env["RANK"])] = int(proc.name)
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def assert_loadable(run: Path) -> dict:
+    model, _, _ = ckpt.load_run(run)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    tensors, meta = ckpt.load_tensors(run / ckpt.STATE_FILE)
+    assert any(k.startswith("optim/") for k in tensors)
+    return json.loads(meta["state"])
+
+
+class UnionSampler(BatchSampler):
+    """One process drawing, per batch, exactly what ranks 0 and 1 of 2 draw with half the batch each."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__(tokens, block_size, batch_size, seed, rank, world_size)
+        self.parts = [BatchSampler(tokens, block_size, batch_size // 2, seed, r, 2) for r in (0, 1)]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = zip(*(part.next_batch() for part in self.parts), strict=True)
+        self.batches += 1
+        return torch.cat(xs), torch.cat(ys)
+
+
+def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
+    text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`minigpt train --nproc 2` with batch 2 per rank takes the step that one process takes on batch 4 made
+    of the same windows: loss, gradients (the AdamW first moments after one step are 0.1 x grad), weights and
+    the cross-rank validation loss agree. The 2-process checkpoint then resumes in one process."""
+    two = tmp_path / "two"
+    opts = ["--preset", "tiny", "--eval-iters", "2", "--max-iters", "1", "--device", "cpu", "--dtype", "float32",
+            "--seed", "7", "--dropout", "0"]  # fmt: skip
+    cmd = [sys.executable, "-m", "minigpt", "train", str(text_file), *opts, "--batch-size", "2", "--out", str(two),
+           "--nproc", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    assert proc.stderr.count("done: reached --max-iters 1") == 1  # only rank 0 reports
+    assert "cpu × 2 processes" in proc.stderr
+    assert sorted(p.name for p in two.iterdir()) == RUN_FILES  # one writer, no stray temporary files
+    assert [(r["kind"], r["step"]) for r in ckpt.read_jsonl(two / ckpt.METRICS_FILE)] == [
+        ("train", 1),
+        ("eval", 1),
+    ]
+
+    monkeypatch.setattr(train_mod, "BatchSampler", UnionSampler)
+    cfg = TrainConfig(
+        preset="tiny", eval_iters=2, max_iters=1, device="cpu", dtype="float32", seed=7, batch_size=4
+    )
+    train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one")
+    monkeypatch.undo()
+
+    a, _ = ckpt.load_tensors(two / ckpt.STATE_FILE)
+    b, _ = ckpt.load_tensors(tmp_path / "one" / ckpt.STATE_FILE)
+    moments = [k for k in a if k.endswith("/exp_avg")]
+    assert len(moments) > 5 and all(a[k].abs().max() > 0 for k in moments)
+    for key in a:
+        if key.endswith("/exp_avg"):
+            torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-8, msg=key)
+        elif key.endswith("/exp_avg_sq"):
+            torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-12, msg=key)
+        elif key.startswith("model/"):
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-7, msg=key)
+    ra, rb = ckpt.read_jsonl(two / ckpt.METRICS_FILE), ckpt.read_jsonl(tmp_path / "one" / ckpt.METRICS_FILE)
+    assert ra[0]["tokens"] == rb[0]["tokens"] == 4 * 32
+    assert ra[0]["loss"] == pytest.approx(rb[0]["loss"], rel=1e-5)
+    for name in ("val_loss", "train_loss"):  # ranks score halves of the same windows; the mean is shared
+        assert ra[1][name] == pytest.approx(rb[1][name], rel=1e-5)
+
+    capsys.readouterr()
+    resumed = train(TrainConfig(), resume=two, budget_overrides={"max_iters": 3})
+    assert resumed.state.step == 3 and resumed.state.tokens == 3 * 4 * 32  # the global batch is kept
+    assert "gradient accumulation 1 -> 2" in capsys.readouterr().err
+    saved = json.loads((two / ckpt.CONFIG_FILE).read_text())["train"]
+    assert (saved["batch_size"], saved["grad_accum"]) == (2, 2)
+    assert assert_loadable(two)["world_size"] == 1
+
+
+@linux_only
+def test_a_killed_rank_stops_the_launcher_quickly_and_leaves_a_loadable_checkpoint(
+    text_file: Path, tmp_path: Path
+) -> None:
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = torchrun(
+        ["train", text_file, *TINY, "--max-iters", "100000", "--eval-every", "5", "--out", run], log
+    )
+    wait_for(lambda: len(records(run, "eval")) >= 2, proc, log)
+    ranks = worker_pids(proc.pid)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[0], signal.SIGKILL)  # the rank that writes the checkpoints
+    start = time.monotonic()
+    proc.wait(timeout=90)
+    took = time.monotonic() - start
+    out = log.read_text()
+    assert proc.returncode != 0, out[-3000:]
+    assert took < 20, f"launcher took {took:.1f}s to stop"
+    assert all(gone(pid) for pid in ranks.values())
+    assert "rank 1 lost contact with the other training processes" in out  # one line, not a traceback
+    state = assert_loadable(run)  # the last whole save: a save cut short by the kill leaves the one before
+    assert state["step"] >= 5 and state["step"] % 5 == 0
+
+
+@linux_only
+def test_ctrl_c_under_torchrun_stops_every_rank_after_saving_and_resume_changes_process_count(
+    text_file: Path, tmp_path: Path
+) -> None:
+    """A 1-process run resumed by two processes (global batch kept), then Ctrl-C in the terminal: the launcher
+    and both workers get SIGINT (the launcher relays it once more); the ranks stop together and save."""
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    cfg = TrainConfig(preset="tiny", batch_size=4, grad_accum=2, eval_iters=2, eval_every=3, log_every=5,
+                      max_iters=3, device="cpu")  # fmt: skip
+    train(cfg, DataConfig(paths=(text_file,)), out=run)
+    proc = torchrun(["train", "--resume", run, "--max-iters", "100000"], log, start_new_session=True)
+    wait_for(lambda: any(r["step"] >= 10 for r in records(run, "train")), proc, log)
+    ranks = worker_pids(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    proc.wait(timeout=90)
+    took = time.monotonic() - start
+    out = log.read_text()
+    assert took < 20, f"took {took:.1f}s to stop:\n{out[-3000:]}"
+    assert all(gone(pid) for pid in ranks.values())
+    assert "gradient accumulation 2 -> 1" in out
+    assert out.count("interrupted: stopped by SIGINT") == 1, out[-3000:]
+    state = assert_loadable(run)
+    last = records(run, "eval")[-1]
+    assert state["step"] == last["step"] > 10  # saved at the step it stopped, not only at an eval_every
+    assert state["tokens"] == state["step"] * 2 * 4 * 32 and state["world_size"] == 2
+
+
+def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("a b.txt", "-x.txt"):
+        Path(name).write_text(TEXT)
+    seen = {}
+    monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: seen.update(n=n, args=args) or 7)
+    argv = ["train", "--preset", "tiny", "--no-bias", "--compile", "--lr", "0.001", "--max-time", "5m",
+            "--out", "r", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 7, result.output
+    assert seen["n"] == 3
+    args = seen["args"]
+    assert args[args.index("--") + 1 :] == ["a b.txt", "-x.txt"]
+    opts = args[: args.index("--")]
+    assert {"--no-bias", "--compile"} <= set(opts) and "--overwrite" not in opts and "--nproc" not in opts
+    assert opts[opts.index("--lr") + 1] == "0.001" and opts[opts.index("--max-time") + 1] == "5m"
+    assert _relaunch_args({"files": None, "resume": Path("r"), "overwrite": True, "nproc": 2}) == [
+        "--resume",
+        "r",
+        "--overwrite",
+    ]
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda d: [str(d / "missing.txt")], "no such file"),
+        (lambda d: [str(d / "t.txt"), "--batch-size", "0"], "batch-size"),
+        (lambda d: [str(d / "t.txt"), "--out", str(d)], "already holds"),
+        (lambda d: ["--resume", str(d / "nothing")], "nothing"),
+    ],
+)
+def test_nproc_checks_before_launching(
+    runner,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    make_args: Callable[[Path], list[str]],
+    message: str,
+) -> None:
+    (tmp_path / "t.txt").write_text(TEXT)
+    monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: pytest.fail("launched"))
+    result = runner.invoke(app, ["train", *make_args(tmp_path), "--nproc", "2"])
+    assert result.exit_code in (1, 2)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
+
+
+def test_nproc_is_refused_inside_torchrun(runner, monkeypatch: pytest.MonkeyPatch, text_file: Path) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = runner.invoke(app, ["train", str(text_file), "--nproc", "2"])
+    assert result.exit_code == 2 and "drop it under torchrun" in result.output
+
+
+def test_single_process_context_is_a_no_op(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist = DistContext.from_env("cpu")
+    assert not dist.enabled and dist.is_master
+    model = torch.nn.Linear(2, 2)
+    assert dist.wrap(model, torch.device("cpu")) is model
+    with dist.master_first(), dist.no_sync(model, last=False):
+        pass
+    t = torch.tensor([1.5, 2.0])
+    assert dist.all_reduce_sum(t) is t and dist.all_reduce_mean(t) is t
+    assert dist.agree_stop(True, 3.0) == (True, 3.0) and dist.any_flag(False) is False
+    with pytest.raises(RuntimeError, match="gloo"), dist.peer_errors(tmp_path):
+        raise RuntimeError("gloo: only translated with several ranks")
+
+
+def test_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIGPT_DIST_TIMEOUT", "45")
+    assert collective_timeout().total_seconds() == 45
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("MINIGPT_DIST_TIMEOUT", bad)
+        with pytest.raises(UsageError, match="MINIGPT_DIST_TIMEOUT"):
+            collective_timeout()
+
+
+def test_relayed_ctrl_c_is_one_request_but_a_later_one_exits() -> None:
+    stop = _StopSignals(grace=0.5)
+    with stop.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # torchrun relaying the terminal's Ctrl-C
+        assert stop.requested == "SIGINT"
+        time.sleep(0.6)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+
+
+@pytest.mark.parametrize(
+    "saved, world, accum, kept",
+    [(2, 1, 1, 2), (1, 2, 2, 1), (4, 2, 1, 2), (2, 3, 1, 1), (2, 2, 3, 3)],
+)
+def test_resume_on_another_process_count_keeps_the_global_batch(
+    saved: int, world: int, accum: int, kept: int
+) -> None:
+    class Log:
+        lines: list[str] = []
+
+        def log(self, text: str) -> None:
+            self.lines.append(text)
+
+    cfg = TrainConfig(batch_size=4, grad_accum=accum, max_iters=1)
+    new = _keep_global_batch(cfg, saved, world, Log())  # type: ignore[arg-type]
+    assert new.grad_accum == kept
+    if saved * accum % world:
+        assert "warning" in Log.lines[-1]
+    assert TrainState().world_size == 1  # checkpoints from before this field resume as 1-process runs
+
+
+def test_errors_from_ranks_are_minigpt_errors() -> None:
+    dist = DistContext(rank=1, world_size=2)
+    with pytest.raises(MinigptError, match="rank 1 lost contact.*last checkpoint in run is intact"):
+        with dist.peer_errors(Path("run")):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    with pytest.raises(RuntimeError, match="shape mismatch"), dist.peer_errors(Path("run")):
+        raise RuntimeError("shape mismatch")
