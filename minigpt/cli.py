@@ -215,7 +215,7 @@ def generate(
         ),
     ] = 1,
     stop: Annotated[
-        list[str] | None, typer.Option(help="End a sample at this string, which is not printed (repeatable).")
+        list[str] | None, typer.Option(metavar="STRING", help="End a sample at this string, which is not printed (repeatable).")
     ] = None,
     stream: Annotated[
         bool | None,

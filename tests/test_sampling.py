@@ -70,6 +70,7 @@ def bigram_model(script: str = SCRIPT, then_eot: bool = False, block_size: int =
     )
     model = GPT(config).eval()
     successor = {b: data[(i + 1) % len(data)] for i, b in enumerate(data)}
+    successor[256] = data[0]  # <|endoftext|> starts the script again
     if then_eot:
         successor[data[-1]] = 256
     with torch.no_grad():
@@ -77,9 +78,9 @@ def bigram_model(script: str = SCRIPT, then_eot: bool = False, block_size: int =
             p.zero_()
         model.transformer.wpe.weight.zero_()
         model.transformer.wte.weight.copy_(torch.eye(257))
-        head = torch.zeros(257, 257)
-        for i in range(257):
-            head[successor.get(i, data[0]), i] = 10.0
+        head = torch.zeros(257, 257)  # one entry per column, so each margin is ~160 logits
+        for i, j in successor.items():
+            head[j, i] = 10.0
         model.lm_head.weight.copy_(head)
     return model
 
