@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer
 
 __all__ = [
+    "DecodeStep",
     "Generation",
     "KVCache",
     "SampleResult",
@@ -203,6 +205,60 @@ def generate_uncached(
     return torch.stack(new, dim=1) if new else idx.new_empty(idx.size(0), 0)
 
 
+class DecodeStep:
+    """GPT.forward for one new token per row, written as a flat sequence of tensor ops.
+
+    Prefills go through GPT.forward; a single-token step through the modules spends about a third of its
+    time in module calls, head reshapes and small copies (each a thread-pool round trip on a multi-core
+    CPU), so this reads the same parameters and skips all of that. `supports` says when it applies (a
+    GPT exactly as model.py defines it, in eval mode); the cached-vs-uncached tests hold it to
+    GPT.forward.
+    """
+
+    def __init__(self, model: GPT) -> None:
+        c = model.config
+        t = model.transformer
+        self.n_head, self.n_embd, self.head_dim = c.n_head, c.n_embd, c.head_dim
+        self.wte, self.wpe = t.wte.weight, t.wpe.weight
+        self.layers = [
+            (
+                b.ln_1.weight, b.ln_1.bias, b.ln_1.eps, b.attn.c_attn.weight, b.attn.c_attn.bias,
+                b.attn.c_proj.weight, b.attn.c_proj.bias, b.ln_2.weight, b.ln_2.bias, b.ln_2.eps,
+                b.mlp.c_fc.weight, b.mlp.c_fc.bias, b.mlp.gelu.approximate, b.mlp.c_proj.weight,
+                b.mlp.c_proj.bias,
+            )
+            for b in t.h
+        ]  # fmt: skip
+        self.ln_f = (t.ln_f.weight, t.ln_f.bias, t.ln_f.eps)
+        self.head = model.lm_head.weight
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        return type(model) is GPT and not model.training
+
+    def __call__(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits (B, V) after feeding token (B,) at position cache.pos; advances the cache."""
+        pos, (B,), C = cache.pos, token.shape, self.n_embd
+        if pos >= cache.block_size:
+            raise UsageError(f"KV cache overflow: {pos + 1} positions, room for {cache.block_size}")
+        x = F.embedding(token, self.wte) + self.wpe[pos]
+        for i, (w1, b1, e1, wa, ba, wo, bo, w2, b2, e2, wf, bf, approximate, wp, bp) in enumerate(
+            self.layers
+        ):
+            qkv = F.linear(F.layer_norm(x, (C,), w1, b1, e1), wa, ba).view(
+                B, 3, self.n_head, 1, self.head_dim
+            )
+            k_all, v_all = cache.k[i, :, :, : pos + 1], cache.v[i, :, :, : pos + 1]
+            k_all[:, :, pos:].copy_(qkv[:, 1])
+            v_all[:, :, pos:].copy_(qkv[:, 2])
+            y = F.scaled_dot_product_attention(qkv[:, 0], k_all, v_all)  # one query sees every key
+            x = x + F.linear(y.view(B, C), wo, bo)
+            h = F.gelu(F.linear(F.layer_norm(x, (C,), w2, b2, e2), wf, bf), approximate=approximate)
+            x = x + F.linear(h, wp, bp)
+        cache.advance(1)
+        return F.linear(F.layer_norm(x, (C,), *self.ln_f), self.head)
+
+
 @torch.inference_mode()
 def decode_tokens(
     model: GPT,
@@ -232,6 +288,13 @@ def decode_tokens(
     window = torch.empty(batch, block_size, dtype=torch.long, device=idx.device)  # the cached tokens
     prompt = idx[:, -block_size:]
     window[:, : prompt.size(1)] = prompt
+    if DecodeStep.supports(model):
+        step_one = DecodeStep(model)
+    else:
+
+        def step_one(token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+            return model(token[:, None], kv_cache=cache)[0]
+
     logits, _ = model(prompt, kv_cache=cache)
     logits = logits.expand(batch, -1)
     for step in range(max_new_tokens):
@@ -249,7 +312,7 @@ def decode_tokens(
             logits, _ = model(window[:, : keep + 1], kv_cache=cache)
         else:
             window[:, pos] = token
-            logits, _ = model(window[:, pos : pos + 1], kv_cache=cache)
+            logits = step_one(token, cache)
 
 
 # --- text -----------------------------------------------------------------------------------------------

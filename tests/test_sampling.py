@@ -12,6 +12,7 @@ from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model import GPT
 from minigpt.sampling import (
+    DecodeStep,
     Generation,
     KVCache,
     TextStream,
@@ -162,6 +163,40 @@ def test_cached_forward_matches_full_forward() -> None:
     second, _ = model(idx[:, 7:9], kv_cache=cache, all_logits=True)  # several new tokens at once
     steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(9, 12)]
     torch.testing.assert_close(torch.cat([first, second, torch.stack(steps, 1)], 1), full)
+
+
+@pytest.mark.parametrize(("bias", "tied"), [(True, True), (False, False)])
+def test_decode_step_matches_gpt_forward(bias: bool, tied: bool) -> None:
+    config = GPTConfig(
+        vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_embeddings=tied
+    )
+    model = tiny_model(config=config, scale=10.0)  # activations of order 1: GELU's tanh form shows
+    idx = torch.randint(0, config.vocab_size, (3, 10))
+    want_cache, got_cache = KVCache.for_model(model, 3), KVCache.for_model(model, 3)
+    model(idx[:, :6], kv_cache=want_cache)
+    model(idx[:, :6], kv_cache=got_cache)
+    step = DecodeStep(model)
+    for t in range(6, 10):
+        want, _ = model(idx[:, t : t + 1], kv_cache=want_cache)
+        torch.testing.assert_close(step(idx[:, t], got_cache), want)
+    assert got_cache.pos == want_cache.pos == 10
+    torch.testing.assert_close(got_cache.k, want_cache.k)
+    torch.testing.assert_close(got_cache.v, want_cache.v)
+    assert DecodeStep.supports(model) and not DecodeStep.supports(model.train())
+
+
+def test_any_model_with_the_cache_protocol_decodes_the_same() -> None:
+    class Subclass(GPT):  # not exactly GPT: the engine steps through GPT.forward instead of DecodeStep
+        pass
+
+    model = tiny_model(9)
+    other = Subclass(TINY).eval()
+    other.load_state_dict(model.state_dict())
+    assert not DecodeStep.supports(other)
+    idx = torch.randint(0, TINY.vocab_size, (2, 5))
+    n = 2 * TINY.block_size
+    want = generate_uncached(model, idx, n)
+    assert torch.equal(cached(other, idx, n), want) and torch.equal(cached(model, idx, n), want)
 
 
 # --- windowing ------------------------------------------------------------------------------------------
