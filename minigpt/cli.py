@@ -215,7 +215,10 @@ def generate(
         ),
     ] = 1,
     stop: Annotated[
-        list[str] | None, typer.Option(metavar="STRING", help="End a sample at this string, which is not printed (repeatable).")
+        list[str] | None,
+        typer.Option(
+            metavar="STRING", help="End a sample at this string, which is not printed (repeatable)."
+        ),
     ] = None,
     stream: Annotated[
         bool | None,
@@ -253,8 +256,13 @@ def generate(
     Examples: `minigpt generate "ROMEO:"`, `minigpt generate -n 500 -t 0.9 --top-p 0.95 --seed 1 "Once"`,
     `cat prompt.txt | minigpt generate - --stop "\\n\\n" > out.txt`.
     """
+    import os
     import secrets
 
+    # Before torch loads OpenMP: idle threads sleep instead of spinning. A token's work is a few hundred
+    # tiny parallel regions, and on a CPU that other processes also use, spinning threads keep each other
+    # off the cores: 5-25 tokens/s instead of ~110 on 2 busy cores (bench/bench_generate.py, this repo).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from minigpt.checkpoint import latest_run, load_run
     from minigpt.device import resolve_device, resolve_dtype
     from minigpt.sampling import Generation, TextStream, check_sampling, encode_prompt, resolve_slide
@@ -350,8 +358,6 @@ def generate(
         raise typer.Exit(130) from None
     except BrokenPipeError:
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     total = sum(len(s.token_ids) for s in samples)
