@@ -208,11 +208,10 @@ def generate_uncached(
 class DecodeStep:
     """GPT.forward for one new token per row, written as a flat sequence of tensor ops.
 
-    Prefills go through GPT.forward; a single-token step through the modules spends about a third of its
-    time in module calls, head reshapes and small copies (each a thread-pool round trip on a multi-core
-    CPU), so this reads the same parameters and skips all of that. `supports` says when it applies (a
-    GPT exactly as model.py defines it, in eval mode); the cached-vs-uncached tests hold it to
-    GPT.forward.
+    Prefills go through GPT.forward. A single-token step through the modules spends a fifth (1 CPU
+    thread) to a third (2 threads) of its time on module calls, head reshapes and small copies; this
+    reads the same parameters and skips all of that, giving bit-identical logits here. `supports` says
+    when it applies (a GPT exactly as model.py defines it, in eval mode); tests hold it to GPT.forward.
     """
 
     def __init__(self, model: GPT) -> None:
@@ -242,12 +241,10 @@ class DecodeStep:
         if pos >= cache.block_size:
             raise UsageError(f"KV cache overflow: {pos + 1} positions, room for {cache.block_size}")
         x = F.embedding(token, self.wte) + self.wpe[pos]
-        for i, (w1, b1, e1, wa, ba, wo, bo, w2, b2, e2, wf, bf, approximate, wp, bp) in enumerate(
-            self.layers
-        ):
-            qkv = F.linear(F.layer_norm(x, (C,), w1, b1, e1), wa, ba).view(
-                B, 3, self.n_head, 1, self.head_dim
-            )
+        for i, layer in enumerate(self.layers):
+            w1, b1, e1, wa, ba, wo, bo, w2, b2, e2, wf, bf, approximate, wp, bp = layer
+            qkv = F.linear(F.layer_norm(x, (C,), w1, b1, e1), wa, ba)
+            qkv = qkv.view(B, 3, self.n_head, 1, self.head_dim)
             k_all, v_all = cache.k[i, :, :, : pos + 1], cache.v[i, :, :, : pos + 1]
             k_all[:, :, pos:].copy_(qkv[:, 1])
             v_all[:, :, pos:].copy_(qkv[:, 2])
@@ -510,8 +507,9 @@ class Generation:
 
     @property
     def tokens_per_second(self) -> float:
-        """Sampled tokens (every row, every step) per second, the prefill included."""
-        return self.steps * self.num_samples / self.seconds if self.seconds > 0 else 0.0
+        """Generated tokens of all samples per second, the prefill included."""
+        total = sum(len(ids) for ids in self.token_ids)
+        return total / self.seconds if self.seconds > 0 else 0.0
 
 
 def generate(model: GPT, tokenizer: Tokenizer, prompt: str, **options: Any) -> list[SampleResult]:
