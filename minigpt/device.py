@@ -34,8 +34,8 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs, float32 on the CPU.
 
-    float32 on the CPU because, for models this size, it measured faster than bfloat16 for generation
-    (the matrices are too small for bfloat16's halved memory traffic to pay for its conversions).
+    float32 on the CPU because it measured faster than bfloat16 for generation (6x384 char model, 2
+    cores: 35 vs 31 tokens/s, and 106 vs 92 on one thread; bfloat16 only wins the prefill).
     """
     name = name.lower()
     if name not in DTYPES:
