@@ -35,7 +35,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs, float32 on the CPU.
 
     float32 on the CPU because it measured faster than bfloat16 for generation (6x384 char model, 2
-    cores: 35 vs 31 tokens/s, and 106 vs 92 on one thread; bfloat16 only wins the prefill).
+    threads: 96 vs 79 tokens/s; 35 vs 31 on a busier machine; 106 vs 92 on one thread).
     """
     name = name.lower()
     if name not in DTYPES:
