@@ -1,4 +1,4 @@
-"""Choosing the device and the compute dtype, and the autocast context that goes with them."""
+"""Turn user-facing device and dtype names ('auto', 'cuda', 'bfloat16', ...) into torch objects."""
 
 from __future__ import annotations
 
@@ -7,49 +7,67 @@ from typing import Any
 
 import torch
 
-from minigpt.errors import UsageError
+from minigpt.errors import MinigptError, UsageError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# On this kind of CPU (AVX-512 BF16) bf16 autocast wins for training from about this width on and loses
+# below it, where casts cost more than the small matmuls save (bench/bench_train.py measures both).
+CPU_BF16_MIN_WIDTH = 192
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """The torch device for --device; 'auto' prefers CUDA, then MPS, then the CPU."""
+    """'auto' is CUDA, else Apple's MPS, else the CPU; naming an absent accelerator is an error.
+
+    Under torchrun each process takes the GPU of its local rank.
+    """
+    name = name.lower()
     if name not in DEVICES:
-        raise UsageError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+        raise UsageError(f"unknown device {name!r}: choose one of {', '.join(DEVICES)}")
     if name == "auto":
         if torch.cuda.is_available():
             name = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            name = "mps"
         else:
-            name = "cpu"
+            return torch.device("mps") if _mps_available() else torch.device("cpu")
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA GPU is available here; use --device cpu or auto")
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UsageError("--device mps: Apple's MPS backend is not available here; use --device cpu or auto")
+            raise MinigptError("--device cuda: no CUDA GPU is visible to this torch build; use --device cpu")
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if name == "mps" and not _mps_available():
+        raise MinigptError("--device mps: Apple's MPS backend is not available here; use --device cpu")
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype for --dtype; 'auto' is bf16 where it is fast (CUDA with bf16, CPU), else fp16/fp32.
+def resolve_dtype(name: str, device: torch.device, training_width: int | None = None) -> torch.dtype:
+    """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs; on the CPU float32, except
+    for training models at least CPU_BF16_MIN_WIDTH wide, where bf16 autocast measured faster.
 
-    On CPU, bf16 autocast measured faster than fp32 here at equal loss (see bench/), so it is the default.
+    Generation stays float32 on the CPU: it measured faster than bf16 (6x384 char model, 2 threads:
+    96 vs 79 tokens/s).
     """
+    name = name.lower()
+    if name not in DTYPES:
+        raise UsageError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "cpu":
-            return torch.bfloat16
-        return torch.float32
-    if name not in DTYPES:
-        raise UsageError(f"unknown dtype {name!r}; choose one of auto, {', '.join(DTYPES)}")
-    if name == "float16" and device.type == "cpu":
+        if device.type == "mps":
+            return torch.float16
+        wide = training_width is not None and training_width >= CPU_BF16_MIN_WIDTH
+        return torch.bfloat16 if wide else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise MinigptError("--dtype bfloat16: this GPU does not support it; use --dtype float16 or float32")
+    if dtype == torch.float16 and device.type == "cpu":
         raise UsageError("--dtype float16 is not supported on the CPU; use bfloat16 or float32")
-    return DTYPES[name]
+    return dtype
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype) -> Any:

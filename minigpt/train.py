@@ -408,10 +408,11 @@ def train(
     reporter = reporter or Reporter(enabled=dist.is_master)
 
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
-    dtype = resolve_dtype(cfg.dtype, device)
     torch.manual_seed(cfg.seed)
 
-    block_size = fixed_shape.block_size if fixed_shape else cfg.model_config(1).block_size
+    planned = fixed_shape or cfg.model_config(1)
+    dtype = resolve_dtype(cfg.dtype, device, training_width=planned.n_embd)
+    block_size = planned.block_size
     with dist.master_first():
         dataset = prepare_data(data, block_size, tokenizer=tokenizer, progress=dist.is_master)
     tokenizer = dataset.tokenizer

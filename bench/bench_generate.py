@@ -1,0 +1,157 @@
+"""Generation speed: the KV-cache engine against a plain full-recompute loop, and `minigpt generate` end to end.
+
+Prints a markdown table. The model is nanoGPT's shakespeare_char shape (6 layers, 6 heads, 384 wide,
+block 256, 65 characters) with random weights: speed does not depend on what the weights say.
+
+    python bench/bench_generate.py              # 2 threads, 1000 tokens, ~3 minutes on 2 slow cores
+    python bench/bench_generate.py --tokens 300 --skip-baseline
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # measure this checkout, not whatever minigpt is installed
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `minigpt generate` sets it (see minigpt/cli.py)
+
+import torch  # noqa: E402
+
+from minigpt.checkpoint import save_run_files  # noqa: E402
+from minigpt.config import GPTConfig  # noqa: E402
+from minigpt.model import GPT  # noqa: E402
+from minigpt.sampling import Generation, default_slide, encode_prompt, make_generator  # noqa: E402
+from minigpt.tokenizer import CharTokenizer  # noqa: E402
+
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+CONFIG = GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
+
+
+def tokenizer() -> CharTokenizer:
+    if SHAKESPEARE.is_file():
+        return CharTokenizer.from_text(SHAKESPEARE.read_text(encoding="utf-8"))
+    return CharTokenizer(["\n"] + [chr(32 + i) for i in range(64)])  # same size, no data needed
+
+
+def engine(model: GPT, tok: CharTokenizer, n: int) -> tuple[float, float]:
+    """(seconds, time to first token) of the engine, as `minigpt generate` runs it, batch 1."""
+    gen = Generation(model, tok, encode_prompt(tok, ""), max_new_tokens=n, temperature=1.0, seed=0)
+    for _ in gen.events():
+        pass
+    return gen.seconds, gen.time_to_first_token
+
+
+@torch.inference_mode()
+def full_recompute(model: GPT, tok: CharTokenizer, n: int) -> tuple[float, float]:
+    """nanoGPT's sample loop: crop to the last block_size tokens, a full forward pass, sample, append."""
+    generator = make_generator(0)
+    idx = torch.tensor([encode_prompt(tok, "")])
+    block_size = model.config.block_size
+    t0 = time.perf_counter()
+    first = 0.0
+    for i in range(n):
+        logits, _ = model(idx[:, -block_size:])
+        probs = torch.softmax(logits.float(), dim=-1)
+        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        if i == 0:
+            first = time.perf_counter() - t0
+    return time.perf_counter() - t0, first
+
+
+def end_to_end(run_dir: Path, n: int, runs: int) -> list[float]:
+    """Wall seconds of `python -m minigpt generate` as a user runs it: start-up, loading, generation."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "minigpt",
+        "generate",
+        "ROMEO:",
+        "-m",
+        str(run_dir),
+        "-n",
+        str(n),
+        "--seed",
+        "1",
+    ]
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def import_torch_seconds() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--tokens", type=int, default=1000, help="new tokens per measurement (default 1000)")
+    ap.add_argument("--e2e-tokens", type=int, default=200, help="tokens for the end-to-end run (default 200)")
+    ap.add_argument(
+        "--e2e-runs", type=int, default=3, help="end-to-end repetitions, median shown (default 3)"
+    )
+    ap.add_argument("--skip-baseline", action="store_true", help="skip the slow full-recompute loop")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    tok = tokenizer()
+    model = GPT(CONFIG).eval()
+    load_before = os.getloadavg()[0]
+    n = args.tokens
+
+    engine(model, tok, 20)  # warm-up: first-call allocations, thread pool start
+    rows = []
+    secs, ttft = engine(model, tok, n)
+    engine_tps = n / secs
+    rows.append(("KV-cache engine", "float32", secs, engine_tps, ttft))
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    engine(model_bf16, tok, 20)
+    secs, ttft = engine(model_bf16, tok, n)
+    rows.append(("KV-cache engine", "bfloat16", secs, n / secs, ttft))
+    if not args.skip_baseline:
+        secs, ttft = full_recompute(model, tok, n)
+        rows.append(("full recompute (nanoGPT loop)", "float32", secs, n / secs, ttft))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        save_run_files(run_dir, model, tok, extra={})
+        e2e = end_to_end(run_dir, args.e2e_tokens, args.e2e_runs)
+    torch_import = import_torch_seconds()
+    load_after = os.getloadavg()[0]
+
+    print(
+        f"\n{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
+        f"vocab {CONFIG.vocab_size}; batch 1, {n} new tokens, {args.threads} CPU threads, torch "
+        f"{torch.__version__}, slide {default_slide(CONFIG.block_size)}; load average {load_before:.1f} "
+        f"before, {load_after:.1f} after\n"
+    )
+    print("| generation | dtype | seconds | tokens/s | time to first token |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for what, dtype, secs, tps, ttft in rows:
+        print(f"| {what} | {dtype} | {secs:.2f} | {tps:.1f} | {ttft * 1000:.1f} ms |")
+    if not args.skip_baseline:
+        print(f"\nengine / full recompute (float32): **{engine_tps / rows[-1][3]:.1f}x**")
+    print(f"\n| `minigpt generate`, {args.e2e_tokens} tokens, end to end | seconds |")
+    print("| --- | ---: |")
+    print(
+        f"| median of {len(e2e)} runs (each: {', '.join(f'{t:.2f}' for t in e2e)}) | {statistics.median(e2e):.2f} |"
+    )
+    print(f"| of which `python -c 'import torch'` alone | {torch_import:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
