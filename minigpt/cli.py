@@ -799,6 +799,14 @@ def generate(
             help="Weights and KV cache type: auto is bfloat16 on CUDA, float16 on MPS, float32 on the CPU."
         ),
     ] = DtypeName.auto,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="After generating, show for each new token which earlier tokens the last layer's heads "
+            "weighted most (on stderr).",
+        ),
+    ] = False,
     slide: Annotated[
         int | None,
         typer.Option(
@@ -917,12 +925,60 @@ def generate(
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
+    if explain:
+        _explain_tokens(gpt, tokenizer, ids, samples)
     total = sum(len(s.token_ids) for s in samples)
     typer.echo(
         f"{total:,} tokens in {gen.seconds:.2f} s ({gen.tokens_per_second:,.1f} tokens/s, first after "
         f"{gen.time_to_first_token * 1000:.0f} ms), seed {seed}",
         err=True,
     )
+
+
+def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: list[Any]) -> None:
+    """For every generated token, the earlier tokens each last-layer head attended to most (stderr)."""
+    from minigpt.attention import explain_last, format_explain, token_label
+
+    for n, sample in enumerate(samples):
+        if len(samples) > 1:
+            typer.echo(f"sample {n + 1}:", err=True)
+        context = list(prompt_ids)
+        for token in sample.token_ids:
+            focus = explain_last(model, context, tokenizer, top=3)
+            typer.echo(f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus)}", err=True)
+            context.append(token)
+
+
+@app.command()
+def demo(
+    max_time: Annotated[str, typer.Option(help="Training time budget, e.g. 90s, 2m, 10m.")] = "2m",
+    out: Annotated[Path, typer.Option(help="Run directory for the demo model (replaced on each demo).")] = Path(
+        "checkpoints/demo"
+    ),
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate at the end.")] = 300,
+    seed: Annotated[int, typer.Option(help="Seed for training and sampling.")] = 1337,
+) -> None:
+    """Train on Python's own documentation (no file needed), generate from the model, count its parameters.
+
+    The same three steps as `minigpt train FILE`, `minigpt generate` and `minigpt params RUN`.
+    """
+    from minigpt.data import DataConfig, default_cache_dir
+    from minigpt.demo import DEMO_PROMPT, write_demo_text
+    from minigpt.train import TrainConfig, parse_duration
+    from minigpt.train import train as run_training
+
+    budget = parse_duration(max_time)
+    corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")
+    typer.echo(f"== 1/3 training on Python's reference documentation ({corpus}) for {max_time}", err=True)
+    result = run_training(
+        TrainConfig(max_time=budget, seed=seed), DataConfig(paths=(corpus,)), out=out, overwrite=True
+    )
+    if result.interrupted:
+        raise typer.Exit(130)
+    typer.echo(f"\n== 2/3 generating {tokens} tokens from {out} after the prompt {DEMO_PROMPT!r}", err=True)
+    generate(prompt=DEMO_PROMPT, model=out, max_new_tokens=tokens, seed=seed, temperature=0.8)
+    typer.echo(f"\n== 3/3 parameters of {out}", err=True)
+    params(run=out)
 
 
 def main() -> None:

@@ -86,10 +86,13 @@ class DataConfig:
     @property
     def cache_root(self) -> Path:
         """The cache directory in effect."""
-        if self.cache_dir is not None:
-            return self.cache_dir
-        env = os.environ.get("MINIGPT_CACHE_DIR")
-        return Path(env) if env else Path.home() / ".cache" / "minigpt"
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+
+def default_cache_dir() -> Path:
+    """$MINIGPT_CACHE_DIR, else ~/.cache/minigpt."""
+    env = os.environ.get("MINIGPT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "minigpt"
 
 
 @dataclass

@@ -39,12 +39,21 @@ from minigpt.tokenizer import Tokenizer
 STATE_FORMAT = "minigpt-state"
 
 
+# Defaults by device. CPU: searched on tinyshakespeare (char) under a 70 s budget on 2 cores
+# (bench/bench_train.py); at that budget a 2-layer model's extra steps beat more depth, and small
+# batches beat large ones. GPU: nanoGPT's shakespeare_char recipe without dropout.
+RECIPES: dict[str, dict[str, Any]] = {
+    "cpu": dict(preset="nano", batch_size=16, lr=8e-3),
+    "gpu": dict(preset="small", batch_size=64, lr=1e-3),
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Every training setting; saved in the run's config.json and reused on --resume."""
 
     # model shape: a preset, then any explicit overrides (vocab_size always comes from the tokenizer)
-    preset: str = "mini"
+    preset: str | None = None  # None: the device's recipe (RECIPES)
     n_layer: int | None = None
     n_head: int | None = None
     n_embd: int | None = None
@@ -52,11 +61,11 @@ class TrainConfig:
     dropout: float = 0.0
     bias: bool = True
     # optimisation
-    batch_size: int = 32
+    batch_size: int | None = None
     grad_accum: int = 1
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup: int = 50
+    lr: float | None = None
+    min_lr: float | None = None
+    warmup: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     beta1: float = 0.9
@@ -79,6 +88,8 @@ class TrainConfig:
         positive_ints = ("batch_size", "grad_accum", "eval_every", "eval_iters", "log_every")
         for name in positive_ints:
             value = getattr(self, name)
+            if value is None and name == "batch_size":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         for name in ("max_iters", "max_tokens"):
@@ -87,8 +98,12 @@ class TrainConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.max_time is not None and self.max_time <= 0:
             raise UsageError(f"--max-time must be positive, got {self.max_time}s")
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise UsageError(f"need 0 < --lr and 0 <= --min-lr <= --lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= (self.lr if self.lr is not None else math.inf):
+            raise UsageError(f"need 0 <= --min-lr <= --lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.preset is not None:
+            get_preset(self.preset)
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise UsageError("--warmup, --weight-decay and --grad-clip must not be negative (0 turns them off)")
         if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
@@ -108,7 +123,18 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    def with_recipe(self, device_type: str) -> TrainConfig:
+        """Fill the settings left unset with the recipe measured best for this kind of device."""
+        recipe = RECIPES["cpu" if device_type == "cpu" else "gpu"]
+        filled = {k: v for k, v in recipe.items() if getattr(self, k) is None}
+        lr = self.lr if self.lr is not None else recipe["lr"]
+        if self.min_lr is None:
+            filled["min_lr"] = lr / 10
+        return replace(self, **filled)
+
     def model_config(self, vocab_size: int) -> GPTConfig:
+        if self.preset is None:
+            raise AssertionError("model_config needs a resolved config (with_recipe)")
         shape = get_preset(self.preset)
         shape.pop("vocab_size", None)
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -408,6 +434,7 @@ def train(
     reporter = reporter or Reporter(enabled=dist.is_master)
 
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
+    cfg = cfg.with_recipe(device.type)
     torch.manual_seed(cfg.seed)
 
     planned = fixed_shape or cfg.model_config(1)
@@ -456,9 +483,13 @@ def train(
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_config.block_size * dist.world_size
     reporter.start(cfg, model_config, report.exact_total, tokenizer.describe(), dataset, device, dtype, out, dist.world_size)
 
+    recent_losses: list[float] = []
+
     def evaluate_and_save(final: bool = False) -> None:
         val_loss = estimate_loss(train_model, dataset.val, cfg, model_config.block_size, device, dtype, dist)
-        train_loss = estimate_loss(train_model, dataset.train, cfg, model_config.block_size, device, dtype, dist)
+        # the mean training loss since the last evaluation: free, unlike a second pass over the train split
+        train_loss = sum(recent_losses) / len(recent_losses) if recent_losses else math.nan
+        recent_losses.clear()
         bpb = bits_per_byte(val_loss, len(dataset.val), dataset.val_bytes)
         state.last_eval = {"val_loss": val_loss, "train_loss": train_loss, "val_bpb": bpb,
                            "val_ppl": math.exp(min(val_loss, 700))}
@@ -482,7 +513,9 @@ def train(
     signals = _StopSignals(grace=1.0 if dist.enabled else 0.0)
     interrupted = False
     reason = stop_reason(cfg, state)
-    t_resume = time.perf_counter() - state.elapsed  # elapsed carries over a resume
+    # the budget counts from the start of this call (data and model setup included); a resume carries
+    # the elapsed time over
+    t_resume = t_start - state.elapsed
     with signals.installed(), dist.peer_errors(out):
         while reason is None:
             if dist.enabled and model_config.dropout > 0:
@@ -511,6 +544,7 @@ def train(
                 )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            recent_losses.append(step_loss)
             state.step += 1
             state.tokens += tokens_per_step
             if on_step is not None:

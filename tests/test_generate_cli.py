@@ -250,3 +250,28 @@ def test_subprocess_stdout_is_exactly_the_text(run_dir: Path, runner) -> None:
     data = json.loads(ok(runner.invoke(app, [*args, "--json"])))
     assert proc.stdout == SAMPLE_SEPARATOR.join(s["text"] for s in data["samples"]).encode()
     assert b"tokens/s" in proc.stderr and b"tokens/s" not in proc.stdout
+
+
+def test_streaming_equals_non_streaming_with_the_real_bpe_tokenizer(runner, tmp_path: Path) -> None:
+    """A byte-level BPE splits multi-byte characters across tokens: the stream still shows whole ones."""
+    from minigpt.tokenizer import BPETokenizer
+
+    text = "naïve café 日本語 🎉 ж " * 40 + "plain ascii words " * 40
+    tok = BPETokenizer.train([text], vocab_size=300)
+    partial = [i for i in range(tok.vocab_size) if tok.decode_bytes([i]).decode("utf-8", "replace") != tok.decode([i])
+               or "\ufffd" in tok.decode([i])]
+    assert partial  # tokens that are not whole characters on their own, which the stream must hold back
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)
+    save_run_files(tmp_path / "bpe", GPT(config), tok, extra={})
+    args = ["日本", "-m", str(tmp_path / "bpe"), "-n", "60", "--seed", "3", "-t", "1.5"]
+    streamed, plain = gen(runner, *args, "--stream"), gen(runner, *args, "--no-stream")
+    assert ok(streamed).encode() == ok(plain).encode() and streamed.stdout_bytes == plain.stdout_bytes
+
+
+def test_explain_shows_attended_tokens_per_generated_token(runner, run_dir: Path) -> None:
+    result = gen(runner, "to be", "-m", str(run_dir), "-n", "5", "-t", "0", "--explain")
+    text = ok(result)
+    lines = [line for line in result.stderr.splitlines() if "←" in line]
+    assert len(lines) == 5 and all("L1 h0:" in line and "%" in line for line in lines)
+    assert len(text) == 5  # explanations go to stderr only
