@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # measure this checkout, not whatever minigpt is installed
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `minigpt generate` sets it (see minigpt/cli.py)
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets it (see minigpt/cli.py)
 
 import torch  # noqa: E402
 

@@ -23,8 +23,18 @@ def run(tokenizer: list[str], seconds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         env = {**os.environ, "MINIGPT_CACHE_DIR": str(Path(tmp) / "cache")}
-        cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), *tokenizer,
-               "--max-time", f"{seconds}s", "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minigpt",
+            "train",
+            str(SHAKESPEARE),
+            *tokenizer,
+            "--max-time",
+            f"{seconds}s",
+            "--out",
+            str(out),
+        ]
         t = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -39,13 +49,20 @@ def main() -> None:
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
-    choices = [["--tokenizer", "char"], ["--tokenizer", "bpe", "--vocab-size", "512"],
-               ["--tokenizer", "bpe", "--vocab-size", "2048"]]
-    print(f"| tokenizer (default model, --max-time {args.seconds}s) | wall | val loss (nats/token) | val bits/byte |")
+    choices = [
+        ["--tokenizer", "char"],
+        ["--tokenizer", "bpe", "--vocab-size", "512"],
+        ["--tokenizer", "bpe", "--vocab-size", "2048"],
+    ]
+    print(
+        f"| tokenizer (default model, --max-time {args.seconds}s) | wall | val loss (nats/token) | val bits/byte |"
+    )
     print("|---|---:|---:|---:|")
     for choice in choices:
         r = run(choice, args.seconds)
-        print(f"| {' '.join(choice[1:])} | {r['wall']:.0f} s | {r['loss']:.3f} | {r['bpb']:.3f} |", flush=True)
+        print(
+            f"| {' '.join(choice[1:])} | {r['wall']:.0f} s | {r['loss']:.3f} | {r['bpb']:.3f} |", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,13 @@ def plain_loop_tokens_per_s(config: GPTConfig, batch: int, steps: int, data: np.
 
 def minigpt_tokens_per_s(cfg: TrainConfig, text: Path, cache: Path, out: Path) -> tuple[float, str]:
     """Steady-state tokens/s of minigpt's trainer (from its own step log, first 10 steps excluded)."""
-    result = train(cfg, DataConfig(paths=(text,), cache_dir=cache), out=out, overwrite=True,
-                   reporter=Reporter(enabled=False))
+    result = train(
+        cfg,
+        DataConfig(paths=(text,), cache_dir=cache),
+        out=out,
+        overwrite=True,
+        reporter=Reporter(enabled=False),
+    )
     steps = [r for r in result.metrics if r["kind"] == "train"]
     first = next(r for r in steps if r["step"] >= 10)
     last = steps[-1]
@@ -83,15 +88,28 @@ def throughput(text: Path, peaks: dict[str, float]) -> list[dict]:
     data = np.frombuffer(text.read_bytes(), dtype=np.uint8).astype(np.int64) % 65
     rows = []
     shapes = [
-        ("nanoGPT CPU shape 4x4x128, block 64, batch 12", dict(n_layer=4, n_head=4, n_embd=128, block_size=64), 12, 300),
+        (
+            "nanoGPT CPU shape 4x4x128, block 64, batch 12",
+            dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+            12,
+            300,
+        ),
         ("6x6x384, block 256, batch 8", dict(n_layer=6, n_head=6, n_embd=384, block_size=256), 8, 40),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for label, shape, batch, steps in shapes:
             config = GPTConfig(vocab_size=65, **shape)
             plain = plain_loop_tokens_per_s(config, batch, steps, data)
-            cfg = TrainConfig(preset="mini", **shape, batch_size=batch, max_iters=steps, eval_every=10**9,
-                              eval_iters=1, log_every=1, device="cpu")
+            cfg = TrainConfig(
+                preset="mini",
+                **shape,
+                batch_size=batch,
+                max_iters=steps,
+                eval_every=10**9,
+                eval_iters=1,
+                log_every=1,
+                device="cpu",
+            )
             ours, _ = minigpt_tokens_per_s(cfg, text, Path(tmp) / "cache", Path(tmp) / "run")
             from minigpt.device import resolve_dtype
 
@@ -99,8 +117,16 @@ def throughput(text: Path, peaks: dict[str, float]) -> list[dict]:
             report = count_params(config)
             flops = report.flops_per_token["training"]
             peak = peaks["bf16" if dtype == torch.bfloat16 else "fp32"]
-            rows.append(dict(shape=label, plain=plain, minigpt=ours, speedup=ours / plain,
-                             dtype=str(dtype).removeprefix("torch."), mfu=ours * flops / (peak * 1e9)))
+            rows.append(
+                dict(
+                    shape=label,
+                    plain=plain,
+                    minigpt=ours,
+                    speedup=ours / plain,
+                    dtype=str(dtype).removeprefix("torch."),
+                    mfu=ours * flops / (peak * 1e9),
+                )
+            )
     return rows
 
 
@@ -108,8 +134,18 @@ def run_recipe(args: list[str], label: str) -> dict:
     """Run `minigpt train` as a user would and read its best validation loss."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--tokenizer", "char",
-               "--out", str(out), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minigpt",
+            "train",
+            str(SHAKESPEARE),
+            "--tokenizer",
+            "char",
+            "--out",
+            str(out),
+            *args,
+        ]
         env = {**os.environ, "MINIGPT_CACHE_DIR": str(Path(tmp) / "cache")}
         # a cold cache on purpose: the timed run includes tokenizing, as a user's first run does
         t = time.perf_counter()
@@ -118,10 +154,19 @@ def run_recipe(args: list[str], label: str) -> dict:
         if proc.returncode != 0:
             raise SystemExit(proc.stderr)
         config = json.loads((out / "config.json").read_text())
-        curve = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-        return dict(label=label, wall=wall, best=config["metrics"]["best_val_loss"],
-                    bpb=config["metrics"]["best_val_bpb"], steps=config["metrics"]["last"]["step"],
-                    curve=[(r["elapsed"], r["val_loss"]) for r in curve])
+        curve = [
+            r
+            for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "eval"
+        ]
+        return dict(
+            label=label,
+            wall=wall,
+            best=config["metrics"]["best_val_loss"],
+            bpb=config["metrics"]["best_val_bpb"],
+            steps=config["metrics"]["last"]["step"],
+            curve=[(r["elapsed"], r["val_loss"]) for r in curve],
+        )
 
 
 def main() -> None:
@@ -134,21 +179,52 @@ def main() -> None:
         raise SystemExit(f"needs {SHAKESPEARE}")
 
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    print(f"matmul peak on {torch.get_num_threads()} threads: fp32 {peaks['fp32']:.0f} GFLOP/s, "
-          f"bf16 {peaks['bf16']:.0f} GFLOP/s\n")
+    print(
+        f"matmul peak on {torch.get_num_threads()} threads: fp32 {peaks['fp32']:.0f} GFLOP/s, "
+        f"bf16 {peaks['bf16']:.0f} GFLOP/s\n"
+    )
     print("| shape | plain fp32 loop tok/s | minigpt tok/s | speed-up | minigpt dtype | MFU |")
     print("|---|---:|---:|---:|---|---:|")
     for r in throughput(SHAKESPEARE, peaks):
-        print(f"| {r['shape']} | {r['plain']:,.0f} | {r['minigpt']:,.0f} | {r['speedup']:.2f}x | {r['dtype']} | "
-              f"{100 * r['mfu']:.1f}% |")
+        print(
+            f"| {r['shape']} | {r['plain']:,.0f} | {r['minigpt']:,.0f} | {r['speedup']:.2f}x | {r['dtype']} | "
+            f"{100 * r['mfu']:.1f}% |"
+        )
     if args.skip_recipe:
         return
     recipes = [(["--max-time", "75s"], "minigpt default CPU recipe, --max-time 75s")]
     if args.nanogpt:
-        recipes.append((["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64",
-                         "--batch-size", "12", "--max-iters", "2000", "--lr", "1e-3", "--min-lr", "1e-4",
-                         "--warmup", "100", "--eval-every", "250", "--eval-iters", "20", "--dtype", "float32"],
-                        "nanoGPT's CPU recipe (4x4x128, block 64, batch 12, 2000 iters)"))
+        recipes.append(
+            (
+                [
+                    "--n-layer",
+                    "4",
+                    "--n-head",
+                    "4",
+                    "--n-embd",
+                    "128",
+                    "--block-size",
+                    "64",
+                    "--batch-size",
+                    "12",
+                    "--max-iters",
+                    "2000",
+                    "--lr",
+                    "1e-3",
+                    "--min-lr",
+                    "1e-4",
+                    "--warmup",
+                    "100",
+                    "--eval-every",
+                    "250",
+                    "--eval-iters",
+                    "20",
+                    "--dtype",
+                    "float32",
+                ],
+                "nanoGPT's CPU recipe (4x4x128, block 64, batch 12, 2000 iters)",
+            )
+        )
     print("\n| recipe | wall time (whole command) | steps | best val loss | val bits/byte |")
     print("|---|---:|---:|---:|---:|")
     for argv, label in recipes:

@@ -94,7 +94,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """Write tensors as safetensors, atomically."""
     from safetensors.torch import save_file
 
@@ -117,7 +119,9 @@ def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 tensors[key] = f.get_tensor(key)
     except Exception as e:  # safetensors raises several types for truncated/garbled files
-        raise MinigptError(f"{path} is corrupt or not a safetensors file ({e}); retrain or restore it") from None
+        raise MinigptError(
+            f"{path} is corrupt or not a safetensors file ({e}); retrain or restore it"
+        ) from None
     return tensors, metadata
 
 
@@ -156,7 +160,9 @@ def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
     return sd
 
 
-def build_model(config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu") -> GPT:
+def build_model(
+    config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu"
+) -> GPT:
     """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
 
     from minigpt.model import GPT
@@ -165,7 +171,9 @@ def build_model(config: GPTConfig, tensors: dict[str, torch.Tensor], source: Pat
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
-    wrong = sorted(k for k in expected if k in tensors and tuple(tensors[k].shape) != tuple(expected[k].shape))
+    wrong = sorted(
+        k for k in expected if k in tensors and tuple(tensors[k].shape) != tuple(expected[k].shape)
+    )
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -185,6 +193,14 @@ def build_model(config: GPTConfig, tensors: dict[str, torch.Tensor], source: Pat
     return model.to(device)
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file's content; unreadable JSON is a one-line MinigptError naming the file."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MinigptError(f"{path} is corrupt ({e})") from None
+
+
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The run's config.json, checked to be minigpt's."""
     run_dir = Path(run_dir)
@@ -195,10 +211,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise MinigptError(f"{run_dir} has no {CONFIG_FILE}: it is not a minigpt run directory")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MinigptError(f"{path} is corrupt ({e})") from None
+    data = read_json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
         raise MinigptError(f"{path} is not a minigpt run config (no format '{FORMAT}')")
     return data
@@ -217,10 +230,7 @@ def load_tokenizer(run_dir: Path) -> Tokenizer:
     path = Path(run_dir) / TOKENIZER_FILE
     if not path.is_file():
         raise MinigptError(f"{run_dir} has no {TOKENIZER_FILE}: the run is incomplete")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MinigptError(f"{path} is corrupt ({e})") from None
+    data = read_json(path)
     return tokenizer_from_json(data)
 
 
@@ -269,7 +279,9 @@ def latest_run(root: Path = DEFAULT_ROOT) -> Path:
     root = Path(root)
     runs = [p.parent for p in root.glob(f"*/{WEIGHTS_FILE}")] if root.is_dir() else []
     if not runs:
-        raise MinigptError(f"no trained model under {root}/: run `minigpt train FILE` first or pass --model DIR")
+        raise MinigptError(
+            f"no trained model under {root}/: run `minigpt train FILE` first or pass --model DIR"
+        )
     return max(runs, key=lambda p: (p / WEIGHTS_FILE).stat().st_mtime)
 
 
@@ -283,4 +295,3 @@ def guard_new_run_dir(run_dir: Path, overwrite: bool) -> None:
             f"{run_dir} already holds a run: resume it with --resume {run_dir}, "
             f"choose another --out, or pass --overwrite"
         )
-

@@ -189,12 +189,12 @@ def train(
     tokenizer: Annotated[
         str | None,
         typer.Option(
-            help="char, bpe (trained on your text), gpt2/r50k_base/p50k_base/cl100k_base/o200k_base, or a .tiktoken file. [default: char]",
+            help="char, bpe (trained on your text), gpt2/r50k_base/p50k_base/cl100k_base/o200k_base, or a .tiktoken file. [default: bpe]",
             rich_help_panel=_DATA,
         ),
     ] = None,
     vocab_size: Annotated[
-        int | None, typer.Option(help="Vocabulary size for --tokenizer bpe.", rich_help_panel=_DATA)
+        int | None, typer.Option(help="Vocabulary size for --tokenizer bpe (default 512).", rich_help_panel=_DATA)
     ] = None,
     val_fraction: Annotated[
         float | None,
@@ -824,10 +824,11 @@ def generate(
     import os
     import secrets
 
-    # Before torch loads OpenMP: idle threads sleep instead of spinning. A token's work is a few hundred
-    # tiny parallel regions, and on a CPU that other processes also use, spinning threads keep each other
-    # off the cores: 5-25 tokens/s instead of ~110 on 2 busy cores (bench/bench_generate.py, this repo).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Before torch loads OpenMP: a token's work is a few hundred tiny parallel regions. Threads that spin
+    # long between them keep each other off a busy CPU (5-25 tokens/s on 2 shared cores), threads that
+    # never spin pay a wake-up per region (108 vs 195 tokens/s idle); a short spin keeps most of both
+    # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     from minigpt.checkpoint import latest_run, load_run
     from minigpt.device import resolve_device, resolve_dtype
     from minigpt.sampling import Generation, TextStream, check_sampling, encode_prompt, resolve_slide
@@ -945,16 +946,18 @@ def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: 
         context = list(prompt_ids)
         for token in sample.token_ids:
             focus = explain_last(model, context, tokenizer, top=3)
-            typer.echo(f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus)}", err=True)
+            typer.echo(
+                f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus)}", err=True
+            )
             context.append(token)
 
 
 @app.command()
 def demo(
     max_time: Annotated[str, typer.Option(help="Training time budget, e.g. 90s, 2m, 10m.")] = "2m",
-    out: Annotated[Path, typer.Option(help="Run directory for the demo model (replaced on each demo).")] = Path(
-        "checkpoints/demo"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="Run directory for the demo model (replaced on each demo).")
+    ] = Path("checkpoints/demo"),
     tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate at the end.")] = 300,
     seed: Annotated[int, typer.Option(help="Seed for training and sampling.")] = 1337,
 ) -> None:

@@ -76,10 +76,7 @@ def read_hf_config(src: Path) -> dict[str, Any]:
     path = src / HF_CONFIG
     if not path.is_file():
         raise MinigptError(f"{src} has no {HF_CONFIG}: not a Hugging Face model directory")
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MinigptError(f"{path} is corrupt ({e})") from None
+    hf = ckpt.read_json(path)
     if not isinstance(hf, dict):
         raise MinigptError(f"{path} is not a model config (expected a JSON object)")
     if hf.get("format") == ckpt.FORMAT:

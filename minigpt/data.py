@@ -47,7 +47,8 @@ class DataConfig:
     """Where the text is and how to read and tokenize it."""
 
     paths: tuple[Path, ...]  # files and/or directories of .txt files
-    tokenizer: str = "char"  # a --tokenizer value for build_tokenizer
+    # bpe at 512 gave the lowest validation bits per byte for equal CPU time (bench/bench_tokenizers.py)
+    tokenizer: str = "bpe"  # a --tokenizer value for build_tokenizer
     vocab_size: int | None = None  # bpe only; DEFAULT_BPE_VOCAB_SIZE when None
     val_fraction: float = 0.1  # the last fraction of the token stream validates
     val_file: Path | None = None  # a separate validation text instead

@@ -37,7 +37,9 @@ class ParamReport:
             "config": self.config.to_dict(),
             "breakdown": [{"name": r.name, "formula": r.formula, "count": r.count} for r in self.rows],
             "gpt3_total": self.gpt3_total,
-            "adjustments": [{"name": r.name, "formula": r.formula, "count": r.count} for r in self.adjustments],
+            "adjustments": [
+                {"name": r.name, "formula": r.formula, "count": r.count} for r in self.adjustments
+            ],
             "exact_total": self.exact_total,
             "shares": self.shares,
             "memory_bytes": self.memory_bytes,
@@ -74,9 +76,17 @@ def count_params(config: GPTConfig) -> ParamReport:
     adjustments = [Row("Position embeddings", f"{_n(T)} × {_n(D)}", T * D)]
     if config.bias:
         # c_attn 3D + attn c_proj D + c_fc 4D + mlp c_proj D per layer
-        adjustments.append(Row("Linear biases", f"(3 × {_n(D)} + {_n(D)} + {_n(F)} + {_n(D)}) × {layers}", (4 * D + F + D) * L))
+        adjustments.append(
+            Row(
+                "Linear biases",
+                f"(3 × {_n(D)} + {_n(D)} + {_n(F)} + {_n(D)}) × {layers}",
+                (4 * D + F + D) * L,
+            )
+        )
     norm_kind = "gain + bias" if config.bias else "gain"
-    adjustments.append(Row("LayerNorms", f"(2 × {layers} + 1) × {_n(D)} ({norm_kind})", (2 * L + 1) * norm_width))
+    adjustments.append(
+        Row("LayerNorms", f"(2 × {layers} + 1) × {_n(D)} ({norm_kind})", (2 * L + 1) * norm_width)
+    )
     if config.tie_embeddings:
         adjustments.append(Row("Tied unembedding (shares wte)", f"−{_n(D)} × {_n(V)}", -D * V))
     exact_total = gpt3_total + sum(r.count for r in adjustments)

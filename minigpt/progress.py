@@ -53,7 +53,10 @@ def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, he
         out.append("\n")
     out.append(" " * label_w + " └" + "─" * width + "\n", style="dim")
     left, right = f"{x0:,.0f}", f"{x1:,.0f}"
-    out.append(" " * (label_w + 2) + left + " " * max(1, width - len(left) - len(right)) + right + "  step\n", style="dim")
+    out.append(
+        " " * (label_w + 2) + left + " " * max(1, width - len(left) - len(right)) + right + "  step\n",
+        style="dim",
+    )
     legend = "   ".join(f"{marks[i % len(marks)]} {name}" for i, name in enumerate(series))
     out.append(" " * (label_w + 2) + legend + "\n")
     return out
@@ -62,7 +65,9 @@ def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, he
 class Reporter:
     """Shows training progress on stderr; `enabled=False` (non-zero ranks) silences it."""
 
-    def __init__(self, enabled: bool = True, live: bool | None = None, console: Console | None = None) -> None:
+    def __init__(
+        self, enabled: bool = True, live: bool | None = None, console: Console | None = None
+    ) -> None:
         self.enabled = enabled
         self.console = console or Console(stderr=True, soft_wrap=True)
         self.live_mode = self.console.is_terminal if live is None else live
@@ -80,8 +85,18 @@ class Reporter:
         if self.enabled:
             self.console.print(message, highlight=False)
 
-    def start(self, cfg: Any, model_config: Any, n_params: int, tokenizer: str, dataset: Any,
-              device: Any, dtype: Any, out: Any, world_size: int = 1) -> None:
+    def start(
+        self,
+        cfg: Any,
+        model_config: Any,
+        n_params: int,
+        tokenizer: str,
+        dataset: Any,
+        device: Any,
+        dtype: Any,
+        out: Any,
+        world_size: int = 1,
+    ) -> None:
         budget = []
         if cfg.max_iters is not None:
             budget.append(f"{cfg.max_iters:,} steps")
@@ -108,8 +123,10 @@ class Reporter:
         elapsed = s.get("elapsed", 0.0)
         eta = elapsed / self._progress * (1 - self._progress) if self._progress > 0 else math.inf
         bar = ProgressBar(total=1.0, completed=min(self._progress, 1.0), width=40)
-        head = Text(f" {100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}  "
-                    f"{fmt_duration(elapsed)} elapsed, ETA {fmt_duration(eta)}  (budget: {self._budget})")
+        head = Text(
+            f" {100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}  "
+            f"{fmt_duration(elapsed)} elapsed, ETA {fmt_duration(eta)}  (budget: {self._budget})"
+        )
         table = Table.grid(padding=(0, 3))
         table.add_row(
             f"train loss {s.get('loss', math.nan):.4f}",
@@ -150,15 +167,25 @@ class Reporter:
             self._live.update(self._render())
             self._live.console.print(
                 f"eval step {record['step']:,}: val loss {record['val_loss']:.4f}, bpb {record['val_bpb']:.3f}, "
-                f"train loss {record['train_loss']:.4f}{mark}", highlight=False)
+                f"train loss {record['train_loss']:.4f}{mark}",
+                highlight=False,
+            )
         else:
             self.log(
                 f"eval  {record['step']:>6,} | val loss {record['val_loss']:.4f} | val bpb {record['val_bpb']:.3f} | "
                 f"ppl {record['val_ppl']:.2f} | train loss {record['train_loss']:.4f}{mark}"
             )
 
-    def finish(self, history: list[dict[str, Any]], state: Any, out: Any, reason: str, interrupted: bool,
-               total_seconds: float, dataset: Any) -> None:
+    def finish(
+        self,
+        history: list[dict[str, Any]],
+        state: Any,
+        out: Any,
+        reason: str,
+        interrupted: bool,
+        total_seconds: float,
+        dataset: Any,
+    ) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
@@ -181,4 +208,3 @@ class Reporter:
             self.log(f"resume with: minigpt train --resume {out}")
         else:
             self.log(f'generate with: minigpt generate --model {out} "Once upon a time"')
-

@@ -60,12 +60,19 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
     for part, n in report.shares.items():
         costs.add_row(f"share: {part}", f"{n:,} ({100 * n / report.exact_total:.1f}%)")
     m = report.memory_bytes
-    costs.add_row("weights fp32 / bf16", f"{human_bytes(m['weights_fp32'])} / {human_bytes(m['weights_bf16'])}")
+    costs.add_row(
+        "weights fp32 / bf16", f"{human_bytes(m['weights_fp32'])} / {human_bytes(m['weights_bf16'])}"
+    )
     costs.add_row("training with AdamW (16 B/param)", human_bytes(m["training_adamw"]))
     f = report.flops_per_token
-    costs.add_row("FLOPs per token: forward / training", f"{human_count(f['forward'])} / {human_count(f['training'])}")
+    costs.add_row(
+        "FLOPs per token: forward / training", f"{human_count(f['forward'])} / {human_count(f['training'])}"
+    )
     kv = report.kv_cache_bytes
-    costs.add_row("KV cache per token bf16 / fp32", f"{human_bytes(kv['per_token_bf16'])} / {human_bytes(kv['per_token_fp32'])}")
+    costs.add_row(
+        "KV cache per token bf16 / fp32",
+        f"{human_bytes(kv['per_token_bf16'])} / {human_bytes(kv['per_token_fp32'])}",
+    )
     costs.add_row(
         f"KV cache, full context of {c.block_size:,} bf16 / fp32",
         f"{human_bytes(kv['full_context_bf16'])} / {human_bytes(kv['full_context_fp32'])}",
@@ -74,5 +81,7 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
     return Group(table, Text(""), recon, Text(""), costs, notes)
 
 
-def print_params(report: ParamReport, title: str, stored_total: int | None = None, console: Console | None = None) -> None:
+def print_params(
+    report: ParamReport, title: str, stored_total: int | None = None, console: Console | None = None
+) -> None:
     (console or Console()).print(params_view(report, title, stored_total))

@@ -105,7 +105,9 @@ class TrainConfig:
         if self.preset is not None:
             get_preset(self.preset)
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise UsageError("--warmup, --weight-decay and --grad-clip must not be negative (0 turns them off)")
+            raise UsageError(
+                "--warmup, --weight-decay and --grad-clip must not be negative (0 turns them off)"
+            )
         if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise UsageError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
         if not 0 <= self.dropout < 1:
@@ -302,7 +304,9 @@ def load_state(
         st = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         if st:
             optimizer.state[p] = {k: (v.to(p.device) if k != "step" else v) for k, v in st.items()}
-    sampler.load_state_dict({k.removeprefix("sampler/"): v for k, v in tensors.items() if k.startswith("sampler/")})
+    sampler.load_state_dict(
+        {k.removeprefix("sampler/"): v for k, v in tensors.items() if k.startswith("sampler/")}
+    )
     torch.set_rng_state(tensors["rng/torch"])
     if "rng/cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng/cuda"])
@@ -367,8 +371,11 @@ def _resolve_run(
         cfg = replace(TrainConfig.from_dict(saved["train"]), **budget_overrides)
         saved_data = saved["data"]
         data = DataConfig(
-            **{**saved_data, "paths": tuple(Path(p) for p in saved_data["paths"]),
-               "val_file": Path(saved_data["val_file"]) if saved_data.get("val_file") else None}
+            **{
+                **saved_data,
+                "paths": tuple(Path(p) for p in saved_data["paths"]),
+                "val_file": Path(saved_data["val_file"]) if saved_data.get("val_file") else None,
+            }
         )
         return cfg, data, resume, ckpt.load_tokenizer(resume), ckpt.run_model_config(saved, resume)
     if data is None:
@@ -457,7 +464,9 @@ def train(
         model.load_state_dict(source.state_dict())
     model.train()
     optimizer = make_optimizer(model, cfg, device)
-    sampler = BatchSampler(dataset.train, model_config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size)
+    sampler = BatchSampler(
+        dataset.train, model_config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size
+    )
 
     state = TrainState()
     if resume is not None:
@@ -481,7 +490,17 @@ def train(
 
     report = count_params(model_config)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_config.block_size * dist.world_size
-    reporter.start(cfg, model_config, report.exact_total, tokenizer.describe(), dataset, device, dtype, out, dist.world_size)
+    reporter.start(
+        cfg,
+        model_config,
+        report.exact_total,
+        tokenizer.describe(),
+        dataset,
+        device,
+        dtype,
+        out,
+        dist.world_size,
+    )
 
     recent_losses: list[float] = []
 
@@ -491,17 +510,27 @@ def train(
         train_loss = sum(recent_losses) / len(recent_losses) if recent_losses else math.nan
         recent_losses.clear()
         bpb = bits_per_byte(val_loss, len(dataset.val), dataset.val_bytes)
-        state.last_eval = {"val_loss": val_loss, "train_loss": train_loss, "val_bpb": bpb,
-                           "val_ppl": math.exp(min(val_loss, 700))}
+        state.last_eval = {
+            "val_loss": val_loss,
+            "train_loss": train_loss,
+            "val_bpb": bpb,
+            "val_ppl": math.exp(min(val_loss, 700)),
+        }
         improved = val_loss < state.best_val_loss
         if improved:
             state.best_val_loss, state.best_step = val_loss, state.step
-        record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3), **state.last_eval}
+        record = {
+            "step": state.step,
+            "tokens": state.tokens,
+            "elapsed": round(state.elapsed, 3),
+            **state.last_eval,
+        }
         history.append({"kind": "eval", **record})
         if dist.is_master:
             ckpt.append_jsonl(metrics_path, {"kind": "eval", **record})
             extra["metrics"] = {
-                "best_val_loss": state.best_val_loss, "best_step": state.best_step,
+                "best_val_loss": state.best_val_loss,
+                "best_step": state.best_step,
                 "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes),
                 "last": record,
             }
@@ -529,7 +558,10 @@ def train(
             for micro in range(cfg.grad_accum):
                 x, y = sampler.next_batch()
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with dist.no_sync(train_model, last=micro == cfg.grad_accum - 1), autocast_context(device, dtype):
+                with (
+                    dist.no_sync(train_model, last=micro == cfg.grad_accum - 1),
+                    autocast_context(device, dtype),
+                ):
                     _, loss = train_model(x, y)
                     loss = loss / cfg.grad_accum
                 loss.backward()
@@ -553,8 +585,13 @@ def train(
             elapsed = time.perf_counter() - t_resume
             stop_asked, state.elapsed = dist.agree_stop(signals.requested is not None, elapsed)
             if state.step % cfg.log_every == 0 or state.step == 1:
-                record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3),
-                          "loss": step_loss, "lr": lr}
+                record = {
+                    "step": state.step,
+                    "tokens": state.tokens,
+                    "elapsed": round(state.elapsed, 3),
+                    "loss": step_loss,
+                    "lr": lr,
+                }
                 history.append({"kind": "train", **record})
                 if dist.is_master:
                     ckpt.append_jsonl(metrics_path, {"kind": "train", **record})
@@ -568,7 +605,9 @@ def train(
     total = time.perf_counter() - t_start
     reporter.finish(history, state, out, reason or "", interrupted, total, dataset)
     dist.close()
-    return TrainResult(out=out, state=state, interrupted=interrupted, stop_reason=reason or "", metrics=history)
+    return TrainResult(
+        out=out, state=state, interrupted=interrupted, stop_reason=reason or "", metrics=history
+    )
 
 
 def _keep_global_batch(cfg: TrainConfig, saved_world: int, world: int, reporter: Reporter) -> TrainConfig:

@@ -20,7 +20,9 @@ def test_demo_corpus_is_real_text_and_written_once(tmp_path: Path) -> None:
 
 def test_demo_trains_generates_and_counts(runner, tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    result = runner.invoke(app, ["demo", "--max-time", "3s", "--out", str(out), "--tokens", "20", "--seed", "1"])
+    result = runner.invoke(
+        app, ["demo", "--max-time", "3s", "--out", str(out), "--tokens", "20", "--seed", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert (out / ckpt.WEIGHTS_FILE).is_file()
     assert "1/3 training" in result.stderr and "2/3 generating" in result.stderr

@@ -258,8 +258,11 @@ def test_streaming_equals_non_streaming_with_the_real_bpe_tokenizer(runner, tmp_
 
     text = "naïve café 日本語 🎉 ж " * 40 + "plain ascii words " * 40
     tok = BPETokenizer.train([text], vocab_size=300)
-    partial = [i for i in range(tok.vocab_size) if tok.decode_bytes([i]).decode("utf-8", "replace") != tok.decode([i])
-               or "\ufffd" in tok.decode([i])]
+    partial = [
+        i
+        for i in range(tok.vocab_size)
+        if tok.decode_bytes([i]).decode("utf-8", "replace") != tok.decode([i]) or "\ufffd" in tok.decode([i])
+    ]
     assert partial  # tokens that are not whole characters on their own, which the stream must hold back
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)

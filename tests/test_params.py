@@ -36,7 +36,12 @@ def test_gpt3_175b_breakdown() -> None:
 @pytest.mark.parametrize(
     "name, total",
     # published sizes of the released GPT-2 checkpoints (tied head, biases, learned positions)
-    [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+    [
+        ("gpt2", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+    ],
 )
 def test_gpt2_exact_totals(name: str, total: int) -> None:
     assert count_params(GPTConfig(**preset(name))).exact_total == total
@@ -47,7 +52,9 @@ def test_gpt2_exact_totals(name: str, total: int) -> None:
 @pytest.mark.parametrize("shape", [(1, 1, 8, 11, 4), (2, 4, 32, 65, 16), (3, 2, 24, 300, 7)])
 def test_exact_total_equals_module(shape: tuple[int, ...], bias: bool, tied: bool) -> None:
     L, H, D, V, T = shape
-    config = GPTConfig(n_layer=L, n_head=H, n_embd=D, vocab_size=V, block_size=T, bias=bias, tie_embeddings=tied)
+    config = GPTConfig(
+        n_layer=L, n_head=H, n_embd=D, vocab_size=V, block_size=T, bias=bias, tie_embeddings=tied
+    )
     report = count_params(config)
     assert sum(r.count for r in report.rows) == report.gpt3_total
     assert report.gpt3_total + sum(r.count for r in report.adjustments) == report.exact_total
@@ -74,15 +81,29 @@ def test_params_cli_table_and_json(runner) -> None:
     assert "175,181,291,520" in result.output
     result = runner.invoke(app, ["params", "--preset", "gpt2", "--json"])
     data = json.loads(result.output)
-    assert data["exact_total"] == 124_439_808 and data["gpt3_total"] == sum(r["count"] for r in data["breakdown"])
+    assert data["exact_total"] == 124_439_808 and data["gpt3_total"] == sum(
+        r["count"] for r in data["breakdown"]
+    )
 
 
 def test_params_cli_custom_shape_matches_preset(runner) -> None:
     a = runner.invoke(app, ["params", "--preset", "gpt2", "--json"])
     b = runner.invoke(
         app,
-        ["params", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--vocab-size", "50257",
-         "--block-size", "1024", "--json"],
+        [
+            "params",
+            "--n-layer",
+            "12",
+            "--n-head",
+            "12",
+            "--n-embd",
+            "768",
+            "--vocab-size",
+            "50257",
+            "--block-size",
+            "1024",
+            "--json",
+        ],
     )
     assert json.loads(a.output)["exact_total"] == json.loads(b.output)["exact_total"]
     c = runner.invoke(app, ["params", "--preset", "gpt2", "--untied", "--no-bias", "--json"])
@@ -108,10 +129,17 @@ def test_params_cli_bad_input_is_one_line(runner, args: list[str]) -> None:
 
 
 def test_cli_subprocess_help_version_and_no_torch_import() -> None:
-    out = subprocess.run([sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.startswith("minigpt ")
     code = "import sys, minigpt.cli; assert 'torch' not in sys.modules, 'cli imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
-    out = subprocess.run([sys.executable, "cli.py", "params", "--preset", "tiny", "--json"], capture_output=True,
-                         text=True, check=True, cwd=str(__import__("conftest").ROOT))
+    out = subprocess.run(
+        [sys.executable, "cli.py", "params", "--preset", "tiny", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(__import__("conftest").ROOT),
+    )
     assert json.loads(out.stdout)["config"]["n_layer"] == 2

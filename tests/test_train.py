@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from minigpt import checkpoint as ckpt
 from minigpt.cli import app
 from minigpt.data import DataConfig
 from minigpt.errors import MinigptError
 from minigpt.train import TrainConfig, parse_duration, train
-
-from conftest import ROOT
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -37,8 +36,18 @@ def text_file(tmp_path: Path) -> Path:
 
 
 def tiny_cfg(**kw) -> TrainConfig:
-    base = dict(preset="tiny", batch_size=4, eval_iters=2, eval_every=5, log_every=5, max_iters=10, warmup=2,
-                device="cpu", dtype="float32", dropout=0.1)
+    base = dict(
+        preset="tiny",
+        batch_size=4,
+        eval_iters=2,
+        eval_every=5,
+        log_every=5,
+        max_iters=10,
+        warmup=2,
+        device="cpu",
+        dtype="float32",
+        dropout=0.1,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -48,10 +57,30 @@ def data_cfg(path: Path, tmp_path: Path) -> DataConfig:
 
 def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "12", "--eval-every", "6",
-                                 "--out", str(out), "--device", "cpu"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            str(text_file),
+            *TINY,
+            "--max-iters",
+            "12",
+            "--eval-every",
+            "6",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    for name in (ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE, ckpt.METRICS_FILE):
+    for name in (
+        ckpt.CONFIG_FILE,
+        ckpt.TOKENIZER_FILE,
+        ckpt.WEIGHTS_FILE,
+        ckpt.STATE_FILE,
+        ckpt.METRICS_FILE,
+    ):
         assert (out / name).is_file(), name
     config = json.loads((out / ckpt.CONFIG_FILE).read_text())
     assert config["metrics"]["best_val_loss"] > 0 and config["train"]["max_iters"] == 12
@@ -62,7 +91,10 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     result = runner.invoke(app, ["eval", str(out), str(text_file), "--json"])
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)
-    assert metrics["loss"] > 0 and abs(metrics["perplexity"] - 2.718281828 ** metrics["loss"]) < 1e-3 * metrics["perplexity"]
+    assert (
+        metrics["loss"] > 0
+        and abs(metrics["perplexity"] - 2.718281828 ** metrics["loss"]) < 1e-3 * metrics["perplexity"]
+    )
     assert metrics["bits_per_byte"] > 0
 
     result = runner.invoke(app, ["params", str(out), "--json"])
@@ -96,7 +128,10 @@ def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path) -> None:
 
 def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "4", "--out", str(out)]).exit_code == 0
+    assert (
+        runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "4", "--out", str(out)]).exit_code
+        == 0
+    )
     result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "8"])
     assert result.exit_code == 0, result.output
     steps = [r["step"] for r in ckpt.read_jsonl(out / ckpt.METRICS_FILE) if r["kind"] == "eval"]
@@ -126,11 +161,15 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
     ],
 )
 def test_budgets_first_reached_stops(text_file: Path, tmp_path: Path, budget: dict, check) -> None:
-    result = train(tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run")
+    result = train(
+        tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run"
+    )
     assert check(result.state), result.state
 
 
-@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400)])
+@pytest.mark.parametrize(
+    "text, seconds", [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400)]
+)
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -141,7 +180,9 @@ def test_parse_duration_rejects(text: str) -> None:
         parse_duration(text)
 
 
-def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(monkeypatch, text_file: Path, tmp_path: Path) -> None:
+def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(
+    monkeypatch, text_file: Path, tmp_path: Path
+) -> None:
     from minigpt import model as model_mod
 
     real = model_mod.GPT.forward
@@ -167,24 +208,56 @@ def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(monkeypatch, text_file
 
 def test_non_tty_log_lines(text_file: Path, tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "10", "--eval-every", "5",
-         "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
+        [
+            sys.executable,
+            "-m",
+            "minigpt",
+            "train",
+            str(text_file),
+            *TINY,
+            "--max-iters",
+            "10",
+            "--eval-every",
+            "5",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == ""
     lines = out.stderr.splitlines()
-    assert any(line.startswith("step ") and "| loss " in line and "tok/s" in line for line in lines), out.stderr
+    assert any(line.startswith("step ") and "| loss " in line and "tok/s" in line for line in lines), (
+        out.stderr
+    )
     assert any(line.startswith("eval ") and "val loss" in line and "val bpb" in line for line in lines)
 
 
 def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "1000000",
-         "--eval-every", "100000", "--out", str(run)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "minigpt",
+            "train",
+            str(text_file),
+            *TINY,
+            "--max-iters",
+            "1000000",
+            "--eval-every",
+            "100000",
+            "--out",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
     )
     deadline = time.time() + 60
@@ -222,7 +295,9 @@ def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path)
     run = tmp_path / "run"
     rng = random.Random(0)
     for _ in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(run)], stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(run)], stdout=subprocess.PIPE, cwd=ROOT, text=True
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 0.6))
         proc.kill()
@@ -240,14 +315,21 @@ def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path)
         (lambda d: d / "missing.txt", "no such file"),
         (lambda d: (d / "empty.txt").write_text("   \n") and d / "empty.txt", "empty"),
         (lambda d: (d / "bin.txt").write_bytes(bytes(range(256)) * 4) and d / "bin.txt", "binary"),
-        (lambda d: (d / "bad.txt").write_bytes(b"hello " * 100 + b"\xff\xfe" + b"x" * 100) and d / "bad.txt", "UTF-8"),
+        (
+            lambda d: (
+                (d / "bad.txt").write_bytes(b"hello " * 100 + b"\xff\xfe" + b"x" * 100) and d / "bad.txt"
+            ),
+            "UTF-8",
+        ),
         (lambda d: (d / "short.txt").write_text("just a few words") and d / "short.txt", "block"),
         (lambda d: (d / "emptydir").mkdir() or d / "emptydir", ".txt"),
     ],
 )
 def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> None:
     path = make(tmp_path)
-    result = runner.invoke(app, ["train", str(path), *TINY, "--max-iters", "2", "--out", str(tmp_path / "run")])
+    result = runner.invoke(
+        app, ["train", str(path), *TINY, "--max-iters", "2", "--out", str(tmp_path / "run")]
+    )
     assert result.exit_code in (1, 2), result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message.lower() in errors[0].lower(), result.output
@@ -269,8 +351,12 @@ def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> 
         (["--tokenizer", "bpe", "--vocab-size", "100"], "256"),
     ],
 )
-def test_bad_options_through_train(runner, text_file: Path, tmp_path: Path, args: list[str], message: str) -> None:
-    result = runner.invoke(app, ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(tmp_path / "r"), *args])
+def test_bad_options_through_train(
+    runner, text_file: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = runner.invoke(
+        app, ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(tmp_path / "r"), *args]
+    )
     assert result.exit_code in (1, 2), result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
