@@ -29,6 +29,7 @@ def make_text(n_words: int = 3000, seed: int = 0, newlines: bool = True) -> str:
 
 def config(tmp_path: Path, *paths: Path, **kw) -> DataConfig:
     kw.setdefault("cache_dir", tmp_path / "cache")
+    kw.setdefault("tokenizer", "char")  # most tests here are about the pipeline, not the default tokenizer
     return DataConfig(paths=tuple(paths), **kw)
 
 
@@ -463,3 +464,12 @@ def test_data_prep_does_not_import_torch() -> None:
 
     code = "import sys, minigpt.data; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_default_tokenizer_is_bpe_512(tmp_path: Path) -> None:
+    """The default measured best in bits per byte (bench/bench_tokenizers.py)."""
+    cfg = DataConfig(paths=(write(tmp_path / "a.txt", make_text()),), cache_dir=tmp_path / "cache")
+    assert cfg.tokenizer == "bpe"
+    from minigpt.tokenizer import DEFAULT_BPE_VOCAB_SIZE
+
+    assert DEFAULT_BPE_VOCAB_SIZE == 512
