@@ -7,40 +7,11 @@ Bits per byte makes the tokenizers comparable: loss per token times tokens per b
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-
-
-def run(tokenizer: list[str], seconds: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
-        env = {**os.environ, "MINIGPT_CACHE_DIR": str(Path(tmp) / "cache")}
-        cmd = [
-            sys.executable,
-            "-m",
-            "minigpt",
-            "train",
-            str(SHAKESPEARE),
-            *tokenizer,
-            "--max-time",
-            f"{seconds}s",
-            "--out",
-            str(out),
-        ]
-        t = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr)
-        metrics = json.loads((out / "config.json").read_text())["metrics"]
-        return dict(wall=time.perf_counter() - t, loss=metrics["best_val_loss"], bpb=metrics["best_val_bpb"])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import SHAKESPEARE, run_recipe  # noqa: E402
 
 
 def main() -> None:
@@ -59,10 +30,8 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|")
     for choice in choices:
-        r = run(choice, args.seconds)
-        print(
-            f"| {' '.join(choice[1:])} | {r['wall']:.0f} s | {r['loss']:.3f} | {r['bpb']:.3f} |", flush=True
-        )
+        r = run_recipe([*choice, "--max-time", f"{args.seconds}s"], " ".join(choice[1:]))
+        print(f"| {r['label']} | {r['wall']:.0f} s | {r['best']:.3f} | {r['bpb']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -140,8 +140,6 @@ def run_recipe(args: list[str], label: str) -> dict:
             "minigpt",
             "train",
             str(SHAKESPEARE),
-            "--tokenizer",
-            "char",
             "--out",
             str(out),
             *args,
@@ -192,11 +190,13 @@ def main() -> None:
         )
     if args.skip_recipe:
         return
-    recipes = [(["--max-time", "75s"], "minigpt default CPU recipe, --max-time 75s")]
+    recipes = [(["--tokenizer", "char", "--max-time", "75s"], "minigpt default CPU recipe, --max-time 75s")]
     if args.nanogpt:
         recipes.append(
             (
                 [
+                    "--tokenizer",
+                    "char",
                     "--n-layer",
                     "4",
                     "--n-head",
