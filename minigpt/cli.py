@@ -194,7 +194,8 @@ def train(
         ),
     ] = None,
     vocab_size: Annotated[
-        int | None, typer.Option(help="Vocabulary size for --tokenizer bpe (default 512).", rich_help_panel=_DATA)
+        int | None,
+        typer.Option(help="Vocabulary size for --tokenizer bpe (default 512).", rich_help_panel=_DATA),
     ] = None,
     val_fraction: Annotated[
         float | None,
