@@ -1,4 +1,4 @@
-"""Generation speed: the KV-cache engine against a plain full-recompute loop, and `minigpt generate` end to end.
+"""Generation speed: the KV-cache engines against a plain full-recompute loop, and `minigpt generate` end to end.
 
 Prints a markdown table. The model is nanoGPT's shakespeare_char shape (6 layers, 6 heads, 384 wide,
 block 256, 65 characters) with random weights: speed does not depend on what the weights say.
@@ -21,13 +21,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # measure this checkout, not whatever minigpt is installed
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets it (see minigpt/cli.py)
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets them (see minigpt/cli.py)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
 from minigpt.checkpoint import save_run_files  # noqa: E402
 from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
+from minigpt.numpy_engine import NumpyEngine  # noqa: E402
 from minigpt.sampling import Generation, default_slide, encode_prompt, make_generator  # noqa: E402
 from minigpt.tokenizer import CharTokenizer  # noqa: E402
 
@@ -41,8 +43,8 @@ def tokenizer() -> CharTokenizer:
     return CharTokenizer(["\n"] + [chr(32 + i) for i in range(64)])  # same size, no data needed
 
 
-def engine(model: GPT, tok: CharTokenizer, n: int) -> tuple[float, float]:
-    """(seconds, time to first token) of the engine, as `minigpt generate` runs it, batch 1."""
+def engine(model: GPT | NumpyEngine, tok: CharTokenizer, n: int) -> tuple[float, float]:
+    """(seconds, time to first token) of an engine, as `minigpt generate` runs it, batch 1."""
     gen = Generation(model, tok, encode_prompt(tok, ""), max_new_tokens=n, temperature=1.0, seed=0)
     for _ in gen.events():
         pass
@@ -66,7 +68,9 @@ def full_recompute(model: GPT, tok: CharTokenizer, n: int) -> tuple[float, float
     return time.perf_counter() - t0, first
 
 
-def end_to_end(run_dir: Path, n: int, runs: int) -> list[float]:
+def end_to_end(
+    run_dir: Path, n: int, runs: int, *extra: str, env: dict[str, str] | None = None
+) -> list[float]:
     """Wall seconds of `python -m minigpt generate` as a user runs it: start-up, loading, generation."""
     cmd = [
         sys.executable,
@@ -81,10 +85,13 @@ def end_to_end(run_dir: Path, n: int, runs: int) -> list[float]:
         "--seed",
         "1",
     ]
+    run_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT")}
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            [*cmd, *extra], cwd=ROOT, check=True, capture_output=True, env={**run_env, **(env or {})}
+        )
         times.append(time.perf_counter() - t0)
     return times
 
@@ -122,6 +129,13 @@ def main() -> None:
     engine(model_bf16, tok, 20)
     secs, ttft = engine(model_bf16, tok, n)
     rows.append(("KV-cache engine", "bfloat16", secs, n / secs, ttft))
+    with tempfile.TemporaryDirectory() as tmp:
+        save_run_files(Path(tmp), model, tok, extra={})
+        numpy_engine, _, _ = NumpyEngine.load(Path(tmp))
+    engine(numpy_engine, tok, 20)
+    secs, ttft = engine(numpy_engine, tok, n)
+    numpy_tps = n / secs
+    rows.append(("NumPy KV-cache engine (`--backend numpy`)", "float32", secs, numpy_tps, ttft))
     if not args.skip_baseline:
         secs, ttft = full_recompute(model, tok, n)
         rows.append(("full recompute (nanoGPT loop)", "float32", secs, n / secs, ttft))
@@ -129,7 +143,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         save_run_files(run_dir, model, tok, extra={})
-        e2e = end_to_end(run_dir, args.e2e_tokens, args.e2e_runs)
+        e2e = {
+            "`minigpt generate` (auto: the NumPy engine)": end_to_end(
+                run_dir, args.e2e_tokens, args.e2e_runs
+            ),
+            "the same with `OPENBLAS_NUM_THREADS=2`": end_to_end(
+                run_dir, args.e2e_tokens, args.e2e_runs, env={"OPENBLAS_NUM_THREADS": "2"}
+            ),
+            "`minigpt generate --backend torch`": end_to_end(
+                run_dir, args.e2e_tokens, args.e2e_runs, "--backend", "torch"
+            ),
+        }
     torch_import = import_torch_seconds()
     load_after = os.getloadavg()[0]
 
@@ -139,18 +163,24 @@ def main() -> None:
         f"{torch.__version__}, slide {default_slide(CONFIG.block_size)}; load average {load_before:.1f} "
         f"before, {load_after:.1f} after\n"
     )
+    rows[0] = ("torch KV-cache engine (`--backend torch`)", *rows[0][1:])
+    rows[1] = ("torch KV-cache engine (`--backend torch --dtype bfloat16`)", *rows[1][1:])
     print("| generation | dtype | seconds | tokens/s | time to first token |")
     print("| --- | --- | ---: | ---: | ---: |")
     for what, dtype, secs, tps, ttft in rows:
         print(f"| {what} | {dtype} | {secs:.2f} | {tps:.1f} | {ttft * 1000:.1f} ms |")
     if not args.skip_baseline:
-        print(f"\nengine / full recompute (float32): **{engine_tps / rows[-1][3]:.1f}x**")
-    print(f"\n| `minigpt generate`, {args.e2e_tokens} tokens, end to end | seconds |")
-    print("| --- | ---: |")
+        base = rows[-1][3]
+        print(
+            f"\nover full recompute (float32): torch engine **{engine_tps / base:.1f}x**, NumPy engine **{numpy_tps / base:.1f}x**"
+        )
     print(
-        f"| median of {len(e2e)} runs (each: {', '.join(f'{t:.2f}' for t in e2e)}) | {statistics.median(e2e):.2f} |"
+        f"\n| {args.e2e_tokens} tokens, end to end (start-up included) | median of {args.e2e_runs} | each |"
     )
-    print(f"| of which `python -c 'import torch'` alone | {torch_import:.2f} |")
+    print("| --- | ---: | --- |")
+    for what, times in e2e.items():
+        print(f"| {what} | {statistics.median(times):.2f} s | {', '.join(f'{t:.2f}' for t in times)} |")
+    print(f"| `python -c 'import torch'` alone | {torch_import:.2f} s | |")
 
 
 if __name__ == "__main__":

@@ -125,8 +125,8 @@ def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, metadata
 
 
-def safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor shapes from a safetensors header, without torch and without reading the data."""
+def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """Each tensor's entry in a safetensors header ('dtype', 'shape', ...), without torch or the data."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -134,11 +134,19 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
             if n > 100_000_000:
                 raise ValueError("header too large")
             header = json.loads(f.read(n))
-        return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        for v in entries.values():
+            v["dtype"], v["shape"] = str(v["dtype"]), [int(d) for d in v["shape"]]
+        return entries
     except FileNotFoundError:
         raise MinigptError(f"{path} is missing: is this a complete minigpt run directory?") from None
-    except (ValueError, KeyError, TypeError, struct.error, json.JSONDecodeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, struct.error, json.JSONDecodeError) as e:
         raise MinigptError(f"{path} is corrupt or not a safetensors file ({e})") from None
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor shapes from a safetensors header, without torch and without reading the data."""
+    return {k: v["shape"] for k, v in safetensors_header(path).items()}
 
 
 def stored_param_count(path: Path) -> int:
@@ -160,20 +168,39 @@ def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
     return sd
 
 
-def build_model(
-    config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu"
-) -> GPT:
-    """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
+def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor a run's weights file holds for `config` (the tied head left out),
+    worked out without torch; a test holds it to `model_tensors(GPT(config))`."""
+    C, V = config.n_embd, config.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (V, C),
+        "transformer.wpe.weight": (config.block_size, C),
+    }
+    linears = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (config.d_ff, C)}
+    linears["mlp.c_proj"] = (C, config.d_ff)
+    for i in range(config.n_layer):
+        for norm in ("ln_1", "ln_2"):
+            shapes[f"transformer.h.{i}.{norm}.weight"] = (C,)
+            if config.bias:
+                shapes[f"transformer.h.{i}.{norm}.bias"] = (C,)
+        for name, shape in linears.items():
+            shapes[f"transformer.h.{i}.{name}.weight"] = shape
+            if config.bias:
+                shapes[f"transformer.h.{i}.{name}.bias"] = shape[:1]
+    shapes["transformer.ln_f.weight"] = (C,)
+    if config.bias:
+        shapes["transformer.ln_f.bias"] = (C,)
+    if not config.tie_embeddings:
+        shapes["lm_head.weight"] = (V, C)
+    return shapes
 
-    from minigpt.model import GPT
 
-    model = GPT.uninitialized(config)
-    expected = model_tensors(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    wrong = sorted(
-        k for k in expected if k in tensors and tuple(tensors[k].shape) != tuple(expected[k].shape)
-    )
+def check_shapes(config: GPTConfig, shapes: dict[str, tuple[int, ...]], source: Path) -> None:
+    """Stored tensor names and shapes must be exactly what the config describes (a one-line error)."""
+    expected = expected_shapes(config)
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = sorted(k for k in expected if k in shapes and tuple(shapes[k]) != expected[k])
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -182,8 +209,19 @@ def build_model(
             parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}")
         if wrong:
             k = wrong[0]
-            parts.append(f"{k} has shape {list(tensors[k].shape)}, config says {list(expected[k].shape)}")
+            parts.append(f"{k} has shape {list(shapes[k])}, config says {list(expected[k])}")
         raise MinigptError(f"{source} does not match its config.json ({'; '.join(parts)})")
+
+
+def build_model(
+    config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu"
+) -> GPT:
+    """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
+
+    from minigpt.model import GPT
+
+    check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, source)
+    model = GPT.uninitialized(config)
     state = {k: v.float() for k, v in tensors.items()}
     if config.tie_embeddings:
         state["lm_head.weight"] = state["transformer.wte.weight"]
@@ -234,8 +272,8 @@ def load_tokenizer(run_dir: Path) -> Tokenizer:
     return tokenizer_from_json(data)
 
 
-def load_run(run_dir: Path, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
-    """Model (best weights, eval mode), tokenizer and config.json of a run directory."""
+def open_run(run_dir: Path) -> tuple[dict[str, Any], GPTConfig, Tokenizer]:
+    """config.json, model config and tokenizer of a run directory, checked to fit together (no torch)."""
     run_dir = Path(run_dir)
     data = read_run_config(run_dir)
     config = run_model_config(data, run_dir / CONFIG_FILE)
@@ -244,8 +282,14 @@ def load_run(run_dir: Path, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[s
         raise MinigptError(
             f"{run_dir}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
-    tensors, _ = load_tensors(run_dir / WEIGHTS_FILE)
-    model = build_model(config, tensors, run_dir / WEIGHTS_FILE, device)
+    return data, config, tokenizer
+
+
+def load_run(run_dir: Path, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
+    """Model (best weights, eval mode), tokenizer and config.json of a run directory."""
+    data, config, tokenizer = open_run(run_dir)
+    tensors, _ = load_tensors(Path(run_dir) / WEIGHTS_FILE)
+    model = build_model(config, tensors, Path(run_dir) / WEIGHTS_FILE, device)
     model.eval()
     return model, tokenizer, data
 

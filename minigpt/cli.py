@@ -690,6 +690,12 @@ class DeviceName(str, Enum):
     mps = "mps"
 
 
+class BackendName(str, Enum):
+    auto = "auto"
+    numpy = "numpy"
+    torch = "torch"
+
+
 class DtypeName(str, Enum):
     auto = "auto"
     float32 = "float32"
@@ -800,6 +806,13 @@ def generate(
             help="Weights and KV cache type: auto is bfloat16 on CUDA, float16 on MPS, float32 on the CPU."
         ),
     ] = DtypeName.auto,
+    backend: Annotated[
+        BackendName,
+        typer.Option(
+            help="Engine: numpy runs float32 on the CPU without importing torch (starts in a fraction of a "
+            "second); torch runs on any device and dtype. auto: numpy on the CPU in float32, else torch."
+        ),
+    ] = BackendName.auto,
     explain: Annotated[
         bool,
         typer.Option(
@@ -830,9 +843,15 @@ def generate(
     # never spin pay a wake-up per region (108 vs 195 tokens/s idle); a short spin keeps most of both
     # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    from minigpt.checkpoint import latest_run, load_run
-    from minigpt.device import resolve_device, resolve_dtype
-    from minigpt.sampling import Generation, TextStream, check_sampling, encode_prompt, resolve_slide
+    from minigpt.checkpoint import WEIGHTS_FILE, latest_run, load_run
+    from minigpt.generation import (
+        Generation,
+        TextStream,
+        check_sampling,
+        choose_backend,
+        encode_prompt,
+        resolve_slide,
+    )
 
     if max_new_tokens < 1:
         raise MinigptError(f"--max-new-tokens must be at least 1, got {max_new_tokens}", exit_code=2)
@@ -846,14 +865,28 @@ def generate(
     if as_json and stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
     text = _read_prompt(prompt, prompt_file)
-    torch_device = resolve_device(device.value)
-    torch_dtype = resolve_dtype(dtype.value, torch_device)
     if model is None:
         model = latest_run()
         typer.echo(f"using {model}", err=True)
-    gpt, tokenizer, _ = load_run(model, str(torch_device))
-    gpt.to(torch_dtype)
-    block_size = gpt.config.block_size
+    weights = model / WEIGHTS_FILE
+    engine_name = choose_backend(backend.value, device.value, dtype.value, explain=explain, weights=weights)
+    if engine_name == "numpy":
+        # a decode step is a few matrix-vector products, memory-bound: a second BLAS thread gains little
+        # idle and, spinning against other work on a shared CPU, costs up to ten times (bench_generate.py)
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        from minigpt.numpy_engine import NumpyEngine
+
+        engine, tokenizer, _ = NumpyEngine.load(model)
+        device_name, dtype_name = "cpu", "float32"
+    else:
+        from minigpt.device import resolve_device, resolve_dtype
+
+        torch_device = resolve_device(device.value)
+        torch_dtype = resolve_dtype(dtype.value, torch_device)
+        engine, tokenizer, _ = load_run(model, str(torch_device))
+        engine.to(torch_dtype)
+        device_name, dtype_name = str(torch_device), str(torch_dtype).removeprefix("torch.")
+    block_size = engine.config.block_size if engine_name == "torch" else engine.block_size
     slide = resolve_slide(slide, block_size)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > block_size:
@@ -865,7 +898,7 @@ def generate(
     if seed is None:
         seed = secrets.randbits(31)
     gen = Generation(
-        gpt, tokenizer, ids, max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
+        engine, tokenizer, ids, max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, stop=stops, slide=slide,
     )  # fmt: skip
     if stream is None:
@@ -898,8 +931,9 @@ def generate(
                     "temperature": temperature,
                     "top_k": top_k,
                     "top_p": top_p,
-                    "device": str(torch_device),
-                    "dtype": str(torch_dtype).removeprefix("torch."),
+                    "backend": engine_name,
+                    "device": device_name,
+                    "dtype": dtype_name,
                     "time_to_first_token_s": round(gen.time_to_first_token, 4),
                     "seconds": round(gen.seconds, 4),
                     "tokens_per_second": round(gen.tokens_per_second, 2),
@@ -928,11 +962,11 @@ def generate(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     if explain:
-        _explain_tokens(gpt, tokenizer, ids, samples)
+        _explain_tokens(engine, tokenizer, ids, samples)
     total = sum(len(s.token_ids) for s in samples)
     typer.echo(
         f"{total:,} tokens in {gen.seconds:.2f} s ({gen.tokens_per_second:,.1f} tokens/s, first after "
-        f"{gen.time_to_first_token * 1000:.0f} ms), seed {seed}",
+        f"{gen.time_to_first_token * 1000:.0f} ms, {engine_name} on {device_name}), seed {seed}",
         err=True,
     )
 

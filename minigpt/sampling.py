@@ -1,27 +1,30 @@
-"""Text generation: a preallocated KV cache, top-k/top-p sampling, streamed UTF-8 text, the decode loop.
+"""The torch generation engine: a preallocated KV cache, top-k/top-p sampling, the decode loop.
 
-Context windowing (one policy, shared by the cached engine and the plain reference loop): a prompt longer
-than block_size is cut to its last block_size tokens; the window then grows one token per step, and when
-it would pass block_size its oldest `slide` tokens are dropped. Learned positions mean dropped tokens change
-every remaining token's position, so the cached engine re-prefills the kept window in one forward pass;
-with slide=1 this is exactly nanoGPT's crop-to-the-last-block_size loop (a re-prefill for every token),
-with a larger slide one re-prefill serves `slide` tokens.
+The context-window policy, streamed text and the `Generation` driver are backend-free and live in
+`minigpt.generation` (re-exported here); `minigpt.numpy_engine` is the torch-free CPU engine.
 """
 
 from __future__ import annotations
 
-import codecs
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from minigpt.errors import MinigptError, UsageError
+from minigpt.errors import UsageError
+from minigpt.generation import (
+    Generation,
+    SampleResult,
+    TextEvent,
+    TextStream,
+    check_sampling,
+    default_slide,
+    encode_prompt,
+    generate,
+    resolve_slide,
+    window_drop,
+)
 from minigpt.model import GPT
-from minigpt.tokenizer import Tokenizer
 
 __all__ = [
     "DecodeStep",
@@ -30,6 +33,7 @@ __all__ = [
     "SampleResult",
     "TextEvent",
     "TextStream",
+    "TorchEngine",
     "check_sampling",
     "decode_tokens",
     "default_slide",
@@ -100,38 +104,7 @@ class KVCache:
         self.pos = 0
 
 
-# --- the windowing policy -------------------------------------------------------------------------------
-
-
-def default_slide(block_size: int) -> int:
-    """A quarter of the context: a re-prefill of 3/4 block_size tokens every block_size/4 tokens."""
-    return max(1, block_size // 4)
-
-
-def resolve_slide(slide: int | None, block_size: int) -> int:
-    if slide is None:
-        return default_slide(block_size)
-    if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide <= block_size:
-        raise UsageError(f"slide must be between 1 and the model's block_size ({block_size}), got {slide!r}")
-    return slide
-
-
-def window_drop(length: int, block_size: int, slide: int) -> int:
-    """How many of its oldest tokens a context window that has grown to `length` tokens must drop."""
-    return slide if length > block_size else 0
-
-
 # --- sampling -------------------------------------------------------------------------------------------
-
-
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Reject sampling settings that cannot work, with one-line messages."""
-    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
-        raise UsageError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"top-k must be at least 1 (1 is greedy), got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise UsageError(f"top-p must be in (0, 1] (1 keeps every token), got {top_p}")
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -312,209 +285,33 @@ def decode_tokens(
             logits = step_one(token, cache)
 
 
-# --- text -----------------------------------------------------------------------------------------------
+class TorchEngine:
+    """`decode_tokens` behind the backend-free Engine protocol: any device and dtype the model is on."""
 
+    def __init__(self, model: GPT) -> None:
+        self.model = model
+        self.block_size = model.config.block_size
 
-class TextStream:
-    """One sample's text: incremental UTF-8 decoding, stop strings, and how much is safe to show yet.
-
-    Only complete characters are ever shown, and never a suffix that could still grow into a stop string,
-    so the shown pieces concatenate to exactly the final `text`.
-    """
-
-    def __init__(self, stop: Sequence[str] = ()) -> None:
-        if any(s == "" for s in stop):
-            raise UsageError("a stop string cannot be empty")
-        self.stop = tuple(stop)
-        self._longest = max((len(s) for s in self.stop), default=0)
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.shown = 0
-        self.finish_reason: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    def feed(self, data: bytes) -> None:
-        """Add the bytes of one more token (ignored once the text is finished)."""
-        if not self.done:
-            self._append(self._decoder.decode(data))
-
-    def close(self, reason: str) -> None:
-        """End the text (unless a stop string already did): flush a dangling partial character."""
-        if not self.done:
-            self._append(self._decoder.decode(b"", final=True))
-        if not self.done:
-            self.finish_reason = reason
-
-    def _append(self, piece: str) -> None:
-        if not piece:
-            return
-        start = max(0, len(self.text) - self._longest + 1)  # earlier text was already searched
-        self.text += piece
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.finish_reason = "stop"
-
-    def _held(self) -> int:
-        # the longest suffix of the text that is a proper prefix of a stop string
-        for n in range(min(self._longest - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.stop):
-                return n
-        return 0
-
-    def take(self) -> str:
-        """Text that became safe to show since the last call."""
-        end = len(self.text) if self.done else len(self.text) - self._held()
-        if end <= self.shown:
-            return ""
-        piece = self.text[self.shown : end]
-        self.shown = end
-        return piece
-
-
-def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Ids of the prompt; an empty prompt starts from <|endoftext|> where the tokenizer has it, else '\\n'."""
-    if text:
-        return tokenizer.encode(text)
-    if tokenizer.eot_id is not None:
-        return [tokenizer.eot_id]
-    try:
-        return tokenizer.encode("\n")
-    except MinigptError:
-        raise MinigptError(
-            "the prompt is empty and this model's tokenizer has neither <|endoftext|> nor a newline "
-            "to start from: give a prompt"
-        ) from None
-
-
-class TextEvent(NamedTuple):
-    """Newly shown text of one sample; `done` is set on that sample's last event."""
-
-    sample: int
-    text: str
-    done: bool
-
-
-@dataclass
-class SampleResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "length", "stop" (a stop string) or "end_of_text" (the model emitted <|endoftext|>)
-    seconds: float  # from the start of the prefill until this sample finished
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
-
-
-class Generation:
-    """One batched generation: every sample shares one prefill of the prompt.
-
-    Iterate `events()` for the text as it becomes safe to show, then read `samples` and the timings.
-    `stop` strings end a sample and are not part of its text; so does the tokenizer's <|endoftext|>.
-    """
-
-    def __init__(
+    def decode(
         self,
-        model: GPT,
-        tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
-        *,
         max_new_tokens: int,
+        *,
         num_samples: int = 1,
+        slide: int | None = None,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int = 0,
-        stop: Sequence[str] = (),
-        slide: int | None = None,
-    ) -> None:
-        if max_new_tokens < 1:
-            raise UsageError(f"max-new-tokens must be at least 1, got {max_new_tokens}")
-        if num_samples < 1:
-            raise UsageError(f"num-samples must be at least 1, got {num_samples}")
-        if not prompt_ids:
-            raise UsageError("the prompt has no tokens")
-        check_sampling(temperature, top_k, top_p)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.prompt_ids = list(prompt_ids)
-        self.max_new_tokens = max_new_tokens
-        self.num_samples = num_samples
-        self.temperature = temperature
-        self.top_k = top_k
-        self.top_p = top_p
-        self.seed = seed
-        self.slide = resolve_slide(slide, model.config.block_size)
-        self.streams = [TextStream(stop) for _ in range(num_samples)]
-        self.token_ids: list[list[int]] = [[] for _ in range(num_samples)]
-        self.finished_at = [0.0] * num_samples
-        self.time_to_first_token = 0.0
-        self.seconds = 0.0
-        self.steps = 0
-
-    def events(self) -> Iterator[TextEvent]:
+    ) -> Iterator[list[int]]:
         device = self.model.transformer.wte.weight.device
-        idx = torch.tensor([self.prompt_ids], dtype=torch.long, device=device)
-        generator = make_generator(self.seed, device)
-        eot = self.tokenizer.eot_id
-        decode_bytes = self.tokenizer.decode_bytes
-        t0 = time.perf_counter()
+        idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
         steps = decode_tokens(
-            self.model, idx, self.max_new_tokens, num_samples=self.num_samples, slide=self.slide, temperature=self.temperature,
-            top_k=self.top_k, top_p=self.top_p, generator=generator,
+            self.model, idx, max_new_tokens, num_samples=num_samples, slide=slide, temperature=temperature,
+            top_k=top_k, top_p=top_p, generator=make_generator(seed, device),
         )  # fmt: skip
-        live = set(range(self.num_samples))
-        for step, tokens in enumerate(steps):
-            ids = tokens.tolist()
-            now = time.perf_counter() - t0
-            if step == 0:
-                self.time_to_first_token = now
-            self.steps = step + 1
-            last = step + 1 == self.max_new_tokens
-            for i in sorted(live):
-                stream, token = self.streams[i], ids[i]
-                self.token_ids[i].append(token)
-                if token == eot:
-                    stream.close("end_of_text")
-                else:
-                    stream.feed(decode_bytes([token]))
-                    if last:
-                        stream.close("length")
-                if stream.done:
-                    live.discard(i)
-                    self.finished_at[i] = now
-                    yield TextEvent(i, stream.take(), True)
-                else:
-                    piece = stream.take()
-                    if piece:
-                        yield TextEvent(i, piece, False)
-            if not live:
-                break
-        steps.close()
-        self.seconds = time.perf_counter() - t0
-
-    @property
-    def samples(self) -> list[SampleResult]:
-        return [
-            SampleResult(s.text, ids, s.finish_reason or "length", t)
-            for s, ids, t in zip(self.streams, self.token_ids, self.finished_at, strict=True)
-        ]
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generated tokens of all samples per second, the prefill included."""
-        total = sum(len(ids) for ids in self.token_ids)
-        return total / self.seconds if self.seconds > 0 else 0.0
-
-
-def generate(model: GPT, tokenizer: Tokenizer, prompt: str, **options: Any) -> list[SampleResult]:
-    """Continue `prompt` (options as for `Generation`); returns one result per sample."""
-    gen = Generation(model, tokenizer, encode_prompt(tokenizer, prompt), **options)
-    for _ in gen.events():
-        pass
-    return gen.samples
+        try:
+            for tokens in steps:
+                yield tokens.tolist()
+        finally:
+            steps.close()

@@ -40,8 +40,19 @@ def run_dir(tmp_path: Path) -> Path:
     return make_run(tmp_path / "run")
 
 
+# every test runs on both engines unless it names one; the auto choice has tests of its own
+BACKEND = {"name": "auto"}
+
+
+@pytest.fixture(autouse=True, params=["numpy", "torch"])
+def backend(request, monkeypatch) -> str:
+    monkeypatch.setitem(BACKEND, "name", request.param)
+    return request.param
+
+
 def gen(runner, *args: str, **kw):
-    return runner.invoke(app, ["generate", *args], **kw)
+    chosen = [] if "--backend" in args else ["--backend", BACKEND["name"]]
+    return runner.invoke(app, ["generate", *args, *chosen], **kw)
 
 
 def ok(result) -> str:
@@ -109,6 +120,7 @@ def test_streaming_equals_non_streaming_with_samples_that_stop_at_different_time
         assert after["text"] == before["text"].split(stop)[0]
 
 
+@pytest.mark.parametrize("backend", ["torch"], indirect=True)
 def test_streaming_multibyte_characters_split_across_tokens(runner, tmp_path: Path, monkeypatch) -> None:
     # a byte-level tokenizer stands in for the bpe one: its tokens end inside UTF-8 characters
     model, tokenizer = bigram_model(), ByteTokenizer()
@@ -229,11 +241,13 @@ def test_no_checkpoints_at_all(runner, tmp_path: Path, monkeypatch) -> None:
     one_line_error(gen(runner, "a"), 1, "no trained model", "minigpt train")
 
 
+@pytest.mark.parametrize("backend", ["torch"], indirect=True)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_absent_device(runner, run_dir: Path) -> None:
     one_line_error(gen(runner, "a", "-m", str(run_dir), "--device", "cuda"), 1, "--device cuda")
 
 
+@pytest.mark.parametrize("backend", ["torch"], indirect=True)
 def test_dtype_option(runner, run_dir: Path) -> None:
     data = json.loads(ok(gen(runner, "a", "-m", str(run_dir), "-n", "5", "--dtype", "bfloat16", "--json")))
     assert data["dtype"] == "bfloat16" and data["samples"][0]["completion_tokens"] == 5
@@ -242,8 +256,21 @@ def test_dtype_option(runner, run_dir: Path) -> None:
 # --- a real process -------------------------------------------------------------------------------------
 
 
-def test_subprocess_stdout_is_exactly_the_text(run_dir: Path, runner) -> None:
-    args = ["generate", "the ", "-m", str(run_dir), "-n", "25", "-s", "2", "--seed", "9"]
+def test_subprocess_stdout_is_exactly_the_text(run_dir: Path, runner, backend: str) -> None:
+    args = [
+        "generate",
+        "the ",
+        "-m",
+        str(run_dir),
+        "-n",
+        "25",
+        "-s",
+        "2",
+        "--seed",
+        "9",
+        "--backend",
+        backend,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "minigpt", *args], cwd=ROOT, capture_output=True, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -272,6 +299,7 @@ def test_streaming_equals_non_streaming_with_the_real_bpe_tokenizer(runner, tmp_
     assert ok(streamed).encode() == ok(plain).encode() and streamed.stdout_bytes == plain.stdout_bytes
 
 
+@pytest.mark.parametrize("backend", ["torch"], indirect=True)
 def test_explain_shows_attended_tokens_per_generated_token(runner, run_dir: Path) -> None:
     result = gen(runner, "to be", "-m", str(run_dir), "-n", "5", "-t", "0", "--explain")
     text = ok(result)

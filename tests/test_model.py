@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +117,22 @@ def test_dropout_only_in_training() -> None:
     model.train()
     c, _ = model(idx)
     assert not torch.allclose(a, c)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("tied", [True, False])
+def test_expected_shapes_without_torch_match_the_module(bias: bool, tied: bool) -> None:
+    from minigpt.checkpoint import check_shapes, expected_shapes, model_tensors
+
+    config = GPTConfig(
+        vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, bias=bias, tie_embeddings=tied
+    )
+    real = {k: tuple(v.shape) for k, v in model_tensors(GPT(config)).items()}
+    assert expected_shapes(config) == real
+    check_shapes(config, real, Path("w"))
+    with pytest.raises(MinigptError, match="missing transformer.h.0.attn.c_attn.weight"):
+        check_shapes(config, {k: v for k, v in real.items() if "h.0.attn.c_attn.weight" not in k}, Path("w"))
+    with pytest.raises(
+        MinigptError, match=r"transformer.wpe.weight has shape \[9, 8\], config says \[8, 8\]"
+    ):
+        check_shapes(config, {**real, "transformer.wpe.weight": (9, 8)}, Path("w"))
