@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,6 +45,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
@@ -54,6 +56,8 @@ def _root(
     minigpt generate TEXT   continue TEXT with the latest model
     minigpt params          parameter breakdown of a run, a preset or any shape
     """
+    # `train --max-time` counts from here: the budget is the wall time of the whole command
+    ctx.obj = {"started": time.perf_counter()}
 
 
 def _emit_json(obj: Any) -> None:
@@ -226,9 +230,25 @@ def train(
     ] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.", rich_help_panel=_OPT)] = None,
     min_lr: Annotated[
-        float | None, typer.Option(help="Learning rate at the end of the cosine decay.", rich_help_panel=_OPT)
+        float | None,
+        typer.Option(
+            help="Learning rate at the end of the decay (default: lr/10 for cosine, 0 for wsd).",
+            rich_help_panel=_OPT,
+        ),
     ] = None,
     warmup: Annotated[int | None, typer.Option(help="Linear warmup steps.", rich_help_panel=_OPT)] = None,
+    schedule: Annotated[
+        ScheduleName | None,
+        typer.Option(
+            help="After warmup: cosine decays to --min-lr over the whole budget; wsd holds the peak lr, then "
+            "decays linearly over the last --cooldown of it (default: wsd on the CPU, cosine on GPUs).",
+            rich_help_panel=_OPT,
+        ),
+    ] = None,
+    cooldown: Annotated[
+        float | None,
+        typer.Option(help="Fraction of the budget wsd spends decaying (default 0.5).", rich_help_panel=_OPT),
+    ] = None,
     weight_decay: Annotated[
         float | None, typer.Option(help="AdamW weight decay on weight matrices.", rich_help_panel=_OPT)
     ] = None,
@@ -241,7 +261,11 @@ def train(
     ] = None,
     max_time: Annotated[
         str | None,
-        typer.Option(help="Stop after this much wall time, e.g. 90s, 10m, 1h30m.", rich_help_panel=_BUDGET),
+        typer.Option(
+            help="Finish within this much wall time, e.g. 90s, 10m, 1h30m: the whole command, start-up and "
+            "the final evaluation included.",
+            rich_help_panel=_BUDGET,
+        ),
     ] = None,
     max_tokens: Annotated[
         int | None, typer.Option(help="Stop after this many training tokens.", rich_help_panel=_BUDGET)
@@ -335,6 +359,8 @@ def train(
         lr=lr,
         min_lr=min_lr,
         warmup=warmup,
+        schedule=schedule.value if schedule is not None else None,
+        cooldown=cooldown,
         weight_decay=weight_decay,
         grad_clip=grad_clip,
         beta2=beta2,
@@ -389,7 +415,7 @@ def train(
         # mistakes show here as one line, not once per rank inside torchrun's failure report
         check_launch(nproc, **run_args)
         raise typer.Exit(_launch_local(nproc, _relaunch_args(ctx.params)))
-    result = run_training(**run_args)
+    result = run_training(**run_args, started=(ctx.obj or {}).get("started"))
     if result.interrupted:
         raise typer.Exit(130)
 
@@ -688,6 +714,11 @@ class DeviceName(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
     mps = "mps"
+
+
+class ScheduleName(str, Enum):
+    cosine = "cosine"
+    wsd = "wsd"
 
 
 class BackendName(str, Enum):

@@ -689,9 +689,12 @@ def eval_batches(
     max_batches: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    chunk: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic (x, y) batches over back-to-back windows of the tokens, so each token is predicted
-    at most once. With max_batches, an evenly spaced subset of windows (per rank); ranks share windows out.
+    at most once. With max_batches, an evenly spaced subset of max_batches x batch_size windows (per
+    rank); ranks share windows out. `chunk` windows go in each yielded batch (default batch_size): which
+    windows are evaluated does not depend on it, only how many run in one forward pass.
     """
     windows = (len(tokens) - 1) // block_size
     starts = np.arange(windows, dtype=np.int64) * block_size
@@ -700,5 +703,6 @@ def eval_batches(
         if wanted < windows:
             starts = starts[np.unique(np.linspace(0, windows - 1, wanted).round().astype(np.int64))]
     mine = starts[rank::world_size].tolist()
-    for i in range(0, len(mine), batch_size):
-        yield _window_batch(tokens, mine[i : i + batch_size], block_size)
+    step = chunk or batch_size
+    for i in range(0, len(mine), step):
+        yield _window_batch(tokens, mine[i : i + step], block_size)

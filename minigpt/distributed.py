@@ -166,15 +166,18 @@ class DistContext:
         td.broadcast(t, src=0)
         return float(t.item())
 
-    def agree_stop(self, flag: bool, seconds: float) -> tuple[bool, float]:
-        """any_flag(flag) and agree_time(seconds) in one collective: one round trip per step, not two."""
+    def agree_stop(self, flag: bool, seconds: float, reserve: float = 0.0) -> tuple[bool, float, float]:
+        """any_flag(flag), and rank 0's clock and time reserve, in one collective: one round trip per step.
+
+        Every rank then takes the same time-budget decision at the same step.
+        """
         if not self.enabled:
-            return flag, seconds
-        values = [1.0 if flag else 0.0, seconds if self.is_master else 0.0]
+            return flag, seconds, reserve
+        values = [1.0 if flag else 0.0, *((seconds, reserve) if self.is_master else (0.0, 0.0))]
         t = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         td.all_reduce(t, op=td.ReduceOp.SUM)
-        total_flags, master_seconds = t.tolist()
-        return total_flags > 0, master_seconds
+        total_flags, master_seconds, master_reserve = t.tolist()
+        return total_flags > 0, master_seconds, master_reserve
 
     @contextlib.contextmanager
     def peer_errors(self, run_dir: Path) -> Iterator[None]:

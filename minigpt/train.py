@@ -1,4 +1,4 @@
-"""Training as a function over typed configs: AdamW, warmup + cosine, eval, atomic checkpoints, exact resume."""
+"""Training as a function over typed configs: AdamW, warmup + cosine or WSD, eval, atomic checkpoints, resume."""
 
 from __future__ import annotations
 
@@ -37,15 +37,19 @@ from minigpt.progress import Reporter
 from minigpt.tokenizer import Tokenizer
 
 STATE_FORMAT = "minigpt-state"
+EVAL_CHUNK = 256  # windows per evaluation forward pass, at most
+EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (128 MB in float32)
 
 
 # Defaults by device. CPU: searched on tinyshakespeare (char) under a 70 s budget on 2 cores
-# (bench/bench_train.py); at that budget a 2-layer model's extra steps beat more depth, and small
-# batches beat large ones. GPU: nanoGPT's shakespeare_char recipe without dropout.
+# (bench/bench_train.py); at that budget a 2-layer model's extra steps beat more depth, small batches
+# beat large ones, and holding the peak lr for half the run then decaying linearly to 0 (wsd) beat
+# cosine to lr/10 by 0.01 in loss. GPU: nanoGPT's shakespeare_char recipe without dropout.
 RECIPES: dict[str, dict[str, Any]] = {
-    "cpu": dict(preset="nano", batch_size=16, lr=8e-3),
-    "gpu": dict(preset="small", batch_size=64, lr=1e-3),
+    "cpu": dict(preset="nano", batch_size=16, lr=8e-3, schedule="wsd"),
+    "gpu": dict(preset="small", batch_size=64, lr=1e-3, schedule="cosine"),
 }
+SCHEDULES = ("cosine", "wsd")
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,12 @@ class TrainConfig:
     batch_size: int | None = None
     grad_accum: int = 1
     lr: float | None = None
-    min_lr: float | None = None
+    min_lr: float | None = None  # None: lr/10 for cosine, 0 for wsd
     warmup: int = 100
+    # after warmup, "cosine" decays from lr to min_lr over the whole budget; "wsd" (warmup-stable-decay)
+    # holds lr, then decays linearly to min_lr over the last `cooldown` fraction of the budget
+    schedule: str | None = None
+    cooldown: float = 0.5
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     beta1: float = 0.9
@@ -75,8 +83,11 @@ class TrainConfig:
     max_time: float | None = None  # seconds
     max_tokens: int | None = None
     # evaluation and logging
-    eval_every: int = 250
-    eval_iters: int = 20
+    # 50 batches: on tinyshakespeare (char, batch 16) 20 x 16 evenly spaced windows read 0.015 above
+    # the whole validation split's loss, 50 x 16 within 0.001; at 256 windows a pass, it costs about
+    # what 20 x 16 did
+    eval_every: int = 500
+    eval_iters: int = 50
     log_every: int = 10
     # runtime
     seed: int = 1337
@@ -112,6 +123,10 @@ class TrainConfig:
             raise UsageError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
         if not 0 <= self.dropout < 1:
             raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise UsageError(f"unknown --schedule {self.schedule!r}: choose {' or '.join(SCHEDULES)}")
+        if not 0 < self.cooldown <= 1:
+            raise UsageError(f"--cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
 
     @property
     def has_budget(self) -> bool:
@@ -123,6 +138,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
+        data = {"schedule": "cosine", **data}  # runs saved before --schedule existed decayed by cosine
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def with_recipe(self, device_type: str) -> TrainConfig:
@@ -130,8 +146,9 @@ class TrainConfig:
         recipe = RECIPES["cpu" if device_type == "cpu" else "gpu"]
         filled = {k: v for k, v in recipe.items() if getattr(self, k) is None}
         lr = self.lr if self.lr is not None else recipe["lr"]
+        schedule = self.schedule or recipe["schedule"]
         if self.min_lr is None:
-            filled["min_lr"] = lr / 10
+            filled["min_lr"] = lr / 10 if schedule == "cosine" else 0.0
         return replace(self, **filled)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
@@ -188,29 +205,33 @@ class TrainResult:
 
 
 def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
-    """Linear warmup over `warmup` steps, then cosine from lr to min_lr over the budget's progress."""
+    """Linear warmup over `warmup` steps, then the schedule from lr to min_lr over the budget's progress:
+    cosine, or wsd (constant, then linear over the last `cooldown` of the budget)."""
     if cfg.warmup and step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     p = min(max(progress, 0.0), 1.0)
+    if cfg.schedule == "wsd":
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * min(1.0, (1.0 - p) / cfg.cooldown)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * p))
 
 
-def budget_progress(cfg: TrainConfig, state: TrainState) -> float:
-    """Fraction of the budget used: the largest of steps, time and tokens (1.0 means stop)."""
+def budget_progress(cfg: TrainConfig, state: TrainState, reserve: float = 0.0) -> float:
+    """Fraction of the budget used: the largest of steps, time and tokens (1.0 means stop). `reserve`
+    seconds of the time budget are kept for the final evaluation and save."""
     parts = [0.0]
     if cfg.max_iters is not None:
         parts.append(state.step / cfg.max_iters)
     if cfg.max_time is not None:
-        parts.append(state.elapsed / cfg.max_time)
+        parts.append(state.elapsed / max(cfg.max_time - reserve, 1e-9))
     if cfg.max_tokens is not None:
         parts.append(state.tokens / cfg.max_tokens)
     return max(parts)
 
 
-def stop_reason(cfg: TrainConfig, state: TrainState) -> str | None:
+def stop_reason(cfg: TrainConfig, state: TrainState, reserve: float = 0.0) -> str | None:
     if cfg.max_iters is not None and state.step >= cfg.max_iters:
         return f"reached --max-iters {cfg.max_iters}"
-    if cfg.max_time is not None and state.elapsed >= cfg.max_time:
+    if cfg.max_time is not None and state.elapsed + reserve >= cfg.max_time:
         return f"reached --max-time {cfg.max_time:g}s"
     if cfg.max_tokens is not None and state.tokens >= cfg.max_tokens:
         return f"reached --max-tokens {cfg.max_tokens:,}"
@@ -237,7 +258,7 @@ def estimate_loss(
     model: torch.nn.Module,
     tokens: Any,
     cfg: TrainConfig,
-    block_size: int,
+    shape: GPTConfig,
     device: torch.device,
     dtype: torch.dtype,
     dist: DistContext,
@@ -247,7 +268,13 @@ def estimate_loss(
     was_training = model.training
     model.eval()
     sums = torch.zeros(2, device=device, dtype=torch.float64)  # loss x windows, windows
-    for x, y in eval_batches(tokens, block_size, cfg.batch_size, cfg.eval_iters, dist.rank, dist.world_size):
+    # forward-only passes run faster on more windows at once (2x at 16 -> 256 windows of 64 on a CPU);
+    # the logits of one pass stay under EVAL_LOGITS elements
+    chunk = max(cfg.batch_size, min(EVAL_CHUNK, EVAL_LOGITS // (shape.block_size * shape.vocab_size)))
+    batches = eval_batches(
+        tokens, shape.block_size, cfg.batch_size, cfg.eval_iters, dist.rank, dist.world_size, chunk=chunk
+    )
+    for x, y in batches:
         with autocast_context(device, dtype):
             _, loss = model(x.to(device), y.to(device))
         sums[0] += loss.double() * x.size(0)
@@ -428,9 +455,14 @@ def train(
     budget_overrides: dict[str, Any] | None = None,
     reporter: Reporter | None = None,
     on_step: Callable[[int], None] | None = None,
+    started: float | None = None,
 ) -> TrainResult:
-    """Train a model (new, resumed from `resume`, or starting from `init_from`'s weights) and save it."""
-    t_start = time.perf_counter()
+    """Train a model (new, resumed from `resume`, or starting from `init_from`'s weights) and save it.
+
+    --max-time counts from `started` (a time.perf_counter() value; default: this call), so the CLI makes
+    it the wall time of the whole command: start-up, data preparation, training and the final evaluation.
+    """
+    t_start = time.perf_counter() if started is None else started
     cfg, data, out, tokenizer, fixed_shape = _resolve_run(
         cfg, data, out, resume, init_from, overwrite, budget_overrides or {}
     )
@@ -504,8 +536,13 @@ def train(
 
     recent_losses: list[float] = []
 
+    # seconds the last evaluation and save took: the time budget keeps that much for the final one
+    reserve = 0.0
+
     def evaluate_and_save(final: bool = False) -> None:
-        val_loss = estimate_loss(train_model, dataset.val, cfg, model_config.block_size, device, dtype, dist)
+        nonlocal reserve
+        t_eval = time.perf_counter()
+        val_loss = estimate_loss(train_model, dataset.val, cfg, model_config, device, dtype, dist)
         # the mean training loss since the last evaluation: free, unlike a second pass over the train split
         train_loss = sum(recent_losses) / len(recent_losses) if recent_losses else math.nan
         recent_losses.clear()
@@ -538,19 +575,20 @@ def train(
             save_state(out, model, optimizer, sampler, state, cfg)
         reporter.evaluated(record, improved)
         dist.barrier()
+        reserve = time.perf_counter() - t_eval
 
     signals = _StopSignals(grace=1.0 if dist.enabled else 0.0)
     interrupted = False
     reason = stop_reason(cfg, state)
-    # the budget counts from the start of this call (data and model setup included); a resume carries
-    # the elapsed time over
+    # the budget counts from `started` (start-up, data and model setup included); a resume carries the
+    # elapsed time over
     t_resume = t_start - state.elapsed
     with signals.installed(), dist.peer_errors(out):
         while reason is None:
             if dist.enabled and model_config.dropout > 0:
                 # each rank its own dropout masks, reproducible from the step alone (so on any process count)
                 torch.manual_seed(_step_seed(cfg.seed, dist.rank, state.step))
-            progress = budget_progress(cfg, state)
+            progress = budget_progress(cfg, state, reserve)
             lr = lr_at(cfg, state.step, progress)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -583,7 +621,9 @@ def train(
                 on_step(state.step)
             # one collective: whether any rank was asked to stop, and rank 0's clock for the time budget
             elapsed = time.perf_counter() - t_resume
-            stop_asked, state.elapsed = dist.agree_stop(signals.requested is not None, elapsed)
+            stop_asked, state.elapsed, reserve = dist.agree_stop(
+                signals.requested is not None, elapsed, reserve
+            )
             if state.step % cfg.log_every == 0 or state.step == 1:
                 record = {
                     "step": state.step,
@@ -595,8 +635,8 @@ def train(
                 history.append({"kind": "train", **record})
                 if dist.is_master:
                     ckpt.append_jsonl(metrics_path, {"kind": "train", **record})
-                reporter.step(record, budget_progress(cfg, state), tokens_per_step)
-            reason = stop_reason(cfg, state)
+                reporter.step(record, budget_progress(cfg, state, reserve), tokens_per_step)
+            reason = stop_reason(cfg, state, reserve)
             if stop_asked:
                 interrupted, reason = True, f"stopped by {signals.requested or 'a signal on another rank'}"
             if reason is None and state.step % cfg.eval_every == 0:

@@ -426,6 +426,10 @@ def test_eval_batches_cover_windows_once() -> None:
     assert sorted(torch.cat(shards)[:, 0].tolist()) == list(range(0, 1000, 10))
     few = list(eval_batches(tokens, 10, 4, max_batches=2))
     assert len(few) == 2 and few[0][0][0, 0] == 0 and few[-1][0][-1, 0] == 990
+    # the chunk size changes how many windows share a forward pass, never which windows
+    chunked = list(eval_batches(tokens, 10, 4, max_batches=2, chunk=5))
+    assert [len(x) for x, _ in chunked] == [5, 3]
+    assert torch.equal(torch.cat([x for x, _ in chunked]), torch.cat([x for x, _ in few]))
 
 
 def test_bits_per_byte() -> None:

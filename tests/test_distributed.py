@@ -292,7 +292,7 @@ def test_single_process_context_is_a_no_op(monkeypatch: pytest.MonkeyPatch, tmp_
         pass
     t = torch.tensor([1.5, 2.0])
     assert dist.all_reduce_sum(t) is t and dist.all_reduce_mean(t) is t
-    assert dist.agree_stop(True, 3.0) == (True, 3.0) and dist.any_flag(False) is False
+    assert dist.agree_stop(True, 3.0, 0.5) == (True, 3.0, 0.5) and dist.any_flag(False) is False
     with pytest.raises(RuntimeError, match="gloo"), dist.peer_errors(tmp_path):
         raise RuntimeError("gloo: only translated with several ranks")
 

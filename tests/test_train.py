@@ -19,7 +19,15 @@ from minigpt import checkpoint as ckpt
 from minigpt.cli import app
 from minigpt.data import DataConfig
 from minigpt.errors import MinigptError
-from minigpt.train import TrainConfig, parse_duration, train
+from minigpt.train import (
+    TrainConfig,
+    TrainState,
+    budget_progress,
+    lr_at,
+    parse_duration,
+    stop_reason,
+    train,
+)
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -156,7 +164,8 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
     [
         (dict(max_iters=3), lambda s: s.step == 3),
         (dict(max_tokens=4 * 32 * 5), lambda s: s.step == 5),
-        (dict(max_time=0.5), lambda s: s.elapsed >= 0.5),
+        # the run stops early enough to finish its final evaluation within the time
+        (dict(max_time=0.5), lambda s: 0 < s.elapsed <= 0.5),
         (dict(max_iters=100000, max_tokens=4 * 32 * 2), lambda s: s.step == 2),
     ],
 )
@@ -165,6 +174,50 @@ def test_budgets_first_reached_stops(text_file: Path, tmp_path: Path, budget: di
         tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run"
     )
     assert check(result.state), result.state
+
+
+def test_schedules() -> None:
+    cos = TrainConfig(lr=1.0, min_lr=0.1, warmup=10, schedule="cosine")
+    assert lr_at(cos, 0, 0.0) == pytest.approx(0.1) and lr_at(cos, 9, 0.0) == pytest.approx(1.0)
+    assert lr_at(cos, 50, 0.5) == pytest.approx(0.55) and lr_at(cos, 99, 1.0) == pytest.approx(0.1)
+    wsd = TrainConfig(lr=1.0, min_lr=0.0, warmup=10, schedule="wsd", cooldown=0.4)
+    assert [lr_at(wsd, 50, p) for p in (0.1, 0.6, 0.7, 0.9, 1.0)] == pytest.approx([1, 1, 0.75, 0.25, 0])
+    assert lr_at(wsd, 5, 0.0) == pytest.approx(0.6)  # warmup comes first either way
+
+
+def test_recipes_fill_what_was_left_unset() -> None:
+    cpu = TrainConfig().with_recipe("cpu")
+    assert (cpu.preset, cpu.schedule, cpu.lr, cpu.min_lr) == ("nano", "wsd", 8e-3, 0.0)
+    gpu = TrainConfig().with_recipe("cuda")
+    assert (gpu.schedule, gpu.min_lr) == ("cosine", pytest.approx(1e-4))
+    mine = TrainConfig(lr=1e-3, schedule="cosine", batch_size=7).with_recipe("cpu")
+    assert (mine.lr, mine.min_lr, mine.batch_size, mine.preset) == (1e-3, pytest.approx(1e-4), 7, "nano")
+    # a run saved before --schedule existed resumes with the cosine it was trained with
+    old = {k: v for k, v in cpu.to_dict().items() if k not in ("schedule", "cooldown")}
+    assert TrainConfig.from_dict(old).schedule == "cosine"
+    for bad in (dict(schedule="linear"), dict(cooldown=0.0), dict(cooldown=1.5)):
+        with pytest.raises(MinigptError, match="schedule|cooldown"):
+            TrainConfig(**bad)
+
+
+def test_time_budget_keeps_room_for_the_final_evaluation() -> None:
+    cfg = TrainConfig(max_time=10.0, lr=1e-3, warmup=0)
+    state = TrainState(elapsed=7.0)
+    assert stop_reason(cfg, state) is None and budget_progress(cfg, state) == pytest.approx(0.7)
+    assert stop_reason(cfg, state, reserve=3.0) == "reached --max-time 10s"
+    assert budget_progress(cfg, state, reserve=2.0) == pytest.approx(7 / 8)  # the schedule ends on time
+    assert budget_progress(TrainConfig(max_iters=10), TrainState(step=5), reserve=3.0) == 0.5
+
+
+def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_path: Path) -> None:
+    import time
+
+    cfg = tiny_cfg(max_iters=None, max_time=30.0, eval_every=10_000)
+    t0 = time.perf_counter()
+    result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", started=t0 - 29.8)
+    assert result.stop_reason == "reached --max-time 30s"
+    assert time.perf_counter() - t0 < 20.0  # 0.2 s of the budget was left, not 30 s
+    assert result.state.elapsed >= 29.8
 
 
 @pytest.mark.parametrize(
