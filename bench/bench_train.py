@@ -71,7 +71,7 @@ def minigpt_tokens_per_s(cfg: TrainConfig, text: Path, cache: Path, out: Path) -
     """Steady-state tokens/s of minigpt's trainer (from its own step log, first 10 steps excluded)."""
     result = train(
         cfg,
-        DataConfig(paths=(text,), cache_dir=cache),
+        DataConfig(paths=(text,), cache_dir=cache, tokenizer="char"),  # 65 characters, as the plain loop
         out=out,
         overwrite=True,
         reporter=Reporter(enabled=False),
