@@ -160,20 +160,21 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "budget, check",
+    "budget, reason, check",
     [
-        (dict(max_iters=3), lambda s: s.step == 3),
-        (dict(max_tokens=4 * 32 * 5), lambda s: s.step == 5),
-        # the run stops early enough to finish its final evaluation within the time
-        (dict(max_time=0.5), lambda s: 0 < s.elapsed <= 0.5),
-        (dict(max_iters=100000, max_tokens=4 * 32 * 2), lambda s: s.step == 2),
+        (dict(max_iters=3), "--max-iters 3", lambda s: s.step == 3),
+        (dict(max_tokens=4 * 32 * 5), "--max-tokens 640", lambda s: s.step == 5),
+        (dict(max_time=0.5), "--max-time 0.5s", lambda s: s.step >= 1),
+        (dict(max_iters=100000, max_tokens=4 * 32 * 2), "--max-tokens 256", lambda s: s.step == 2),
     ],
 )
-def test_budgets_first_reached_stops(text_file: Path, tmp_path: Path, budget: dict, check) -> None:
+def test_budgets_first_reached_stops(
+    text_file: Path, tmp_path: Path, budget: dict, reason: str, check
+) -> None:
     result = train(
         tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run"
     )
-    assert check(result.state), result.state
+    assert result.stop_reason == f"reached {reason}" and check(result.state), result
 
 
 def test_schedules() -> None:
