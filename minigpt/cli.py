@@ -1046,6 +1046,8 @@ def demo(
         raise typer.Exit(130)
     typer.echo(f"\n== 2/3 generating {tokens} tokens from {out} after the prompt {DEMO_PROMPT!r}", err=True)
     generate(prompt=DEMO_PROMPT, model=out, max_new_tokens=tokens, seed=seed, temperature=0.8)
+    if not sys.stdout.isatty():
+        typer.echo()  # generate ends a terminal's text with a newline; keep the table off it in a file too
     typer.echo(f"\n== 3/3 parameters of {out}", err=True)
     params(run=out)
 
