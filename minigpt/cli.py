@@ -878,6 +878,7 @@ def generate(
     from minigpt.generation import (
         Generation,
         TextStream,
+        as_engine,
         check_sampling,
         choose_backend,
         encode_prompt,
@@ -908,16 +909,18 @@ def generate(
         from minigpt.numpy_engine import NumpyEngine
 
         engine, tokenizer, _ = NumpyEngine.load(model)
+        gpt = None
         device_name, dtype_name = "cpu", "float32"
     else:
         from minigpt.device import resolve_device, resolve_dtype
 
         torch_device = resolve_device(device.value)
         torch_dtype = resolve_dtype(dtype.value, torch_device)
-        engine, tokenizer, _ = load_run(model, str(torch_device))
-        engine.to(torch_dtype)
+        gpt, tokenizer, _ = load_run(model, str(torch_device))
+        gpt.to(torch_dtype)
+        engine = as_engine(gpt)
         device_name, dtype_name = str(torch_device), str(torch_dtype).removeprefix("torch.")
-    block_size = engine.config.block_size if engine_name == "torch" else engine.block_size
+    block_size = engine.block_size
     slide = resolve_slide(slide, block_size)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > block_size:
@@ -992,8 +995,8 @@ def generate(
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    if explain:
-        _explain_tokens(engine, tokenizer, ids, samples)
+    if explain and gpt is not None:  # choose_backend sends --explain to torch
+        _explain_tokens(gpt, tokenizer, ids, samples)
     total = sum(len(s.token_ids) for s in samples)
     typer.echo(
         f"{total:,} tokens in {gen.seconds:.2f} s ({gen.tokens_per_second:,.1f} tokens/s, first after "

@@ -403,6 +403,8 @@ def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> 
         (["--device", "tpu"], "device"),
         (["--dtype", "int8"], "dtype"),
         (["--tokenizer", "bpe", "--vocab-size", "100"], "256"),
+        (["--cooldown", "0"], "--cooldown"),
+        (["--cooldown", "1.5"], "--cooldown"),
     ],
 )
 def test_bad_options_through_train(
