@@ -160,7 +160,9 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
         elif key.endswith("/exp_avg_sq"):
             torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-12, msg=key)
         elif key.startswith("model/"):
-            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-7, msg=key)
+            # Adam's first step moves each weight by about lr * g / (|g| + eps): where |g| is near eps a
+            # rounding difference in the all-reduced gradient shifts it by a fraction of lr (8e-5 here)
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
     ra, rb = ckpt.read_jsonl(two / ckpt.METRICS_FILE), ckpt.read_jsonl(tmp_path / "one" / ckpt.METRICS_FILE)
     assert ra[0]["tokens"] == rb[0]["tokens"] == 4 * 32
     assert ra[0]["loss"] == pytest.approx(rb[0]["loss"], rel=1e-5)
