@@ -27,9 +27,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from minigpt.checkpoint import save_run_files  # noqa: E402
 from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
+from minigpt.rundir import RunDir  # noqa: E402
 from minigpt.sampling import Generation, default_slide, encode_prompt, make_generator  # noqa: E402
 from minigpt.tokenizer import CharTokenizer  # noqa: E402
 
@@ -167,7 +167,7 @@ def main() -> None:
     secs, ttft = engine(model_bf16, tok, n)
     rows.append(("KV-cache engine", "bfloat16", secs, n / secs, ttft))
     with tempfile.TemporaryDirectory() as tmp:
-        save_run_files(Path(tmp), model, tok, extra={})
+        RunDir(Path(tmp)).save(model, tok, extra={})
         secs, ttft = numpy_engine(Path(tmp), n)
     numpy_tps = n / secs
     rows.append(("NumPy KV-cache engine (`--backend numpy`)", "float32", secs, numpy_tps, ttft))
@@ -177,7 +177,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        save_run_files(run_dir, model, tok, extra={})
+        RunDir(run_dir).save(model, tok, extra={})
         e2e = {
             "`minigpt generate` (auto: the NumPy engine)": end_to_end(
                 run_dir, args.e2e_tokens, args.e2e_runs

@@ -472,7 +472,7 @@ def write_png(path: Path, grids: Sequence[tuple[str, torch.Tensor]], labels: Seq
     the picture stays about 2000 pixels wide at most.
     """
     Image, ImageDraw, _ = _pillow()
-    from minigpt.checkpoint import atomic_path
+    from minigpt.files import atomic_path
 
     path = Path(path)
     if not path.parent.is_dir():

@@ -116,12 +116,12 @@ def params(
     }
     stored: int | None = None
     if run is not None:
-        from minigpt.checkpoint import WEIGHTS_FILE, read_run_config, run_model_config, stored_param_count
+        from minigpt.rundir import RunDir
 
         if preset or overrides:
             raise MinigptError("give either a run directory or shape options, not both", exit_code=2)
-        config = run_model_config(read_run_config(run), run)
-        stored = stored_param_count(run / WEIGHTS_FILE)
+        config = RunDir(run).model_config()
+        stored = RunDir(run).stored_param_count()
         title = str(run)
     else:
         fields: dict[str, Any] = {"vocab_size": GPT2_VOCAB}
@@ -490,12 +490,12 @@ def eval_cmd(
     ] = False,
 ) -> None:
     """Loss, perplexity and bits-per-byte of a trained model on any text file."""
-    from minigpt.checkpoint import load_run
     from minigpt.device import resolve_device, resolve_dtype
     from minigpt.evaluate import evaluate_files
+    from minigpt.rundir import RunDir
 
     dev = resolve_device(device)
-    model, tokenizer, _ = load_run(run, str(dev))
+    model, tokenizer, _ = RunDir(run).load_model(str(dev))
     result = evaluate_files(
         model, tokenizer, files, dev, resolve_dtype(dtype, dev), batch_size, max_windows, encoding
     )
@@ -568,16 +568,16 @@ def attention(
         token_labels,
         write_png,
     )
-    from minigpt.checkpoint import latest_run, load_run
+    from minigpt.rundir import RunDir
 
     if head is not None and layer is None:
         raise MinigptError("--head needs --layer: give both, e.g. --layer 0 --head 1", exit_code=2)
     if not text:
         raise MinigptError("TEXT is empty: give some text to look at", exit_code=2)
     if model is None:
-        model = latest_run()
+        model = RunDir.latest().path
         typer.echo(f"using model {model} (the latest run; pass --model DIR for another)", err=True)
-    gpt, tokenizer, _ = load_run(model)
+    gpt, tokenizer, _ = RunDir(model).load_model()
     config = gpt.config
     ids = tokenizer.encode(text)
     dropped = max(0, len(ids) - config.block_size)
@@ -874,7 +874,6 @@ def generate(
     # never spin pay a wake-up per region (108 vs 195 tokens/s idle); a short spin keeps most of both
     # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    from minigpt.checkpoint import WEIGHTS_FILE, latest_run, load_run
     from minigpt.generation import (
         Generation,
         TextStream,
@@ -884,6 +883,7 @@ def generate(
         encode_prompt,
         resolve_slide,
     )
+    from minigpt.rundir import RunDir
 
     if max_new_tokens < 1:
         raise MinigptError(f"--max-new-tokens must be at least 1, got {max_new_tokens}", exit_code=2)
@@ -898,9 +898,9 @@ def generate(
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
     text = _read_prompt(prompt, prompt_file)
     if model is None:
-        model = latest_run()
+        model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
-    weights = model / WEIGHTS_FILE
+    weights = RunDir(model).weights_path
     engine_name = choose_backend(backend.value, device.value, dtype.value, explain=explain, weights=weights)
     if engine_name == "numpy":
         # a decode step is a few matrix-vector products, memory-bound: a second BLAS thread gains little
@@ -916,7 +916,7 @@ def generate(
 
         torch_device = resolve_device(device.value)
         torch_dtype = resolve_dtype(dtype.value, torch_device)
-        gpt, tokenizer, _ = load_run(model, str(torch_device))
+        gpt, tokenizer, _ = RunDir(model).load_model(str(torch_device))
         gpt.to(torch_dtype)
         engine = as_engine(gpt)
         device_name, dtype_name = str(torch_device), str(torch_dtype).removeprefix("torch.")

@@ -10,10 +10,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minigpt import checkpoint as ckpt
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    load_tensors,
+    read_json,
+    safetensors_shapes,
+    save_tensors,
+)
+from minigpt.rundir import FORMAT as RUN_FORMAT
+from minigpt.rundir import RunDir
 from minigpt.tokenizer import ENDOFTEXT, GPT2_SPLIT_PATTERN, NAMED_ENCODINGS
+from minigpt.weights import build_model, model_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -76,10 +86,10 @@ def read_hf_config(src: Path) -> dict[str, Any]:
     path = src / HF_CONFIG
     if not path.is_file():
         raise MinigptError(f"{src} has no {HF_CONFIG}: not a Hugging Face model directory")
-    hf = ckpt.read_json(path)
+    hf = read_json(path)
     if not isinstance(hf, dict):
         raise MinigptError(f"{path} is not a model config (expected a JSON object)")
-    if hf.get("format") == ckpt.FORMAT:
+    if hf.get("format") == RUN_FORMAT:
         raise MinigptError(f"{src} is a minigpt run already; `minigpt convert to-hf` goes the other way")
     if hf.get("model_type") != "gpt2":
         raise MinigptError(
@@ -191,7 +201,7 @@ def expected_hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = GPT(config)
     shapes = {}
-    for name, t in ckpt.model_tensors(model).items():
+    for name, t in model_tensors(model).items():
         shape = tuple(t.shape)
         shapes[name] = shape[::-1] if _is_conv1d(name) else shape
     return shapes
@@ -275,24 +285,17 @@ def weight_files(src: Path) -> list[Path]:
 def _hf_shapes(files: list[Path]) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for f in files:
-        shapes.update(ckpt.safetensors_shapes(f))
+        shapes.update(safetensors_shapes(f))
     return shapes
 
 
 def _load_planned(files: list[Path], plan: dict[str, str]) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
     tensors = {}
     for f in files:
-        try:
-            with safe_open(str(f), framework="pt", device="cpu") as handle:
-                for hf_name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if hf_name in plan:
-                        t = handle.get_tensor(hf_name).float()
-                        name = plan[hf_name]
-                        tensors[name] = t.t().contiguous() if _is_conv1d(name) else t
-        except Exception as e:  # safetensors raises several types for truncated or garbled files
-            raise MinigptError(f"{f} is corrupt or not a safetensors file ({e})") from None
+        for hf_name, t in load_tensors(f)[0].items():
+            if hf_name in plan:
+                name = plan[hf_name]
+                tensors[name] = t.float().t().contiguous() if _is_conv1d(name) else t.float()
     return tensors
 
 
@@ -525,12 +528,12 @@ def from_hf(
             f"pass the tokenizer the model was trained with"
         )
     _check_out(out, src, overwrite)
-    model = ckpt.build_model(config, _load_planned(files, plan), src)
-    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(config, _load_planned(files, plan), src)
+    run = RunDir(out)
     # a replaced run's optimizer state and history belong to other weights
-    _clear(out, (ckpt.STATE_FILE, ckpt.METRICS_FILE))
+    run.clear((RunDir.STATE, RunDir.METRICS))
     extra = {"source": {"kind": "huggingface", "path": str(src.resolve()), "model_type": "gpt2"}}
-    ckpt.save_run_files(out, model, tok, extra)
+    run.save(model, tok, extra)
     return ConvertResult(out, config, model.num_params(), tok.describe())
 
 
@@ -570,7 +573,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     model.safetensors and, for a GPT-2 style byte-level BPE, the tokenizer files.
     """
     run, out = Path(run), Path(out)
-    model, tok, _ = ckpt.load_run(run, device)
+    model, tok, _ = RunDir(run).load_model(device)
     config = model.config
     hf = hf_config(config, tok.eot_id)
     _check_out(out, run, overwrite)
@@ -578,16 +581,16 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     out.mkdir(parents=True, exist_ok=True)
     _clear(out, _STALE_HF_FILES)
     # metadata format "pt" is what transformers checks before loading a safetensors file
-    ckpt.save_tensors(out / HF_WEIGHTS, to_hf_tensors(ckpt.model_tensors(model)), metadata={"format": "pt"})
+    save_tensors(out / HF_WEIGHTS, to_hf_tensors(model_tensors(model)), metadata={"format": "pt"})
     note = None
     if tok_files is not None:
         for name, text in tok_files.items():
-            ckpt.atomic_write_bytes(out / name, text.encode("utf-8"))
+            atomic_write_bytes(out / name, text.encode("utf-8"))
     else:
-        ckpt.atomic_write_json(out / MINIGPT_TOKENIZER, tok.to_json())
+        atomic_write_json(out / MINIGPT_TOKENIZER, tok.to_json())
         note = (
             f"the tokenizer is minigpt's own ({tok.describe()}), which transformers cannot load: "
             f"it is saved as {out / MINIGPT_TOKENIZER}; encode text with minigpt"
         )
-    ckpt.atomic_write_json(out / HF_CONFIG, hf)  # last: without it the directory is not a model yet
+    atomic_write_json(out / HF_CONFIG, hf)  # last: without it the directory is not a model yet
     return ConvertResult(out, config, model.num_params(), tok.describe(), note)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt.checkpoint import atomic_write_bytes
 from minigpt.errors import MinigptError
+from minigpt.files import atomic_write_bytes
 
 DEMO_PROMPT = "The "
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-from minigpt import checkpoint as ckpt
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import safetensors_header
 from minigpt.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def choose_backend(
         return "torch"
     if weights is not None and weights.is_file():
         try:
-            dtypes = {v["dtype"] for v in ckpt.safetensors_header(weights).values()}
+            dtypes = {v["dtype"] for v in safetensors_header(weights).values()}
         except MinigptError:
             return "numpy"  # its loader names the damage
         if not dtypes <= set(NUMPY_DTYPES):

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from minigpt import checkpoint as ckpt
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
 from minigpt.generation import NUMPY_DTYPES, resolve_slide, window_drop
+from minigpt.rundir import RunDir
 from minigpt.tokenizer import Tokenizer
+from minigpt.weights import check_shapes
 
 __all__ = ["NumpyEngine", "NumpyGPT", "NumpyKVCache", "sample_next"]
 
@@ -60,7 +61,7 @@ class NumpyGPT:
     def __init__(
         self, config: GPTConfig, weights: dict[str, np.ndarray], source: Path = Path("weights")
     ) -> None:
-        ckpt.check_shapes(config, {k: tuple(v.shape) for k, v in weights.items()}, source)
+        check_shapes(config, {k: tuple(v.shape) for k, v in weights.items()}, source)
         w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
         self.config = config
         self.wte, self.wpe = w["transformer.wte.weight"], w["transformer.wpe.weight"]
@@ -172,24 +173,15 @@ class NumpyEngine:
     @classmethod
     def load(cls, run_dir: Path) -> tuple[NumpyEngine, Tokenizer, dict[str, Any]]:
         """The engine, tokenizer and config.json of a run directory, with the checks of `load_run`."""
-        from safetensors import safe_open
-
-        data, config, tokenizer = ckpt.open_run(run_dir)
-        path = Path(run_dir) / ckpt.WEIGHTS_FILE
-        header = ckpt.safetensors_header(path)
-        unreadable = sorted({v["dtype"] for v in header.values()} - set(NUMPY_DTYPES))
+        run = RunDir(run_dir)
+        data, config, tokenizer = run.open()
+        unreadable = sorted(run.weight_dtypes() - set(NUMPY_DTYPES))
         if unreadable:
             raise MinigptError(
-                f"{path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
+                f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
             )
-        try:
-            with safe_open(str(path), framework="np") as f:
-                weights = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (not a mapping)
-        except Exception as e:  # safetensors raises several types for truncated/garbled files
-            raise MinigptError(
-                f"{path} is corrupt or not a safetensors file ({e}); retrain or restore it"
-            ) from None
-        return cls(NumpyGPT(config, weights, path)), tokenizer, data
+        weights = run.load_weights(config, framework="np")
+        return cls(NumpyGPT(config, weights, run.weights_path)), tokenizer, data
 
     def decode(
         self,

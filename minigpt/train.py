@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from minigpt import checkpoint as ckpt
 from minigpt.config import GPTConfig
 from minigpt.data import (
     BatchSampler,
@@ -34,9 +33,10 @@ from minigpt.model import GPT
 from minigpt.params import count_params
 from minigpt.presets import preset as get_preset
 from minigpt.progress import Reporter
+from minigpt.rundir import DEFAULT_ROOT, RunDir
 from minigpt.tokenizer import Tokenizer
+from minigpt.weights import build_model, model_tensors
 
-STATE_FORMAT = "minigpt-state"
 EVAL_CHUNK = 256  # windows per evaluation forward pass, at most
 EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (128 MB in float32)
 
@@ -287,7 +287,7 @@ def estimate_loss(
 def _state_tensors(
     model: GPT, optimizer: torch.optim.Optimizer, sampler: BatchSampler
 ) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in ckpt.model_tensors(model).items()}
+    tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in model_tensors(model).items()}
     for name, p in model.named_parameters():
         for key, value in optimizer.state.get(p, {}).items():
             if isinstance(value, torch.Tensor):
@@ -301,7 +301,7 @@ def _state_tensors(
 
 
 def save_state(
-    run_dir: Path,
+    run: RunDir,
     model: GPT,
     optimizer: torch.optim.Optimizer,
     sampler: BatchSampler,
@@ -309,20 +309,18 @@ def save_state(
     cfg: TrainConfig,
 ) -> None:
     """The resumable state (latest weights, AdamW moments, sampler and RNG) as one atomic safetensors file."""
-    meta = {"format": STATE_FORMAT, "state": json.dumps(asdict(state)), "train": json.dumps(cfg.to_dict())}
-    ckpt.save_tensors(run_dir / ckpt.STATE_FILE, _state_tensors(model, optimizer, sampler), metadata=meta)
+    meta = {"state": json.dumps(asdict(state)), "train": json.dumps(cfg.to_dict())}
+    run.save_state(_state_tensors(model, optimizer, sampler), meta)
 
 
 def load_state(
-    run_dir: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: BatchSampler
+    run: RunDir, model: GPT, optimizer: torch.optim.Optimizer, sampler: BatchSampler
 ) -> TrainState:
     """Restore everything save_state wrote; any mismatch is a clean error."""
-    path = run_dir / ckpt.STATE_FILE
-    tensors, meta = ckpt.load_tensors(path)
-    if meta.get("format") != STATE_FORMAT:
-        raise MinigptError(f"{path} is not a minigpt training state")
+    tensors, meta = run.load_state()
+    path = run.state_path
     weights = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
-    restored = ckpt.build_model(model.config, weights, path, "cpu")
+    restored = build_model(model.config, weights, path, "cpu")
     with torch.no_grad():
         for (_, p), (_, q) in zip(model.named_parameters(), restored.named_parameters(), strict=True):
             p.copy_(q)
@@ -392,9 +390,10 @@ def _resolve_run(
 ) -> tuple[TrainConfig, DataConfig, Path, Tokenizer | None, GPTConfig | None]:
     """Work out the settings of a new, resumed or fine-tuned run before touching the disk."""
     if resume is not None:
-        saved = ckpt.read_run_config(resume)
-        if not (resume / ckpt.STATE_FILE).is_file():
-            raise MinigptError(f"{resume} has no {ckpt.STATE_FILE}: nothing to resume")
+        source = RunDir(resume)
+        saved = source.read_config()
+        if not source.has_state():
+            raise MinigptError(f"{resume} has no {RunDir.STATE}: nothing to resume")
         cfg = replace(TrainConfig.from_dict(saved["train"]), **budget_overrides)
         saved_data = saved["data"]
         data = DataConfig(
@@ -404,16 +403,16 @@ def _resolve_run(
                 "val_file": Path(saved_data["val_file"]) if saved_data.get("val_file") else None,
             }
         )
-        return cfg, data, resume, ckpt.load_tokenizer(resume), ckpt.run_model_config(saved, resume)
+        return cfg, data, resume, source.tokenizer(), source.model_config(saved)
     if data is None:
         raise UsageError("give a text file to train on, or --resume DIR")
-    out = out if out is not None else ckpt.DEFAULT_ROOT / _default_name(data)
-    ckpt.guard_new_run_dir(out, overwrite)
+    out = out if out is not None else DEFAULT_ROOT / _default_name(data)
+    RunDir(out).guard_new(overwrite)
     if init_from is not None:
-        saved = ckpt.read_run_config(init_from)
+        source = RunDir(init_from)
         # the shape is the source run's; dropout is a training choice, so --dropout applies
-        shape = replace(ckpt.run_model_config(saved, init_from), dropout=cfg.dropout)
-        return cfg, data, out, ckpt.load_tokenizer(init_from), shape
+        shape = replace(source.model_config(), dropout=cfg.dropout)
+        return cfg, data, out, source.tokenizer(), shape
     return cfg, data, out, None, None
 
 
@@ -491,8 +490,9 @@ def train(
 
     model = GPT(model_config).to(device)
     if init_from is not None and resume is None:
-        tensors, _ = ckpt.load_tensors(init_from / ckpt.WEIGHTS_FILE)
-        source = ckpt.build_model(model_config, tensors, init_from / ckpt.WEIGHTS_FILE, str(device))
+        source_run = RunDir(init_from)
+        weights = source_run.load_weights(model_config)
+        source = build_model(model_config, weights, source_run.weights_path, str(device))
         model.load_state_dict(source.state_dict())
     model.train()
     optimizer = make_optimizer(model, cfg, device)
@@ -501,21 +501,20 @@ def train(
     )
 
     state = TrainState()
+    run = RunDir(out)
     if resume is not None:
-        state = load_state(out, model, optimizer, sampler)
+        state = load_state(run, model, optimizer, sampler)
         cfg = _keep_global_batch(cfg, state.world_size, dist.world_size, reporter)
         reporter.log(f"resuming {out} at step {state.step:,} ({state.tokens:,} tokens)")
     state.world_size = dist.world_size
-    metrics_path = out / ckpt.METRICS_FILE
-    history = ckpt.read_jsonl(metrics_path) if resume is not None else []
+    history = run.read_metrics() if resume is not None else []
 
     extra = {"train": cfg.to_dict(), "data": _data_dict(data), "metrics": {}}
     if dist.is_master:
         if resume is None:
             if out.exists() and overwrite:
-                for name in (ckpt.STATE_FILE, ckpt.WEIGHTS_FILE, ckpt.METRICS_FILE):
-                    (out / name).unlink(missing_ok=True)
-            ckpt.save_run_files(out, model, tokenizer, extra, save_weights=False)
+                run.clear()
+            run.save(model, tokenizer, extra, save_weights=False)
     train_model = dist.wrap(model, device)
     if cfg.compile:
         train_model = torch.compile(train_model)
@@ -564,15 +563,15 @@ def train(
         }
         history.append({"kind": "eval", **record})
         if dist.is_master:
-            ckpt.append_jsonl(metrics_path, {"kind": "eval", **record})
+            run.append_metrics({"kind": "eval", **record})
             extra["metrics"] = {
                 "best_val_loss": state.best_val_loss,
                 "best_step": state.best_step,
                 "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes),
                 "last": record,
             }
-            ckpt.save_run_files(out, model, tokenizer, extra, save_weights=improved)
-            save_state(out, model, optimizer, sampler, state, cfg)
+            run.save(model, tokenizer, extra, save_weights=improved)
+            save_state(run, model, optimizer, sampler, state, cfg)
         reporter.evaluated(record, improved)
         dist.barrier()
         reserve = time.perf_counter() - t_eval
@@ -634,7 +633,7 @@ def train(
                 }
                 history.append({"kind": "train", **record})
                 if dist.is_master:
-                    ckpt.append_jsonl(metrics_path, {"kind": "train", **record})
+                    run.append_metrics({"kind": "train", **record})
                 reporter.step(record, budget_progress(cfg, state, reserve), tokens_per_step)
             reason = stop_reason(cfg, state, reserve)
             if stop_asked:

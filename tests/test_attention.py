@@ -22,11 +22,11 @@ from minigpt.attention import (
     token_labels,
     top_attended,
 )
-from minigpt.checkpoint import save_run_files
 from minigpt.cli import app
 from minigpt.config import GPTConfig
 from minigpt.errors import UsageError
 from minigpt.model import GPT
+from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer, Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def tiny_model(vocab_size: int, block_size: int = 64, seed: int = 0, **kw: Any) 
 @pytest.fixture
 def char_run(tmp_path: Path) -> Path:
     tok = CharTokenizer.from_text(TEXT)
-    save_run_files(tmp_path / "run", tiny_model(tok.vocab_size, block_size=48), tok, extra={})
+    RunDir(tmp_path / "run").save(tiny_model(tok.vocab_size, block_size=48), tok, extra={})
     return tmp_path / "run"
 
 
@@ -251,13 +251,12 @@ def test_cli_position_view_char_model(runner: Any, char_run: Path) -> None:
 
 
 def test_cli_json_matches_library(runner: Any, char_run: Path) -> None:
-    from minigpt.checkpoint import load_run
 
     text = "café\n☃ 中文"
     result = runner.invoke(app, ["attention", text, "--model", str(char_run), "--json", "--position", "-2"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    model, tok, _ = load_run(char_run)
+    model, tok, _ = RunDir(char_run).load_model()
     ids = tok.encode(text)
     assert data["ids"] == ids[:-1] and data["tokens"] == list(text[:-1]) and data["position"] == len(ids) - 2
     assert (data["n_layer"], data["n_head"], data["dropped"]) == (2, 4, 0)
@@ -298,12 +297,8 @@ def test_cli_grid_view_and_json(runner: Any, char_run: Path) -> None:
 
 def test_cli_byte_level_tokenizer(runner: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tokenizer whose tokens split multi-byte characters: labels show the pieces as \\xNN."""
-    import minigpt.checkpoint
-
     model = tiny_model(256, block_size=32)
-    monkeypatch.setattr(
-        minigpt.checkpoint, "load_run", lambda run, device="cpu": (model, ByteTokenizer(), {})
-    )
+    monkeypatch.setattr(RunDir, "load_model", lambda self, device="cpu": (model, ByteTokenizer(), {}))
     text = "né\n☃!"
     result = runner.invoke(app, ["attention", text, "--model", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -318,7 +313,7 @@ def test_cli_byte_level_tokenizer(runner: Any, tmp_path: Path, monkeypatch: pyte
 
 def test_cli_long_text_keeps_last_block(runner: Any, tmp_path: Path) -> None:
     tok = CharTokenizer.from_text("abcdefgh \n")
-    save_run_files(tmp_path / "run", tiny_model(tok.vocab_size, block_size=80), tok, extra={})
+    RunDir(tmp_path / "run").save(tiny_model(tok.vocab_size, block_size=80), tok, extra={})
     text = "abc defgh\n" * 10  # 100 characters
     result = runner.invoke(app, ["attention", text, "--model", str(tmp_path / "run"), "--json"])
     assert result.exit_code == 0, result.output
@@ -371,7 +366,7 @@ def test_cli_default_model_is_the_latest_run(
     runner: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tok = CharTokenizer.from_text(TEXT)
-    save_run_files(tmp_path / "checkpoints" / "a", tiny_model(tok.vocab_size), tok, extra={})
+    RunDir(tmp_path / "checkpoints" / "a").save(tiny_model(tok.vocab_size), tok, extra={})
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["attention", "Hello", "--json"])
     assert result.exit_code == 0, result.output

@@ -18,7 +18,6 @@ from conftest import R50K_FILE, ROOT  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer  # noqa: E402
 
-from minigpt import checkpoint as ckpt  # noqa: E402
 from minigpt.cli import app  # noqa: E402
 from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.convert import (  # noqa: E402
@@ -30,8 +29,10 @@ from minigpt.convert import (  # noqa: E402
     expected_hf_shapes,
     ranks_from_vocab_merges,
 )
+from minigpt.files import load_tensors  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
 from minigpt.params import count_params  # noqa: E402
+from minigpt.rundir import RunDir  # noqa: E402
 from minigpt.tokenizer import GPT2_SPLIT_PATTERN, BPETokenizer, CharTokenizer, TiktokenTokenizer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -167,7 +168,7 @@ def finetuned(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def test_from_hf_logits_and_greedy_match_transformers(converted: Path, hf_model: GPT2LMHeadModel) -> None:
-    model, tok, data = ckpt.load_run(converted)
+    model, tok, data = RunDir(converted).load_model()
     assert model.config == GPTConfig(
         vocab_size=hf_model.config.vocab_size,
         block_size=64,
@@ -199,8 +200,8 @@ def test_from_hf_original_layout_with_mask_buffers(
         app, ["convert", "from-hf", str(src), str(out), "--tokenizer", str(tiny_ranks_file)]
     )
     assert result.exit_code == 0, result.output
-    got = load_file(str(out / ckpt.WEIGHTS_FILE))
-    want = load_file(str(converted / ckpt.WEIGHTS_FILE))
+    got = load_file(str(out / RunDir.WEIGHTS))
+    want = load_file(str(converted / RunDir.WEIGHTS))
     assert got.keys() == want.keys()
     for k in want:  # stored as float16 above: equal to its rounding
         torch.testing.assert_close(got[k], want[k].half().float(), rtol=0, atol=0)
@@ -226,7 +227,7 @@ def test_sharded_safetensors(
         app, ["convert", "from-hf", str(src), str(out), "--tokenizer-file", str(tiny_ranks_file)]
     )
     assert result.exit_code == 0, result.output
-    assert (out / ckpt.WEIGHTS_FILE).read_bytes() == (converted / ckpt.WEIGHTS_FILE).read_bytes()
+    assert (out / RunDir.WEIGHTS).read_bytes() == (converted / RunDir.WEIGHTS).read_bytes()
 
 
 def test_untied_head_both_ways(
@@ -240,7 +241,7 @@ def test_untied_head_both_ways(
         app, ["convert", "from-hf", str(tmp_path / "hf"), str(run), "--tokenizer-file", str(tiny_ranks_file)]
     )
     assert result.exit_code == 0, result.output
-    ours, _, _ = ckpt.load_run(run)
+    ours, _, _ = RunDir(run).load_model()
     assert not ours.config.tie_embeddings
     assert_same_model(ours, theirs, tiny_tok.vocab_size)
 
@@ -265,10 +266,10 @@ def test_existing_out_needs_overwrite(converted: Path, hf_dir: Path, tiny_ranks_
         str(tiny_ranks_file),
     ]
     assert "OUT is the source directory" in one_line_error(runner.invoke(app, same))
-    before = (converted / ckpt.WEIGHTS_FILE).read_bytes()
+    before = (converted / RunDir.WEIGHTS).read_bytes()
     result = runner.invoke(app, [*args, "--overwrite"])
     assert result.exit_code == 0, result.output
-    assert (converted / ckpt.WEIGHTS_FILE).read_bytes() == before
+    assert (converted / RunDir.WEIGHTS).read_bytes() == before
 
 
 def test_tokenizer_options(hf_dir: Path, tmp_path: Path, runner, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -432,8 +433,8 @@ def test_real_gpt2_width_converts_and_counts(tiny_ranks_file: Path, tmp_path: Pa
 
 
 def test_finetune_a_converted_model(finetuned: Path, converted: Path, runner) -> None:
-    base, tok, _ = ckpt.load_run(converted)
-    tuned, tuned_tok, data = ckpt.load_run(finetuned)
+    base, tok, _ = RunDir(converted).load_model()
+    tuned, tuned_tok, data = RunDir(finetuned).load_model()
     assert tuned.config == base.config and tuned_tok.to_json() == tok.to_json()
     assert data["metrics"]["best_val_loss"] > 0
     result = runner.invoke(
@@ -441,7 +442,7 @@ def test_finetune_a_converted_model(finetuned: Path, converted: Path, runner) ->
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["loss"] > 0
-    state = ckpt.load_tensors(finetuned / ckpt.STATE_FILE)[0]
+    state = load_tensors(finetuned / RunDir.STATE)[0]
     assert any("exp_avg" in k or "optim" in k for k in state)
     moved = [name for name, p in tuned.state_dict().items() if not torch.equal(p, base.state_dict()[name])]
     assert len(moved) == len(base.state_dict())  # every tensor trained, starting from the converted ones
@@ -452,7 +453,7 @@ def test_to_hf_of_a_trained_model(finetuned: Path, tmp_path: Path, runner, caplo
     result = runner.invoke(app, ["convert", "to-hf", str(finetuned), str(out)])
     assert result.exit_code == 0, result.output
     assert "note:" not in result.stderr
-    ours, tok, _ = ckpt.load_run(finetuned)
+    ours, tok, _ = RunDir(finetuned).load_model()
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["GPT2LMHeadModel"] and config["model_type"] == "gpt2"
     assert config["n_inner"] is None and config["activation_function"] == "gelu_new"
@@ -480,7 +481,7 @@ def test_to_hf_of_a_trained_model(finetuned: Path, tmp_path: Path, runner, caplo
     back = tmp_path / "back"
     result = runner.invoke(app, ["convert", "from-hf", str(out), str(back)])
     assert result.exit_code == 0, result.output
-    model2, tok2, _ = ckpt.load_run(back)
+    model2, tok2, _ = RunDir(back).load_model()
     assert tok2.ranks == tok.ranks and tok2.specials == tok.specials
     assert all(torch.equal(v, model2.state_dict()[k]) for k, v in ours.state_dict().items())
 
@@ -493,7 +494,7 @@ def test_to_hf_of_a_trained_model(finetuned: Path, tmp_path: Path, runner, caplo
     assert (resaved / "tokenizer.json").is_file()
     result = runner.invoke(app, ["convert", "from-hf", str(resaved), str(tmp_path / "again")])
     assert result.exit_code == 0, result.output
-    tok3 = ckpt.load_tokenizer(tmp_path / "again")
+    tok3 = RunDir(tmp_path / "again").tokenizer()
     assert tok3.ranks == tok.ranks and tok3.specials == tok.specials
 
 
@@ -501,7 +502,7 @@ def test_to_hf_with_a_char_tokenizer(tmp_path: Path, runner) -> None:
     torch.manual_seed(0)
     tok = CharTokenizer.from_text(TRAIN_TEXT)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16))
-    ckpt.save_run_files(tmp_path / "run", model, tok, {})
+    RunDir(tmp_path / "run").save(model, tok, {})
     out = tmp_path / "hf"
     result = runner.invoke(app, ["convert", "to-hf", str(tmp_path / "run"), str(out)])
     assert result.exit_code == 0, result.output
@@ -523,8 +524,7 @@ def test_to_hf_with_a_char_tokenizer(tmp_path: Path, runner) -> None:
 
 def test_to_hf_refuses_a_biasless_model(tmp_path: Path, runner) -> None:
     tok = CharTokenizer.from_text("abc")
-    ckpt.save_run_files(
-        tmp_path / "run",
+    RunDir(tmp_path / "run").save(
         GPT(GPTConfig(vocab_size=3, block_size=8, n_layer=1, n_head=1, n_embd=8, bias=False)),
         tok,
         {},
@@ -569,7 +569,7 @@ def r50k_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Tiktoke
     assert tok.name == "r50k_base"
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=8))
-    ckpt.save_run_files(tmp / "run", model, tok, {})
+    RunDir(tmp / "run").save(model, tok, {})
     result = CliRunner().invoke(app, ["convert", "to-hf", str(tmp / "run"), str(tmp / "hf")])
     assert result.exit_code == 0, result.output
     return tmp / "hf", tok
@@ -598,7 +598,7 @@ def test_from_hf_finds_gpt2_tokenizer(
     result = runner.invoke(app, ["convert", "from-hf", str(src), str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     assert "tokenizer tiktoken r50k_base (50,257 tokens)" in result.stderr
-    assert ckpt.load_tokenizer(tmp_path / "a").to_json() == tok.to_json()
+    assert RunDir(tmp_path / "a").tokenizer().to_json() == tok.to_json()
 
     for name in (HF_VOCAB, HF_MERGES):
         (src / name).unlink()

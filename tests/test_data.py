@@ -396,7 +396,7 @@ def test_sampler_state_replays_exactly() -> None:
 
 
 def test_sampler_state_goes_through_safetensors(tmp_path: Path) -> None:
-    from minigpt.checkpoint import load_tensors, save_tensors
+    from minigpt.files import load_tensors, save_tensors
 
     sampler = BatchSampler(np.arange(5000, dtype=np.uint16), 8, 2, seed=3)
     sampler.next_batch()

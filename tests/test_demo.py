@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt import checkpoint as ckpt
 from minigpt.cli import app
 from minigpt.demo import demo_text, write_demo_text
+from minigpt.rundir import RunDir
 
 
 def test_demo_corpus_is_real_text_and_written_once(tmp_path: Path) -> None:
@@ -24,6 +24,6 @@ def test_demo_trains_generates_and_counts(runner, tmp_path: Path) -> None:
         app, ["demo", "--max-time", "3s", "--out", str(out), "--tokens", "20", "--seed", "1"]
     )
     assert result.exit_code == 0, result.output
-    assert (out / ckpt.WEIGHTS_FILE).is_file()
+    assert (out / RunDir.WEIGHTS).is_file()
     assert "1/3 training" in result.stderr and "2/3 generating" in result.stderr
     assert "Total (GPT-3 style)" in result.stdout and "✓ matches" in result.stdout

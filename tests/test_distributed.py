@@ -17,11 +17,12 @@ import torch
 from conftest import ROOT
 
 import minigpt.train as train_mod
-from minigpt import checkpoint as ckpt
 from minigpt.cli import _relaunch_args, app
 from minigpt.data import BatchSampler, DataConfig
 from minigpt.distributed import DistContext, collective_timeout
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import load_tensors
+from minigpt.rundir import RunDir
 from minigpt.train import TrainConfig, TrainState, _keep_global_batch, _StopSignals, train
 
 TEXT = "".join(
@@ -29,9 +30,7 @@ TEXT = "".join(
     for i, w in enumerate(["alpha", "beta", "gamma", "delta"] * 60)
 )
 TINY = ["--preset", "tiny", "--batch-size", "4", "--eval-iters", "2", "--log-every", "5", "--device", "cpu"]
-RUN_FILES = sorted(
-    [ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE, ckpt.METRICS_FILE]
-)
+RUN_FILES = sorted([RunDir.CONFIG, RunDir.TOKENIZER, RunDir.WEIGHTS, RunDir.STATE, RunDir.METRICS])
 linux_only = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds workers through /proc")
 
 
@@ -64,7 +63,7 @@ def wait_for(done: Callable[[], bool], proc: subprocess.Popen, log: Path, second
 
 
 def records(run: Path, kind: str) -> list[dict]:
-    return [r for r in ckpt.read_jsonl(run / ckpt.METRICS_FILE) if r["kind"] == kind]
+    return [r for r in RunDir(run).read_metrics() if r["kind"] == kind]
 
 
 def worker_pids(launcher: int) -> dict[int, int]:
@@ -93,9 +92,9 @@ def gone(pid: int) -> bool:
 
 
 def assert_loadable(run: Path) -> dict:
-    model, _, _ = ckpt.load_run(run)
+    model, _, _ = RunDir(run).load_model()
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    tensors, meta = ckpt.load_tensors(run / ckpt.STATE_FILE)
+    tensors, meta = load_tensors(run / RunDir.STATE)
     assert any(k.startswith("optim/") for k in tensors)
     return json.loads(meta["state"])
 
@@ -138,7 +137,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     assert proc.stderr.count("done: reached --max-iters 1") == 1  # only rank 0 reports
     assert "cpu × 2 processes" in proc.stderr
     assert sorted(p.name for p in two.iterdir()) == RUN_FILES  # one writer, no stray temporary files
-    assert [(r["kind"], r["step"]) for r in ckpt.read_jsonl(two / ckpt.METRICS_FILE)] == [
+    assert [(r["kind"], r["step"]) for r in RunDir(two).read_metrics()] == [
         ("train", 1),
         ("eval", 1),
     ]
@@ -150,8 +149,8 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one")
     monkeypatch.undo()
 
-    a, _ = ckpt.load_tensors(two / ckpt.STATE_FILE)
-    b, _ = ckpt.load_tensors(tmp_path / "one" / ckpt.STATE_FILE)
+    a, _ = load_tensors(two / RunDir.STATE)
+    b, _ = load_tensors(tmp_path / "one" / RunDir.STATE)
     moments = [k for k in a if k.endswith("/exp_avg")]
     assert len(moments) > 5 and all(a[k].abs().max() > 0 for k in moments)
     for key in a:
@@ -163,7 +162,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
             # Adam's first step moves each weight by about lr * g / (|g| + eps): where |g| is near eps a
             # rounding difference in the all-reduced gradient shifts it by a fraction of lr (8e-5 here)
             torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
-    ra, rb = ckpt.read_jsonl(two / ckpt.METRICS_FILE), ckpt.read_jsonl(tmp_path / "one" / ckpt.METRICS_FILE)
+    ra, rb = RunDir(two).read_metrics(), RunDir(tmp_path / "one").read_metrics()
     assert ra[0]["tokens"] == rb[0]["tokens"] == 4 * 32
     assert ra[0]["loss"] == pytest.approx(rb[0]["loss"], rel=1e-5)
     for name in ("val_loss", "train_loss"):  # ranks score halves of the same windows; the mean is shared
@@ -173,7 +172,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     resumed = train(TrainConfig(), resume=two, budget_overrides={"max_iters": 3})
     assert resumed.state.step == 3 and resumed.state.tokens == 3 * 4 * 32  # the global batch is kept
     assert "gradient accumulation 1 -> 2" in capsys.readouterr().err
-    saved = json.loads((two / ckpt.CONFIG_FILE).read_text())["train"]
+    saved = json.loads((two / RunDir.CONFIG).read_text())["train"]
     assert (saved["batch_size"], saved["grad_accum"]) == (2, 2)
     assert assert_loadable(two)["world_size"] == 1
 

@@ -12,11 +12,10 @@ import pytest
 import torch
 from test_sampling import SCRIPT, ByteTokenizer, bigram_model
 
-from minigpt import checkpoint
-from minigpt.checkpoint import WEIGHTS_FILE, save_run_files
 from minigpt.cli import SAMPLE_SEPARATOR, app
 from minigpt.config import GPTConfig
 from minigpt.model import GPT
+from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +30,7 @@ def _few_threads() -> None:
 
 def make_run(path: Path, config: GPTConfig = CONFIG) -> Path:
     torch.manual_seed(0)
-    save_run_files(path, GPT(config), CharTokenizer(CHARS), extra={})
+    RunDir(path).save(GPT(config), CharTokenizer(CHARS), extra={})
     return path
 
 
@@ -124,7 +123,7 @@ def test_streaming_equals_non_streaming_with_samples_that_stop_at_different_time
 def test_streaming_multibyte_characters_split_across_tokens(runner, tmp_path: Path, monkeypatch) -> None:
     # a byte-level tokenizer stands in for the bpe one: its tokens end inside UTF-8 characters
     model, tokenizer = bigram_model(), ByteTokenizer()
-    monkeypatch.setattr(checkpoint, "load_run", lambda run_dir, device: (model, tokenizer, {}))
+    monkeypatch.setattr(RunDir, "load_model", lambda self, device="cpu": (model, tokenizer, {}))
     results = {}
     for n in (33, 34, 35, 36):  # ends inside, then just after, the 4-byte emoji
         for mode in ("--stream", "--no-stream"):
@@ -152,7 +151,7 @@ def test_prompt_sources_agree(runner, run_dir: Path, tmp_path: Path) -> None:
 def test_default_model_is_the_latest_run(runner, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     old, new = make_run(tmp_path / "checkpoints" / "old"), make_run(tmp_path / "checkpoints" / "new")
-    os.utime(old / WEIGHTS_FILE, (1, 1))
+    os.utime(old / RunDir.WEIGHTS, (1, 1))
     result = gen(runner, "a", "-n", "5")
     ok(result)
     assert f"using {Path('checkpoints') / new.name}" in result.stderr
@@ -213,7 +212,7 @@ def test_bad_prompts(runner, run_dir: Path, tmp_path: Path) -> None:
 def test_empty_prompt_without_a_newline_to_start_from(runner, tmp_path: Path) -> None:
     torch.manual_seed(0)
     run = tmp_path / "run"
-    save_run_files(run, GPT(GPTConfig(vocab_size=3, block_size=8, n_layer=1, n_head=1, n_embd=8)),
+    RunDir(run).save(GPT(GPTConfig(vocab_size=3, block_size=8, n_layer=1, n_head=1, n_embd=8)),
                    CharTokenizer(list("abc")), extra={})  # fmt: skip
     one_line_error(gen(runner, "", "-m", str(run)), 1, "give a prompt")
     assert len(ok(gen(runner, "ab", "-m", str(run), "-n", "3"))) == 3
@@ -227,7 +226,7 @@ def test_bad_checkpoints(runner, run_dir: Path, tmp_path: Path) -> None:
     foreign.mkdir()
     (foreign / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 12}))
     one_line_error(gen(runner, "a", "-m", str(foreign)), 1, "not a minigpt run config")
-    weights = run_dir / WEIGHTS_FILE
+    weights = run_dir / RunDir.WEIGHTS
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     one_line_error(gen(runner, "a", "-m", str(run_dir)), 1, "corrupt")
     weights.unlink()
@@ -293,7 +292,7 @@ def test_streaming_equals_non_streaming_with_the_real_bpe_tokenizer(runner, tmp_
     assert partial  # tokens that are not whole characters on their own, which the stream must hold back
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)
-    save_run_files(tmp_path / "bpe", GPT(config), tok, extra={})
+    RunDir(tmp_path / "bpe").save(GPT(config), tok, extra={})
     args = ["日本", "-m", str(tmp_path / "bpe"), "-n", "60", "--seed", "3", "-t", "1.5"]
     streamed, plain = gen(runner, *args, "--stream"), gen(runner, *args, "--no-stream")
     assert ok(streamed).encode() == ok(plain).encode() and streamed.stdout_bytes == plain.stdout_bytes

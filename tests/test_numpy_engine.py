@@ -15,14 +15,15 @@ import torch
 from test_sampling import TINY, nanogpt_loop, tiny_model
 
 from minigpt import generation
-from minigpt.checkpoint import WEIGHTS_FILE, model_tensors, save_run_files
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
 from minigpt.generation import Generation, choose_backend
 from minigpt.model import GPT
 from minigpt.numpy_engine import NumpyEngine, NumpyGPT, NumpyKVCache, sample_next
+from minigpt.rundir import RunDir
 from minigpt.sampling import TorchEngine
 from minigpt.tokenizer import CharTokenizer
+from minigpt.weights import model_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,9 +165,7 @@ def test_generation_drives_either_engine_to_the_same_greedy_text() -> None:
 
 
 def save(path: Path, model: GPT) -> Path:
-    save_run_files(
-        path, model, CharTokenizer([chr(97 + i) for i in range(26)] + list(" .,;:!?'\n-A")), extra={}
-    )
+    RunDir(path).save(model, CharTokenizer([chr(97 + i) for i in range(26)] + list(" .,;:!?'\n-A")), extra={})
     return path
 
 
@@ -184,15 +183,15 @@ def test_load_reads_a_run_and_names_what_is_wrong(tmp_path: Path) -> None:
         NumpyEngine.load(run)
 
     run = save(tmp_path / "truncated", model)
-    data_bytes = (run / WEIGHTS_FILE).read_bytes()
-    (run / WEIGHTS_FILE).write_bytes(data_bytes[: len(data_bytes) // 2])
+    data_bytes = (run / RunDir.WEIGHTS).read_bytes()
+    (run / RunDir.WEIGHTS).write_bytes(data_bytes[: len(data_bytes) // 2])
     with pytest.raises(MinigptError, match="corrupt"):
         NumpyEngine.load(run)
 
     run = save(tmp_path / "bf16", model.to(torch.bfloat16))
     with pytest.raises(MinigptError, match="NumPy cannot read.*--backend torch"):
         NumpyEngine.load(run)
-    assert choose_backend("auto", "auto", "auto", weights=run / WEIGHTS_FILE) == "torch"
+    assert choose_backend("auto", "auto", "auto", weights=run / RunDir.WEIGHTS) == "torch"
 
 
 def test_choose_backend(monkeypatch) -> None:

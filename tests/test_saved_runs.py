@@ -35,7 +35,9 @@ def minigpt(*args: str) -> subprocess.CompletedProcess[str]:
 def test_old_run_generates_the_same_greedy_text(kind: str, backend: str) -> None:
     """80 tokens from a block-32 model: past the context window, so the slide policy is covered too."""
     run = FIXTURES / f"run-v0.1-{kind}"
-    proc = minigpt("generate", "-m", str(run), "-t", "0", "-n", "80", "--backend", backend, "--json", "The quick")
+    proc = minigpt(
+        "generate", "-m", str(run), "-t", "0", "-n", "80", "--backend", backend, "--json", "The quick"
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["samples"][0]["text"] == GREEDY[kind]
 

@@ -15,10 +15,11 @@ import pytest
 import torch
 from conftest import ROOT
 
-from minigpt import checkpoint as ckpt
 from minigpt.cli import app
 from minigpt.data import DataConfig
 from minigpt.errors import MinigptError
+from minigpt.files import load_tensors
+from minigpt.rundir import RunDir
 from minigpt.train import (
     TrainConfig,
     TrainState,
@@ -83,16 +84,16 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     )
     assert result.exit_code == 0, result.output
     for name in (
-        ckpt.CONFIG_FILE,
-        ckpt.TOKENIZER_FILE,
-        ckpt.WEIGHTS_FILE,
-        ckpt.STATE_FILE,
-        ckpt.METRICS_FILE,
+        RunDir.CONFIG,
+        RunDir.TOKENIZER,
+        RunDir.WEIGHTS,
+        RunDir.STATE,
+        RunDir.METRICS,
     ):
         assert (out / name).is_file(), name
-    config = json.loads((out / ckpt.CONFIG_FILE).read_text())
+    config = json.loads((out / RunDir.CONFIG).read_text())
     assert config["metrics"]["best_val_loss"] > 0 and config["train"]["max_iters"] == 12
-    records = ckpt.read_jsonl(out / ckpt.METRICS_FILE)
+    records = RunDir(out).read_metrics()
     assert [r["step"] for r in records if r["kind"] == "eval"] == [6, 12]
     assert "generate with: minigpt generate --model" in result.output
 
@@ -108,7 +109,7 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     result = runner.invoke(app, ["params", str(out), "--json"])
     report = json.loads(result.stdout)
     assert report["exact_total"] == report["stored_total"]
-    model, _, _ = ckpt.load_run(out)
+    model, _, _ = RunDir(out).load_model()
     assert model.num_params() == report["exact_total"]
 
 
@@ -126,8 +127,8 @@ def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path) -> None:
     assert first.interrupted and first.state.step == 6
     resumed = train(TrainConfig(), resume=tmp_path / "split")
     assert resumed.state.step == 12 and not resumed.interrupted
-    a, _ = ckpt.load_tensors(tmp_path / "straight" / ckpt.STATE_FILE)
-    b, _ = ckpt.load_tensors(tmp_path / "split" / ckpt.STATE_FILE)
+    a, _ = load_tensors(tmp_path / "straight" / RunDir.STATE)
+    b, _ = load_tensors(tmp_path / "split" / RunDir.STATE)
     for key in a:
         if key.startswith(("model/", "optim/")):
             assert torch.equal(a[key], b[key]), key
@@ -142,7 +143,7 @@ def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) ->
     )
     result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "8"])
     assert result.exit_code == 0, result.output
-    steps = [r["step"] for r in ckpt.read_jsonl(out / ckpt.METRICS_FILE) if r["kind"] == "eval"]
+    steps = [r["step"] for r in RunDir(out).read_metrics() if r["kind"] == "eval"]
     assert steps[-1] == 8
     result = runner.invoke(app, ["train", "--resume", str(out), "--lr", "1"])
     assert result.exit_code == 2 and "only budget options" in result.output
@@ -152,10 +153,10 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
     assert runner.invoke(app, args).exit_code == 0
-    before = (out / ckpt.WEIGHTS_FILE).read_bytes()
+    before = (out / RunDir.WEIGHTS).read_bytes()
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "--overwrite" in result.output
-    assert (out / ckpt.WEIGHTS_FILE).read_bytes() == before
+    assert (out / RunDir.WEIGHTS).read_bytes() == before
     assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
 
 
@@ -254,9 +255,9 @@ def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(
     out = tmp_path / "run"
     with pytest.raises(MinigptError, match="loss became nan at step 5"):
         train(tiny_cfg(max_iters=10, eval_every=4), data_cfg(text_file, tmp_path), out=out)
-    _, meta = ckpt.load_tensors(out / ckpt.STATE_FILE)
+    _, meta = load_tensors(out / RunDir.STATE)
     assert json.loads(meta["state"])["step"] == 4
-    model, _, _ = ckpt.load_run(out)
+    model, _, _ = RunDir(out).load_model()
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -315,21 +316,20 @@ def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) ->
         env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
     )
     deadline = time.time() + 60
-    while not (run / ckpt.CONFIG_FILE).exists() and time.time() < deadline:
+    while not (run / RunDir.CONFIG).exists() and time.time() < deadline:
         time.sleep(0.1)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert f"resume with: minigpt train --resume {run}" in err
-    model, _, _ = ckpt.load_run(run)
+    model, _, _ = RunDir(run).load_model()
     assert model.num_params() > 0
 
 
 SAVER = """
 import sys, torch
 from pathlib import Path
-from minigpt.checkpoint import save_run_files
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import CharTokenizer
 torch.manual_seed(0)
@@ -340,7 +340,7 @@ i = 0
 while True:
     with torch.no_grad():
         model.transformer.wte.weight.fill_(float(i))
-    save_run_files(Path(sys.argv[1]), model, tok, {"i": i})
+    RunDir(Path(sys.argv[1])).save(model, tok, {"i": i})
     i += 1
 """
 
@@ -356,9 +356,9 @@ def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path)
         time.sleep(rng.uniform(0.05, 0.6))
         proc.kill()
         proc.wait()
-        if not (run / ckpt.WEIGHTS_FILE).exists():
+        if not (run / RunDir.WEIGHTS).exists():
             continue
-        model, _, config = ckpt.load_run(run)
+        model, _, config = RunDir(run).load_model()
         fill = model.transformer.wte.weight
         assert torch.all(fill == fill.flatten()[0])  # one whole save, never a mix of two
 
@@ -388,7 +388,7 @@ def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> 
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message.lower() in errors[0].lower(), result.output
     assert result.output.strip().splitlines()[-1] == errors[0] and "Traceback" not in result.output
-    assert not (tmp_path / "run" / ckpt.WEIGHTS_FILE).exists()
+    assert not (tmp_path / "run" / RunDir.WEIGHTS).exists()
 
 
 @pytest.mark.parametrize(

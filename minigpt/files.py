@@ -1,0 +1,129 @@
+"""Safe file I/O: atomic writes, JSON with one-line errors, safetensors read without torch or pickle."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from minigpt.errors import MinigptError
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_HEADER_BYTES = 100_000_000  # a safetensors header past this is damage, not a model
+
+
+def _fsync_dir(directory: Path) -> None:
+    # the rename itself must reach the disk, or a power cut can undo it
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success fsync it and rename it over `path`.
+
+    A crash or Ctrl-C at any moment leaves either the old file or the new one, never a mix.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def remove_stale_temps(directory: Path) -> None:
+    """Delete temp files a killed writer left behind (the files they were replacing are intact)."""
+    for tmp in Path(directory).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content; unreadable JSON is a one-line MinigptError naming the file."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MinigptError(f"{path} is corrupt ({e})") from None
+
+
+def save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Write tensors as safetensors, atomically."""
+    from safetensors.torch import save_file
+
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(cpu, str(tmp), metadata=metadata)
+
+
+def load_tensors(path: Path, framework: Literal["pt", "np"] = "pt") -> tuple[dict[str, Any], dict[str, str]]:
+    """A safetensors file's tensors (torch, or NumPy without importing torch) and metadata; a missing or
+    damaged file is a one-line MinigptError."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise MinigptError(f"{path} is missing: is this a complete minigpt run directory?")
+    try:
+        with safe_open(str(path), framework=framework) as f:
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (not a mapping)
+    except Exception as e:  # safetensors raises several types for truncated/garbled files
+        raise MinigptError(
+            f"{path} is corrupt or not a safetensors file ({e}); retrain or restore it"
+        ) from None
+    return tensors, metadata
+
+
+def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """Each tensor's entry in a safetensors header ('dtype', 'shape', ...), without torch or the data."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > MAX_HEADER_BYTES:
+                raise ValueError("header too large")
+            header = json.loads(f.read(n))
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        for v in entries.values():
+            v["dtype"], v["shape"] = str(v["dtype"]), [int(d) for d in v["shape"]]
+        return entries
+    except FileNotFoundError:
+        raise MinigptError(f"{path} is missing: is this a complete minigpt run directory?") from None
+    except (ValueError, KeyError, TypeError, AttributeError, struct.error, json.JSONDecodeError) as e:
+        raise MinigptError(f"{path} is corrupt or not a safetensors file ({e})") from None
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor shapes from a safetensors header, without torch and without reading the data."""
+    return {k: v["shape"] for k, v in safetensors_header(path).items()}

@@ -1,0 +1,227 @@
+"""The run folder: the one module that knows its file names and how each file is read and written.
+
+    config.json         model shape, tokenizer kind, training and data settings, metrics
+    tokenizer.json      the whole tokenizer
+    model.safetensors   the best-validation weights (what generate, eval, params and convert read)
+    state.safetensors   latest weights + optimizer moments + resume state (JSON metadata)
+    metrics.jsonl       every logged step and evaluation
+
+Safetensors and JSON only, every write atomic; importable without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from minigpt import __version__
+from minigpt.config import GPTConfig
+from minigpt.errors import MinigptError
+from minigpt.files import (
+    atomic_write_json,
+    load_tensors,
+    read_json,
+    remove_stale_temps,
+    safetensors_header,
+    save_tensors,
+)
+from minigpt.weights import build_model, check_shapes, model_tensors
+
+if TYPE_CHECKING:
+    import torch
+
+    from minigpt.model import GPT
+    from minigpt.tokenizer import Tokenizer
+
+FORMAT = "minigpt-run"
+STATE_FORMAT = "minigpt-state"
+DEFAULT_ROOT = Path("checkpoints")
+
+
+class RunDir:
+    """A run directory written by `minigpt train` (or `convert from-hf`), read and written by name."""
+
+    CONFIG = "config.json"
+    TOKENIZER = "tokenizer.json"
+    WEIGHTS = "model.safetensors"
+    STATE = "state.safetensors"
+    METRICS = "metrics.jsonl"
+    FILES = (CONFIG, TOKENIZER, WEIGHTS, STATE, METRICS)
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / self.TOKENIZER
+
+    @property
+    def weights_path(self) -> Path:
+        return self.path / self.WEIGHTS
+
+    @property
+    def state_path(self) -> Path:
+        return self.path / self.STATE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / self.METRICS
+
+    # --- finding runs -----------------------------------------------------------------------------------
+
+    @classmethod
+    def latest(cls, root: Path = DEFAULT_ROOT) -> RunDir:
+        """The most recently written run directory under root."""
+        root = Path(root)
+        runs = [p.parent for p in root.glob(f"*/{cls.WEIGHTS}")] if root.is_dir() else []
+        if not runs:
+            raise MinigptError(
+                f"no trained model under {root}/: run `minigpt train FILE` first or pass --model DIR"
+            )
+        return cls(max(runs, key=lambda p: (p / cls.WEIGHTS).stat().st_mtime))
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    def read_config(self) -> dict[str, Any]:
+        """config.json, checked to be minigpt's."""
+        if not self.path.exists():
+            raise MinigptError(f"{self} does not exist: pass a run directory written by `minigpt train`")
+        if self.path.is_file():
+            raise MinigptError(f"{self} is a file: pass the run directory that holds it")
+        if not self.config_path.is_file():
+            raise MinigptError(f"{self} has no {self.CONFIG}: it is not a minigpt run directory")
+        data = read_json(self.config_path)
+        if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
+            raise MinigptError(f"{self.config_path} is not a minigpt run config (no format '{FORMAT}')")
+        return data
+
+    def model_config(self, data: dict[str, Any] | None = None) -> GPTConfig:
+        """The model shape config.json describes (`data`: config.json already read)."""
+        data = self.read_config() if data is None else data
+        try:
+            return GPTConfig.from_dict(data["model"])
+        except (TypeError, MinigptError) as e:
+            raise MinigptError(f"{self.config_path}: invalid model config ({e})") from None
+
+    def tokenizer(self) -> Tokenizer:
+        from minigpt.tokenizer import tokenizer_from_json
+
+        if not self.tokenizer_path.is_file():
+            raise MinigptError(f"{self} has no {self.TOKENIZER}: the run is incomplete")
+        return tokenizer_from_json(read_json(self.tokenizer_path))
+
+    def open(self) -> tuple[dict[str, Any], GPTConfig, Tokenizer]:
+        """config.json, model config and tokenizer, checked to fit together (no torch)."""
+        data = self.read_config()
+        config = self.model_config(data)
+        tokenizer = self.tokenizer()
+        if tokenizer.vocab_size > config.vocab_size:
+            raise MinigptError(
+                f"{self}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+            )
+        return data, config, tokenizer
+
+    def weights_header(self) -> dict[str, dict[str, Any]]:
+        """Name, dtype and shape of every stored weight, read from the header alone."""
+        return safetensors_header(self.weights_path)
+
+    def weight_dtypes(self) -> set[str]:
+        return {v["dtype"] for v in self.weights_header().values()}
+
+    def stored_param_count(self) -> int:
+        """Number of parameters stored in the weights file (a tied tensor is stored once)."""
+        return sum(math.prod(v["shape"]) for v in self.weights_header().values())
+
+    def load_weights(self, config: GPTConfig, framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
+        """The best weights as torch tensors or NumPy arrays, checked against `config`'s names and shapes."""
+        tensors, _ = load_tensors(self.weights_path, framework)
+        check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, self.weights_path)
+        return tensors
+
+    def load_model(self, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
+        """Model (best weights, eval mode), tokenizer and config.json."""
+        data, config, tokenizer = self.open()
+        model = build_model(config, self.load_weights(config), self.weights_path, device)
+        model.eval()
+        return model, tokenizer, data
+
+    def has_state(self) -> bool:
+        return self.state_path.is_file()
+
+    def load_state(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The training state's tensors and metadata, checked to be a minigpt training state."""
+        tensors, meta = load_tensors(self.state_path)
+        if meta.get("format") != STATE_FORMAT:
+            raise MinigptError(f"{self.state_path} is not a minigpt training state")
+        return tensors, meta
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every record of metrics.jsonl (a torn last line from a crash is skipped)."""
+        records: list[dict[str, Any]] = []
+        if not self.metrics_path.exists():
+            return records
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+    # --- writing ----------------------------------------------------------------------------------------
+
+    def guard_new(self, overwrite: bool) -> None:
+        """Refuse to write a new run over an existing one unless told to (resume has its own path)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise MinigptError(f"{self} exists and is not a directory: choose another --out")
+        if self.path.is_dir() and any(self.path.iterdir()) and not overwrite:
+            raise MinigptError(
+                f"{self} already holds a run: resume it with --resume {self}, "
+                f"choose another --out, or pass --overwrite"
+            )
+
+    def clear(self, names: tuple[str, ...] = (WEIGHTS, STATE, METRICS)) -> None:
+        """Remove these run files, so an overwritten or converted run keeps nothing of the old one."""
+        for name in names:
+            (self.path / name).unlink(missing_ok=True)
+
+    def save(
+        self, model: GPT, tokenizer: Tokenizer, extra: dict[str, Any], save_weights: bool = True
+    ) -> None:
+        """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.path)
+        if save_weights:
+            save_tensors(self.weights_path, model_tensors(model), metadata={"format": FORMAT})
+        atomic_write_json(self.tokenizer_path, tokenizer.to_json())
+        config = {
+            "format": FORMAT,
+            "minigpt_version": __version__,
+            "model": model.config.to_dict(),
+            "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size},
+            **extra,
+        }
+        atomic_write_json(self.config_path, config)
+
+    def save_state(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+        """The resumable training state as one atomic safetensors file."""
+        save_tensors(self.state_path, tensors, metadata={"format": STATE_FORMAT, **metadata})
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading)."""
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")

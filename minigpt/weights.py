@@ -1,0 +1,88 @@
+"""A GPT's named weight tensors: the names and shapes a config implies, and a model built from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minigpt.config import GPTConfig
+from minigpt.errors import MinigptError
+
+if TYPE_CHECKING:
+    import torch
+
+    from minigpt.model import GPT
+
+
+def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's state dict with GPT-2 names, the tied head left out (it is wte)."""
+    sd = model.state_dict()
+    if model.config.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor a run's weights file holds for `config` (the tied head left out),
+    worked out without torch; a test holds it to `model_tensors(GPT(config))`."""
+    C, V = config.n_embd, config.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (V, C),
+        "transformer.wpe.weight": (config.block_size, C),
+    }
+    linears = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (config.d_ff, C)}
+    linears["mlp.c_proj"] = (C, config.d_ff)
+    for i in range(config.n_layer):
+        for norm in ("ln_1", "ln_2"):
+            shapes[f"transformer.h.{i}.{norm}.weight"] = (C,)
+            if config.bias:
+                shapes[f"transformer.h.{i}.{norm}.bias"] = (C,)
+        for name, shape in linears.items():
+            shapes[f"transformer.h.{i}.{name}.weight"] = shape
+            if config.bias:
+                shapes[f"transformer.h.{i}.{name}.bias"] = shape[:1]
+    shapes["transformer.ln_f.weight"] = (C,)
+    if config.bias:
+        shapes["transformer.ln_f.bias"] = (C,)
+    if not config.tie_embeddings:
+        shapes["lm_head.weight"] = (V, C)
+    return shapes
+
+
+def _listed(names: list[str]) -> str:
+    return f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+
+
+def check_shapes(config: GPTConfig, shapes: dict[str, tuple[int, ...]], source: Path) -> None:
+    """Stored tensor names and shapes must be exactly what the config describes (a one-line error)."""
+    expected = expected_shapes(config)
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = sorted(k for k in expected if k in shapes and tuple(shapes[k]) != expected[k])
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {_listed(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {_listed(unexpected)}")
+        if wrong:
+            k = wrong[0]
+            parts.append(f"{k} has shape {list(shapes[k])}, config says {list(expected[k])}")
+        raise MinigptError(f"{source} does not match its config.json ({'; '.join(parts)})")
+
+
+def build_model(
+    config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu"
+) -> GPT:
+    """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
+    from minigpt.model import GPT
+
+    check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, source)
+    model = GPT.uninitialized(config)
+    state = {k: v.float() for k, v in tensors.items()}
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.transformer.wte.weight
+    return model.to(device)
