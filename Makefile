@@ -11,5 +11,7 @@ demo:
 	$(PY) -m minigpt demo
 lint:
 	ruff check . && ruff format --check .
-bench:
-	$(PY) bench/run_all.py
+bench:  # each prints a markdown table for the README; about 10 minutes together on 2 cores
+	$(PY) bench/bench_train.py --skip-recipe
+	$(PY) bench/bench_generate.py
+	$(PY) bench/bench_tokenize.py --mb 10

@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 
 from minigpt import __version__
 from minigpt.errors import MinigptError
+from minigpt.presets import PRESETS
 
 
 class _Group(TyperGroup):
@@ -72,9 +73,7 @@ def params(
     ] = None,
     preset: Annotated[
         str | None,
-        typer.Option(
-            help="Named shape: tiny, mini, small, gpt2[-medium|-large|-xl], gpt3-small ... gpt3-175b."
-        ),
+        typer.Option(help=f"Named shape: {', '.join(PRESETS)}."),
     ] = None,
     n_layer: Annotated[int | None, typer.Option(help="Number of transformer blocks.")] = None,
     n_head: Annotated[int | None, typer.Option(help="Attention heads per block.")] = None,
@@ -93,53 +92,33 @@ def params(
 ) -> None:
     """GPT-3 style parameter breakdown, reconciled with the module, plus memory, FLOPs and KV cache.
 
-    Examples: `minigpt params --preset gpt3-175b`, `minigpt params --n-layer 6 --n-head 6 --n-embd 384
-    --vocab-size 65 --block-size 256`, `minigpt params checkpoints/demo`.
+    Without arguments: the newest run under checkpoints/. Examples: `minigpt params --preset gpt3-175b`,
+    `minigpt params --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 65 --block-size 256`,
+    `minigpt params checkpoints/demo`.
     """
-    from minigpt.config import GPTConfig
     from minigpt.params import count_params
-    from minigpt.presets import GPT2_VOCAB
-    from minigpt.presets import preset as get_preset
+    from minigpt.presets import shape_config
+    from minigpt.rundir import RunDir
+    from minigpt.views import print_json, print_params
 
-    overrides = {
-        k: v
-        for k, v in dict(
-            n_layer=n_layer,
-            n_head=n_head,
-            n_embd=n_embd,
-            vocab_size=vocab_size,
-            block_size=block_size,
-            bias=bias,
-            tie_embeddings=tied,
-        ).items()
-        if v is not None
-    }
+    overrides = dict(
+        n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size,
+        bias=bias, tie_embeddings=tied,
+    )  # fmt: skip
+    shape_given = preset is not None or any(v is not None for v in overrides.values())
     stored: int | None = None
-    if run is not None:
-        from minigpt.rundir import RunDir
-
-        if preset or overrides:
-            raise MinigptError("give either a run directory or shape options, not both", exit_code=2)
-        config = RunDir(run).model_config()
-        stored = RunDir(run).stored_param_count()
-        title = str(run)
+    if run is not None and shape_given:
+        raise MinigptError("give either a run directory or shape options, not both", exit_code=2)
+    if shape_given:
+        config, title = shape_config(preset, **overrides), preset or "custom shape"
     else:
-        fields: dict[str, Any] = {"vocab_size": GPT2_VOCAB}
-        if preset:
-            fields.update(get_preset(preset))
-        fields.update(overrides)
-        config = GPTConfig(**fields)
-        title = preset or "custom shape"
+        source = RunDir(run) if run is not None else RunDir.latest()
+        config, stored, title = source.model_config(), source.stored_param_count(), str(source)
     report = count_params(config)
     if as_json:
-        out = report.to_dict()
-        out["name"] = title
-        if stored is not None:
-            out["stored_total"] = stored
-        _emit_json(out)
+        stored_entry = {} if stored is None else {"stored_total": stored}
+        print_json({**report.to_dict(), "name": title, **stored_entry})
         return
-    from minigpt.render import print_params
-
     print_params(report, title, stored)
 
 
@@ -490,32 +469,16 @@ def eval_cmd(
     ] = False,
 ) -> None:
     """Loss, perplexity and bits-per-byte of a trained model on any text file."""
-    from minigpt.device import resolve_device, resolve_dtype
-    from minigpt.evaluate import evaluate_files
-    from minigpt.rundir import RunDir
+    from minigpt.evaluate import evaluate_run
+    from minigpt.views import eval_view, print_json
 
-    dev = resolve_device(device)
-    model, tokenizer, _ = RunDir(run).load_model(str(dev))
-    result = evaluate_files(
-        model, tokenizer, files, dev, resolve_dtype(dtype, dev), batch_size, max_windows, encoding
-    )
+    result = evaluate_run(run, files, device, dtype, batch_size, max_windows, encoding)
     if as_json:
-        _emit_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
+        print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"{run} on {', '.join(str(f) for f in files)}", title_justify="left")
-    for name in ("loss (nats/token)", "perplexity", "bits per byte", "tokens", "bytes"):
-        table.add_column(name, justify="right")
-    table.add_row(
-        f"{result.loss:.4f}",
-        f"{result.perplexity:.2f}",
-        f"{result.bits_per_byte:.4f}",
-        f"{result.tokens:,}",
-        f"{result.bytes:,}",
-    )
-    Console().print(table)
+    Console().print(eval_view(result, f"{run} on {', '.join(str(f) for f in files)}"))
 
 
 @app.command()
@@ -649,12 +612,9 @@ app.add_typer(convert_app, name="convert")
 
 
 def _report_conversion(result: Any, what: str) -> None:
-    typer.echo(
-        f"wrote {result.out}: {what}, {result.params:,} parameters "
-        f"({result.config.n_layer} layers, {result.config.n_head} heads, width {result.config.n_embd}), "
-        f"tokenizer {result.tokenizer}",
-        err=True,
-    )
+    from minigpt.views import conversion_summary
+
+    typer.echo(conversion_summary(result, what), err=True)
     if result.tokenizer_note:
         typer.echo(f"note: {result.tokenizer_note}", err=True)
 

@@ -82,3 +82,22 @@ def evaluate_files(
     text = read_text(paths, encoding, errors)
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
     return evaluate_ids(model, ids, tokenizer.text_byte_lengths(), device, dtype, batch_size, max_windows)
+
+
+def evaluate_run(
+    run: Path,
+    paths: list[Path],
+    device_name: str = "auto",
+    dtype_name: str = "float32",
+    batch_size: int = 16,
+    max_windows: int | None = None,
+    encoding: str = "utf-8",
+) -> EvalResult:
+    """Score a run directory's best weights on text files."""
+    from minigpt.device import resolve_device, resolve_dtype
+    from minigpt.rundir import RunDir
+
+    device = resolve_device(device_name)
+    model, tokenizer, _ = RunDir(run).load_model(str(device))
+    dtype = resolve_dtype(dtype_name, device)
+    return evaluate_files(model, tokenizer, paths, device, dtype, batch_size, max_windows, encoding)

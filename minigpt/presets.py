@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minigpt.config import GPTConfig
 from minigpt.errors import UsageError
 
 GPT2_VOCAB = 50257
@@ -42,3 +43,13 @@ def preset(name: str) -> dict[str, Any]:
         return dict(PRESETS[name])
     except KeyError:
         raise UsageError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
+
+
+def shape_config(preset_name: str | None = None, **overrides: Any) -> GPTConfig:
+    """A GPTConfig from a preset (or GPTConfig's defaults) and explicit field overrides (None: unset);
+    the vocabulary defaults to GPT-2's for counting."""
+    fields: dict[str, Any] = {"vocab_size": GPT2_VOCAB}
+    if preset_name:
+        fields.update(preset(preset_name))
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return GPTConfig(**fields)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,3 +145,21 @@ def test_cli_subprocess_help_version_and_no_torch_import() -> None:
         cwd=str(__import__("conftest").ROOT),
     )
     assert json.loads(out.stdout)["config"]["n_layer"] == 2
+
+
+def test_params_without_arguments_reads_the_newest_run(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No run and no shape: the newest run under checkpoints/ (as generate picks it), never a made-up shape;
+    with no run there, a one-line error saying what to pass."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["params"])
+    assert result.exit_code == 1 and result.output.startswith("error: no trained model under checkpoints")
+    fixture = Path(__file__).parent / "fixtures" / "run-v0.1-char"
+    shutil.copytree(fixture, tmp_path / "checkpoints" / "old")
+    result = runner.invoke(app, ["params", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["name"] == str(Path("checkpoints") / "old")
+    assert report["config"]["vocab_size"] == 42
+    assert report["stored_total"] == report["exact_total"]

@@ -1,12 +1,21 @@
-"""Rich renderings of minigpt's reports for the terminal."""
+"""What the commands print: the params tables, the eval table and one-line summaries (rich, no logic)."""
 
 from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from minigpt.params import ParamReport
+from minigpt.rundir import RunDir
+
+if TYPE_CHECKING:
+    from minigpt.convert import ConvertResult
+    from minigpt.evaluate import EvalResult
 
 
 def human_bytes(n: float) -> str:
@@ -52,7 +61,7 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
     if stored_total is not None:
         ok = stored_total == report.exact_total
         mark = Text("✓ matches" if ok else "✗ differs", style="green" if ok else "bold red")
-        recon.add_row("Stored in model.safetensors", mark, f"{stored_total:,}")
+        recon.add_row(f"Stored in {RunDir.WEIGHTS}", mark, f"{stored_total:,}")
 
     costs = Table(title="Where they are and what they cost", title_justify="left")
     costs.add_column("Quantity")
@@ -85,3 +94,30 @@ def print_params(
     report: ParamReport, title: str, stored_total: int | None = None, console: Console | None = None
 ) -> None:
     (console or Console()).print(params_view(report, title, stored_total))
+
+
+def print_json(obj: Any) -> None:
+    """One indented JSON object on stdout (strict JSON: NaN and infinity are refused, not written)."""
+    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def eval_view(result: EvalResult, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("loss (nats/token)", "perplexity", "bits per byte", "tokens", "bytes"):
+        table.add_column(name, justify="right")
+    table.add_row(
+        f"{result.loss:.4f}",
+        f"{result.perplexity:.2f}",
+        f"{result.bits_per_byte:.4f}",
+        f"{result.tokens:,}",
+        f"{result.bytes:,}",
+    )
+    return table
+
+
+def conversion_summary(result: ConvertResult, what: str) -> str:
+    c = result.config
+    return (
+        f"wrote {result.out}: {what}, {result.params:,} parameters "
+        f"({c.n_layer} layers, {c.n_head} heads, width {c.n_embd}), tokenizer {result.tokenizer}"
+    )
