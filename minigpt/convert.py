@@ -446,8 +446,8 @@ def _ranks_sha256(ranks: dict[bytes, int]) -> str:
 
 
 def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: Path | None) -> Tokenizer:
-    """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the directory's own BPE files,
-    else r50k_base (GPT-2's) from TIKTOKEN_CACHE_DIR.
+    """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the minigpt tokenizer `to-hf` saved,
+    the directory's own BPE files, else r50k_base (GPT-2's) from TIKTOKEN_CACHE_DIR.
     """
     from minigpt.tokenizer import TiktokenTokenizer, tokenizer_kind
 
@@ -464,6 +464,10 @@ def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: P
         if tokenizer in NAMED_ENCODINGS:
             return _named(tokenizer)
         return TiktokenTokenizer.from_file(tokenizer)
+    if (src / MINIGPT_TOKENIZER).is_file():  # written by `convert to-hf` for tokenizers transformers lacks
+        from minigpt.tokenizer import tokenizer_from_json
+
+        return tokenizer_from_json(read_json(src / MINIGPT_TOKENIZER))
     own = _read_dir_tokenizer(src)
     return own if own is not None else _named("r50k_base")
 

@@ -606,3 +606,18 @@ def test_from_hf_finds_gpt2_tokenizer(
     result = runner.invoke(app, ["convert", "from-hf", str(src), str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert "tokenizer tiktoken r50k_base (50,257 tokens)" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_every_run_survives_a_round_trip_through_hf(kind: str, tmp_path: Path, runner) -> None:
+    """to-hf then from-hf gives back the same tokenizer and weights, for tokenizers transformers lacks too
+    (from-hf reads the minigpt_tokenizer.json that to-hf wrote instead of asking for r50k_base)."""
+    run = Path(__file__).parent / "fixtures" / f"run-v0.1-{kind}"
+    hf, back = tmp_path / "hf", tmp_path / "back"
+    assert runner.invoke(app, ["convert", "to-hf", str(run), str(hf)]).exit_code == 0
+    result = runner.invoke(app, ["convert", "from-hf", str(hf), str(back)])
+    assert result.exit_code == 0, result.output
+    ours, tok, _ = RunDir(run).load_model()
+    again, tok2, _ = RunDir(back).load_model()
+    assert tok2.to_json() == tok.to_json()
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in ours.state_dict().items())
