@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from minigpt import __version__
 from minigpt.errors import MinigptError
 from minigpt.presets import PRESETS
+from minigpt.rundir import DEFAULT_ROOT
 
 
 class _Group(TyperGroup):
@@ -99,27 +100,53 @@ def params(
     from minigpt.params import count_params
     from minigpt.presets import shape_config
     from minigpt.rundir import RunDir
-    from minigpt.views import print_json, print_params
+    from minigpt.runs import summarize
+    from minigpt.views import print_json, print_params, training_summary
 
     overrides = dict(
         n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size,
         bias=bias, tie_embeddings=tied,
     )  # fmt: skip
     shape_given = preset is not None or any(v is not None for v in overrides.values())
-    stored: int | None = None
     if run is not None and shape_given:
         raise MinigptError("give either a run directory or shape options, not both", exit_code=2)
     if shape_given:
-        config, title = shape_config(preset, **overrides), preset or "custom shape"
-    else:
-        source = RunDir(run) if run is not None else RunDir.latest()
-        config, stored, title = source.model_config(), source.stored_param_count(), str(source)
-    report = count_params(config)
-    if as_json:
-        stored_entry = {} if stored is None else {"stored_total": stored}
-        print_json({**report.to_dict(), "name": title, **stored_entry})
+        report = count_params(shape_config(preset, **overrides))
+        if as_json:
+            print_json({**report.to_dict(), "name": preset or "custom shape"})
+        else:
+            print_params(report, preset or "custom shape")
         return
-    print_params(report, title, stored)
+    summary = summarize(RunDir(run) if run is not None else RunDir.latest())
+    report = count_params(RunDir(summary.path).model_config())
+    if as_json:
+        print_json({**report.to_dict(), "name": summary.path, "stored_total": summary.params,
+                    "run": summary.to_dict()})  # fmt: skip
+    else:
+        print_params(report, summary.path, summary.params, training_summary(summary))
+
+
+@app.command()
+def runs(
+    root: Annotated[Path, typer.Argument(help="The folder that holds the run directories.")] = DEFAULT_ROOT,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+) -> None:
+    """List the runs under a folder, newest first: data, tokenizer, shape, steps, best loss, age."""
+    from minigpt.runs import list_runs
+    from minigpt.views import print_json, runs_view
+
+    summaries, problems = list_runs(root)
+    for problem in problems:
+        typer.echo(f"warning: skipped {problem}", err=True)
+    if as_json:
+        print_json([s.to_dict() for s in summaries])
+        return
+    if not summaries:
+        typer.echo(f"no runs under {root}/: train one with `minigpt train FILE`", err=True)
+        return
+    from rich.console import Console
+
+    Console().print(runs_view(summaries, f"Runs under {root}"))
 
 
 _MODEL = "Model shape"

@@ -86,14 +86,19 @@ class RunDir:
 
     @classmethod
     def latest(cls, root: Path = DEFAULT_ROOT) -> RunDir:
-        """The most recently written run directory under root."""
+        """The run under root that changed last (trained, resumed or converted) and has weights."""
         root = Path(root)
-        runs = [p.parent for p in root.glob(f"*/{cls.WEIGHTS}")] if root.is_dir() else []
+        runs = [cls(p.parent) for p in root.glob(f"*/{cls.WEIGHTS}")] if root.is_dir() else []
         if not runs:
             raise MinigptError(
                 f"no trained model under {root}/: run `minigpt train FILE` first or pass --model DIR"
             )
-        return cls(max(runs, key=lambda p: (p / cls.WEIGHTS).stat().st_mtime))
+        return max(runs, key=lambda r: r.modified())
+
+    def modified(self) -> float:
+        """When any of the run's files last changed (config.json is rewritten at every evaluation)."""
+        times = [p.stat().st_mtime for p in (self.path / n for n in self.FILES) if p.is_file()]
+        return max(times, default=0.0)
 
     # --- reading ----------------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from minigpt.rundir import RunDir
 if TYPE_CHECKING:
     from minigpt.convert import ConvertResult
     from minigpt.evaluate import EvalResult
+    from minigpt.runs import RunSummary
 
 
 def human_bytes(n: float) -> str:
@@ -91,9 +92,16 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
 
 
 def print_params(
-    report: ParamReport, title: str, stored_total: int | None = None, console: Console | None = None
+    report: ParamReport,
+    title: str,
+    stored_total: int | None = None,
+    trained: str | None = None,
+    console: Console | None = None,
 ) -> None:
-    (console or Console()).print(params_view(report, title, stored_total))
+    console = console or Console()
+    console.print(params_view(report, title, stored_total))
+    if trained:
+        console.print(Text(trained, style="dim"))
 
 
 def print_json(obj: Any) -> None:
@@ -120,4 +128,47 @@ def conversion_summary(result: ConvertResult, what: str) -> str:
     return (
         f"wrote {result.out}: {what}, {result.params:,} parameters "
         f"({c.n_layer} layers, {c.n_head} heads, width {c.n_embd}), tokenizer {result.tokenizer}"
+    )
+
+
+def human_duration(seconds: float) -> str:
+    """2:05, 1:02:03, or 3d 4h for long spans."""
+    s = int(round(seconds))
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _maybe(value: float | int | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def runs_view(summaries: list[RunSummary], title: str) -> Table:
+    """One line per run, newest first."""
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("run", "left"), ("data", "left"), ("tokenizer", "left"), ("shape", "left"),
+                          ("params", "right"), ("steps", "right"), ("tokens", "right"), ("best val", "right"),
+                          ("bpb", "right"), ("time", "right"), ("age", "right")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for s in summaries:
+        table.add_row(
+            s.path, s.data, s.tokenizer, s.shape, human_count(s.params), _maybe(s.steps, ","),
+            "—" if s.tokens is None else human_count(s.tokens), _maybe(s.best_val_loss, ".4f"),
+            _maybe(s.best_val_bpb, ".3f"), "—" if s.elapsed is None else human_duration(s.elapsed),
+            human_duration(s.age) + " ago",
+        )  # fmt: skip
+    return table
+
+
+def training_summary(s: RunSummary) -> str:
+    """How a run was trained, in two lines under its params tables."""
+    if s.steps is None:
+        return f"{s.data}; tokenizer {s.tokenizer}"
+    best = "—" if s.best_val_loss is None else f"{s.best_val_loss:.4f} (bpb {_maybe(s.best_val_bpb, '.3f')})"
+    spent = "—" if s.elapsed is None else human_duration(s.elapsed)
+    return (
+        f"trained on {s.data}, tokenizer {s.tokenizer}: {s.steps:,} steps, "
+        f"{_maybe(s.tokens, ',')} tokens in {spent}; best val loss {best}\n{s.settings}"
     )
