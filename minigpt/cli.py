@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import time
@@ -12,14 +13,46 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+try:  # typer 0.2x vendors click as typer._click; older typer raises click's own exceptions
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
 from minigpt import __version__
 from minigpt.errors import MinigptError
 from minigpt.presets import PRESETS
 from minigpt.rundir import DEFAULT_ROOT
 
 
+def _closest(word: str, choices: list[str]) -> str | None:
+    """The choice `word` most likely meant: one it abbreviates, else the nearest spelling."""
+    prefixed = [c for c in choices if c.startswith(word)]
+    if prefixed:
+        return min(prefixed, key=len)
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return near[0] if near else None
+
+
+def _usage_line(e: click_errors.UsageError) -> str:
+    """A usage error as one line: what was wrong, the option or command meant, where help is."""
+    ctx = e.ctx
+    where = f"see `{ctx.command_path} --help`" if ctx else "see `minigpt --help`"
+    if isinstance(e, click_errors.NoSuchOption) and ctx is not None:
+        names = [n for p in ctx.command.params for n in (*p.opts, *p.secondary_opts) if n.startswith("-")]
+        guess = _closest(e.option_name, names)
+        hint = f": did you mean {guess}?" if guess else ""
+        return f"unknown option {e.option_name} for `{ctx.command_path}`{hint} ({where})"
+    message = " ".join(e.format_message().split())
+    if ctx is not None and hasattr(ctx.command, "list_commands") and message.startswith("No such command"):
+        given = message.split("'")[1] if "'" in message else ""
+        guess = _closest(given, list(ctx.command.list_commands(ctx)))
+        return f"unknown command {given!r}{f': did you mean {guess!r}?' if guess else ''} ({where})"
+    return f"{message[:1].lower()}{message[1:]} ({where})"
+
+
 class _Group(TyperGroup):
-    """Print a MinigptError as one line on stderr and exit with its code, never a traceback."""
+    """Errors as one line on stderr, never a traceback or a box: a MinigptError with its exit code, a
+    usage error (unknown option, bad value, missing argument) with exit code 2 and the closest valid name."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -27,6 +60,26 @@ class _Group(TyperGroup):
         except MinigptError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("standalone_mode", None)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as e:
+            text = e.ctx.get_help() if e.ctx else str(e)  # rich help prints itself and returns ""
+            if text:
+                typer.echo(text)
+            sys.exit(2)
+        except click_errors.UsageError as e:
+            typer.echo(f"error: {_usage_line(e)}", err=True)
+            sys.exit(2)
+        except click_errors.ClickException as e:
+            typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 app = typer.Typer(

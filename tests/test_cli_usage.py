@@ -1,0 +1,48 @@
+"""Usage errors are one `error:` line with exit code 2 and the closest valid name, never a box or traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from minigpt.cli import app
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["generate", "--temp", "3", "x"],
+            "unknown option --temp for `minigpt generate`: did you mean --temperature?",
+        ),
+        (["params", "--presets", "tiny"], "did you mean --preset?"),
+        (["train", "--max-iter", "3", "x"], "did you mean --max-iters?"),
+        (["genrate"], "unknown command 'genrate': did you mean 'generate'?"),
+        (["nonsense"], "unknown command 'nonsense' (see `minigpt --help`)"),
+        (["params", "--n-layer", "abc"], "invalid value for '--n-layer'"),
+        (["eval"], "missing argument"),
+        (["generate", "--backend", "jax", "x"], "invalid value for '--backend'"),
+    ],
+)
+def test_usage_error_is_one_line_with_a_suggestion(runner, args: list[str], expected: str) -> None:
+    result = runner.invoke(app, args, prog_name="minigpt")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected in lines[0]
+    assert result.stdout == ""
+
+
+def test_usage_errors_in_a_real_process() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "minigpt", "generate", "--top_k", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "did you mean --top-k?" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "minigpt"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Usage:" in proc.stdout  # no command: the help, not an error line
