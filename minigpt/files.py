@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +19,38 @@ if TYPE_CHECKING:
     import torch
 
 MAX_HEADER_BYTES = 100_000_000  # a safetensors header past this is damage, not a model
+MAX_JSON_BYTES = 256 * 2**20  # config, tokenizer and metrics files; o200k's tokenizer.json is about 5 MB
+
+
+def regular_file(path: Path, what: str = "") -> Path:
+    """`path`, checked to be a regular file (following links): a FIFO, device or folder would block a
+    read, never end, or mean something else; each is a one-line error naming it."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise MinigptError(f"{path} is missing{what and ': ' + what}") from None
+    except OSError as e:
+        raise MinigptError(f"cannot read {path} ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, device or socket)"
+        raise MinigptError(f"{path} is {kind}: expected a file")
+    return path
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with NaN and infinities as None, so what minigpt writes is strict JSON (null, not NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def to_json(obj: Any, indent: int | None = None) -> str:
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -36,18 +70,23 @@ def atomic_path(path: Path) -> Iterator[Path]:
     A crash or Ctrl-C at any moment leaves either the old file or the new one, never a mix.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp: Path | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a symlink itself, never writes through it
         _fsync_dir(path.parent)
+    except OSError as e:  # disk full, read-only, no permission: the file being replaced is untouched
+        raise MinigptError(
+            f"cannot write {path} ({e.strerror or e}); the previous {path.name}, if any, is intact"
+        ) from None
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             tmp.unlink()
 
 
@@ -64,15 +103,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, (to_json(obj, indent=2) + "\n").encode("utf-8"))
+
+
+def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
+    """A regular file's bytes, refusing one larger than `limit` before reading it."""
+    size = regular_file(path).stat().st_size
+    if size > limit:
+        raise MinigptError(f"{path} is {size:,} bytes, more than the {limit:,} a minigpt file can be")
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise MinigptError(f"cannot read {path} ({e.strerror})") from None
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content; unreadable JSON is a one-line MinigptError naming the file."""
+    """A JSON file's content; unreadable, oversized or absurdly nested JSON is a one-line MinigptError."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MinigptError(f"{path} is corrupt ({e})") from None
+        return json.loads(read_bounded(path).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise MinigptError(f"{path} is corrupt ({str(e)[:200] or type(e).__name__})") from None
 
 
 def save_tensors(
@@ -91,9 +141,7 @@ def load_tensors(path: Path, framework: Literal["pt", "np"] = "pt") -> tuple[dic
     damaged file is a one-line MinigptError."""
     from safetensors import safe_open
 
-    path = Path(path)
-    if not path.is_file():
-        raise MinigptError(f"{path} is missing: is this a complete minigpt run directory?")
+    path = regular_file(path, "is this a complete minigpt run directory?")
     try:
         with safe_open(str(path), framework=framework) as f:
             metadata = f.metadata() or {}
@@ -107,7 +155,7 @@ def load_tensors(path: Path, framework: Literal["pt", "np"] = "pt") -> tuple[dic
 
 def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     """Each tensor's entry in a safetensors header ('dtype', 'shape', ...), without torch or the data."""
-    path = Path(path)
+    path = regular_file(path, "is this a complete minigpt run directory?")
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
@@ -117,10 +165,10 @@ def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
         for v in entries.values():
             v["dtype"], v["shape"] = str(v["dtype"]), [int(d) for d in v["shape"]]
+            if any(d < 0 for d in v["shape"]):
+                raise ValueError(f"negative dimension in {v['shape']}")
         return entries
-    except FileNotFoundError:
-        raise MinigptError(f"{path} is missing: is this a complete minigpt run directory?") from None
-    except (ValueError, KeyError, TypeError, AttributeError, struct.error, json.JSONDecodeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, struct.error, RecursionError) as e:
         raise MinigptError(f"{path} is corrupt or not a safetensors file ({e})") from None
 
 

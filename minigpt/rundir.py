@@ -11,8 +11,14 @@ Safetensors and JSON only, every write atomic; importable without torch.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import os
+import stat
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,11 +28,14 @@ from minigpt.errors import MinigptError
 from minigpt.files import (
     atomic_write_json,
     load_tensors,
+    read_bounded,
     read_json,
     remove_stale_temps,
     safetensors_header,
     save_tensors,
+    to_json,
 )
+from minigpt.memory import check_fits, inference_bytes
 from minigpt.weights import build_model, check_shapes, model_tensors
 
 if TYPE_CHECKING:
@@ -154,6 +163,10 @@ class RunDir:
 
     def load_weights(self, config: GPTConfig, framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
         """The best weights as torch tensors or NumPy arrays, checked against `config`'s names and shapes."""
+        check_fits(inference_bytes(config), f"the model in {self}", f"check {self.config_path}'s shape")
+        check_shapes(
+            config, {k: tuple(v["shape"]) for k, v in self.weights_header().items()}, self.weights_path
+        )
         tensors, _ = load_tensors(self.weights_path, framework)
         check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, self.weights_path)
         return tensors
@@ -176,15 +189,15 @@ class RunDir:
         return tensors, meta
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """Every record of metrics.jsonl (a torn last line from a crash is skipped)."""
-        records: list[dict[str, Any]] = []
-        if not self.metrics_path.exists():
-            return records
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+        """Every record of metrics.jsonl; a torn last line from a crash, or any line that is not a record
+        with a kind and a step, is skipped (with a warning on stderr if it was not the last)."""
+        if not self.metrics_path.exists() and not self.metrics_path.is_symlink():
+            return []
+        lines = read_bounded(self.metrics_path).decode("utf-8", errors="replace").splitlines()
+        records = [r for r in map(_metrics_record, lines) if r is not None]
+        skipped = len(lines) - len(records)
+        if skipped > (0 if lines and _metrics_record(lines[-1]) else 1):
+            print(f"warning: skipped {skipped} unreadable line(s) of {self.metrics_path}", file=sys.stderr)
         return records
 
     # --- writing ----------------------------------------------------------------------------------------
@@ -227,6 +240,55 @@ class RunDir:
         save_tensors(self.state_path, tensors, metadata={"format": STATE_FORMAT, **metadata})
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading)."""
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading),
+        never through a symbolic link: a run folder from elsewhere must not make us write outside it."""
+        line = (to_json(record) + "\n").encode("utf-8")
+        try:
+            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            why = "it is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+            raise MinigptError(f"cannot append to {self.metrics_path}: {why}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise MinigptError(f"{self.metrics_path} is not a regular file: remove it")
+            os.write(fd, line)
+        except OSError as e:
+            raise MinigptError(f"cannot append to {self.metrics_path} ({e.strerror})") from None
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on the run for as long as it is written: a second writer gets a one-line
+        error. The kernel drops the lock when the process dies, so kill -9 leaves no stale lock."""
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)  # the folder itself: no lock file to leave
+        except OSError as e:
+            raise MinigptError(f"cannot lock {self} ({e.strerror})") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise MinigptError(
+                    f"{self} is being written by another minigpt process: wait for it to finish, or "
+                    f"choose another --out"
+                ) from None
+            yield
+        finally:
+            os.close(fd)
+
+
+def _metrics_record(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    ok = (
+        isinstance(record, dict)
+        and isinstance(record.get("kind"), str)
+        and isinstance(record.get("step"), int)
+    )
+    return record if ok else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from minigpt.files import to_json
 from minigpt.params import ParamReport
 from minigpt.rundir import RunDir
 
@@ -105,8 +105,8 @@ def print_params(
 
 
 def print_json(obj: Any) -> None:
-    """One indented JSON object on stdout (strict JSON: NaN and infinity are refused, not written)."""
-    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    """One indented JSON object on stdout, strict JSON (a NaN or infinite value is written as null)."""
+    sys.stdout.write(to_json(obj, indent=2) + "\n")
 
 
 def eval_view(result: EvalResult, title: str) -> Table:
