@@ -63,6 +63,12 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it, so set it straight back
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temp path beside `path`; on success fsync it and rename it over `path`.
@@ -79,6 +85,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would make run files private
         os.replace(tmp, path)  # replaces a symlink itself, never writes through it
         _fsync_dir(path.parent)
     except OSError as e:  # disk full, read-only, no permission: the file being replaced is untouched

@@ -26,6 +26,7 @@ from minigpt import __version__
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
 from minigpt.files import (
+    atomic_write_bytes,
     atomic_write_json,
     load_tensors,
     read_bounded,
@@ -191,14 +192,17 @@ class RunDir:
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl; a torn last line from a crash, or any line that is not a record
         with a kind and a step, is skipped (with a warning on stderr if it was not the last)."""
-        if not self.metrics_path.exists() and not self.metrics_path.is_symlink():
-            return []
-        lines = read_bounded(self.metrics_path).decode("utf-8", errors="replace").splitlines()
-        records = [r for r in map(_metrics_record, lines) if r is not None]
+        records, lines = self._metrics_lines()
         skipped = len(lines) - len(records)
         if skipped > (0 if lines and _metrics_record(lines[-1]) else 1):
             print(f"warning: skipped {skipped} unreadable line(s) of {self.metrics_path}", file=sys.stderr)
         return records
+
+    def _metrics_lines(self) -> tuple[list[dict[str, Any]], list[str]]:
+        if not self.metrics_path.exists() and not self.metrics_path.is_symlink():
+            return [], []
+        lines = read_bounded(self.metrics_path).decode("utf-8", errors="replace").splitlines()
+        return [r for r in map(_metrics_record, lines) if r is not None], lines
 
     # --- writing ----------------------------------------------------------------------------------------
 
@@ -256,6 +260,15 @@ class RunDir:
             raise MinigptError(f"cannot append to {self.metrics_path} ({e.strerror})") from None
         finally:
             os.close(fd)
+
+    def rewind_metrics(self, step: int) -> list[dict[str, Any]]:
+        """Drop the records logged after `step` (the checkpoint a resume starts from), so a run that crashed
+        after its last save does not log those steps twice, and any unreadable line; returns the records."""
+        records, lines = self._metrics_lines()
+        kept = [r for r in records if r["step"] <= step]
+        if len(kept) < len(lines):  # also drops unreadable lines, which would otherwise warn at every read
+            atomic_write_bytes(self.metrics_path, "".join(to_json(r) + "\n" for r in kept).encode("utf-8"))
+        return kept
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -1,0 +1,100 @@
+"""RunDir, the one owner of the run folder: safe reads and writes of files a stranger may have made."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from minigpt.errors import MinigptError
+from minigpt.files import atomic_write_bytes, read_json
+from minigpt.rundir import RunDir
+
+FIXTURE = Path(__file__).parent / "fixtures" / "run-v0.1-char"
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> RunDir:
+    shutil.copytree(FIXTURE, tmp_path / "run")
+    return RunDir(tmp_path / "run")
+
+
+def test_metrics_are_never_appended_through_a_symlink(run: RunDir, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    run.metrics_path.unlink()
+    run.metrics_path.symlink_to(outside)
+    with pytest.raises(MinigptError, match="symbolic link"):
+        run.append_metrics({"kind": "train", "step": 1})
+    assert outside.read_text() == "precious\n"
+
+
+def test_bad_metrics_lines_are_skipped_with_a_warning(run: RunDir, capsys: pytest.CaptureFixture) -> None:
+    good = run.read_metrics()
+    with open(run.metrics_path, "a") as f:
+        f.write('[1, 2]\n{"kind": "train"}\nnot json\n{"kind": "eval", "step": 99}\n')
+    assert run.read_metrics() == [*good, {"kind": "eval", "step": 99}]
+    assert "skipped 3 unreadable line(s)" in capsys.readouterr().err
+    with open(run.metrics_path, "a") as f:
+        f.write('{"kind": "tr')  # a torn last line is what a crash leaves: no warning for it alone
+    RunDir(run.path).rewind_metrics(10**9)
+    capsys.readouterr()
+    with open(run.metrics_path, "a") as f:
+        f.write('{"kind": "tr')
+    run.read_metrics()
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_rewind_drops_records_after_the_checkpoint(run: RunDir) -> None:
+    steps = [r["step"] for r in run.read_metrics()]
+    assert max(steps) == 60
+    kept = run.rewind_metrics(30)
+    assert kept == run.read_metrics() and max(r["step"] for r in kept) == 30
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_lock(run: RunDir) -> None:
+    with run.lock():
+        with pytest.raises(MinigptError, match="being written by another minigpt process"):
+            with RunDir(run.path).lock():
+                pass
+    with RunDir(run.path).lock():  # released on exit
+        pass
+    assert sorted(p.name for p in run.path.iterdir()) == sorted(RunDir.FILES)  # no lock file left
+
+
+def test_non_regular_files_and_absurd_json_are_one_line_errors(run: RunDir) -> None:
+    run.weights_path.unlink()
+    os.mkfifo(run.weights_path)  # opening a FIFO for reading would block forever
+    with pytest.raises(MinigptError, match="not a regular file"):
+        run.load_model()
+    run.config_path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(MinigptError, match="is corrupt"):
+        run.read_config()
+
+
+def test_writes_are_public_files_and_failures_are_one_line(tmp_path: Path) -> None:
+    atomic_write_bytes(tmp_path / "a.json", b"{}")
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o666 & ~_umask()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(
+        MinigptError, match=r"cannot write .*file/a.json .*previous a.json, if any, is intact"
+    ):
+        atomic_write_bytes(tmp_path / "file" / "a.json", b"{}")
+    with pytest.raises(MinigptError, match="cannot write"):
+        atomic_write_bytes(Path("/proc/minigpt-test.json"), b"{}")
+
+
+def test_json_out_is_strict(run: RunDir) -> None:
+    run.append_metrics({"kind": "eval", "step": 61, "train_loss": float("nan"), "val_loss": float("inf")})
+    assert run.read_metrics()[-1] == {"kind": "eval", "step": 61, "train_loss": None, "val_loss": None}
+    assert "NaN" not in run.metrics_path.read_text()
+    assert read_json(run.config_path)["format"] == "minigpt-run"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
