@@ -328,39 +328,78 @@ def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) ->
 
 
 SAVER = """
-import sys, torch
+import sys, time, torch
 from pathlib import Path
-from minigpt.model import GPT, GPTConfig
+import safetensors.torch
+from minigpt.config import GPTConfig
+from minigpt.model import GPT
+from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
+from minigpt.weights import model_tensors
+
+# a slow disk: every file is written in two halves 20 ms apart, so most kills land in the middle of a write
+def write_halves(path, data):
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        time.sleep(0.02)
+        f.write(data[len(data) // 2 :])
+    return len(data)
+
+safetensors.torch.save_file = lambda tensors, path, metadata=None: write_halves(
+    path, safetensors.torch.save(tensors, metadata=metadata)
+)
+Path.write_bytes = write_halves
 torch.manual_seed(0)
 model = GPT(GPTConfig(vocab_size=40, block_size=64, n_layer=4, n_head=4, n_embd=128))
 tok = CharTokenizer([chr(65 + i) for i in range(40)])
+run = RunDir(Path(sys.argv[1]))
 print("ready", flush=True)
-i = 0
+i = int(sys.argv[2])
 while True:
     with torch.no_grad():
         model.transformer.wte.weight.fill_(float(i))
-    RunDir(Path(sys.argv[1])).save(model, tok, {"i": i})
+    run.save(model, tok, {"metrics": {"best_step": i}}, weights_metadata={"step": str(i)})
+    run.save_state(model_tensors(model), {"step": str(i)})
     i += 1
 """
+
+
+def check_one_whole_save(run: Path) -> int:
+    """The run loads; its weights, config.json and state each come whole from one save, and the weights and
+    the config.json describing them from the same one. Returns that save's number."""
+    model, _, config = RunDir(run).load_model()
+    fill = model.transformer.wte.weight
+    step = int(fill.flatten()[0].item())
+    assert torch.all(fill == step)  # never a mix of two saves
+    _, meta = load_tensors(run / RunDir.WEIGHTS)
+    assert int(meta["step"]) == step
+    if config["metrics"]["best_step"] != step:
+        # only a kill between the two renames that land a save (microseconds apart) leaves config.json a
+        # save behind, and then its successor is whole beside it, written before the renames began
+        pending = [json.loads(t.read_text()) for t in run.glob(f".{RunDir.CONFIG}.*.tmp")]
+        assert [c["metrics"]["best_step"] for c in pending] == [step], (config["metrics"], step)
+    if (run / RunDir.STATE).exists():  # saved after the weights, so it may be a save behind
+        tensors, meta = RunDir(run).load_state()
+        assert torch.all(tensors["transformer.wte.weight"] == int(meta["step"])) and int(meta["step"]) <= step
+    return step
 
 
 def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     rng = random.Random(0)
-    for _ in range(6):
+    saves = []
+    for first in range(0, 8000, 1000):
         proc = subprocess.Popen(
-            [sys.executable, "-c", SAVER, str(run)], stdout=subprocess.PIPE, cwd=ROOT, text=True
+            [sys.executable, "-c", SAVER, str(run), str(first)], stdout=subprocess.PIPE, cwd=ROOT, text=True
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.05, 0.6))
+        time.sleep(rng.uniform(0.2, 0.8))
         proc.kill()
         proc.wait()
-        if not (run / RunDir.WEIGHTS).exists():
-            continue
-        model, _, config = RunDir(run).load_model()
-        fill = model.transformer.wte.weight
-        assert torch.all(fill == fill.flatten()[0])  # one whole save, never a mix of two
+        if (run / RunDir.WEIGHTS).exists():
+            saves.append(check_one_whole_save(run))
+    assert len(saves) >= 4, saves  # most kills came after a whole save, so the checks above ran
 
 
 @pytest.mark.parametrize(
