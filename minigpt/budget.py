@@ -8,28 +8,40 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from minigpt.trainconfig import TrainConfig, format_seconds
+from minigpt.trainconfig import WARMUP_FRACTION, TrainConfig, format_seconds
 
 if TYPE_CHECKING:
     from minigpt.trainstate import TrainState
 
+# weight of the newest step in the running estimate of seconds per step
+STEP_TIME_WEIGHT = 0.1
+
 
 @dataclass
 class Budget:
-    """The first of max_iters, max_time and max_tokens reached stops the run; each counts over the whole
-    run, so a resume carries the steps, tokens and time already spent."""
+    """The first of max_iters, max_time and max_tokens reached stops the run.
+
+    Steps and tokens count over the whole run. Time counts the run's elapsed seconds from `time_from`: 0 for
+    a budget set when the run started, so a resume carries the time already spent, or where the resume that
+    set a new max_time began, so that budget is that command's own time.
+    """
 
     max_iters: int | None = None
     max_time: float | None = None  # seconds
     max_tokens: int | None = None
+    time_from: float = 0.0
     # seconds kept at the end of a time budget for the final evaluation and save
     reserve: float = 0.0
+    # running estimate of the seconds one optimizer step takes (0: not measured yet)
+    step_seconds: float = 0.0
     clock: Callable[[], float] = time.perf_counter
     origin: float = 0.0  # clock reading at which the run's elapsed time was 0
 
     @classmethod
-    def of(cls, cfg: TrainConfig, clock: Callable[[], float] = time.perf_counter) -> Budget:
-        return cls(cfg.max_iters, cfg.max_time, cfg.max_tokens, clock=clock)
+    def of(
+        cls, cfg: TrainConfig, state: TrainState, clock: Callable[[], float] = time.perf_counter
+    ) -> Budget:
+        return cls(cfg.max_iters, cfg.max_time, cfg.max_tokens, state.time_budget_from, clock=clock)
 
     def start(self, started: float | None, elapsed: float) -> None:
         """Count the run's elapsed time on from `elapsed` seconds at clock reading `started` (None: now)."""
@@ -38,45 +50,86 @@ class Budget:
     def elapsed(self) -> float:
         return self.clock() - self.origin
 
+    def time_used(self, state: TrainState) -> float:
+        return state.elapsed - self.time_from
+
+    def observe_step(self, seconds: float) -> None:
+        """Fold one step's duration into the estimate of seconds per step."""
+        if self.step_seconds <= 0:
+            self.step_seconds = seconds
+        else:
+            self.step_seconds += STEP_TIME_WEIGHT * (seconds - self.step_seconds)
+
+    def _time_for_steps(self) -> float:
+        """Of max_time, the seconds by which the last step must have started."""
+        assert self.max_time is not None
+        return max(self.max_time - self.reserve - self.step_seconds, 1e-9)
+
     def progress(self, state: TrainState) -> float:
-        """Fraction of the budget used, in [0, 1]: the largest of steps, time and tokens. The time kept for
-        the final evaluation does not count, so a schedule ends when training does."""
+        """Fraction of the budget used, in [0, 1]: the largest of steps, time and tokens."""
         parts = [0.0]
         if self.max_iters is not None:
             parts.append(state.step / self.max_iters)
         if self.max_time is not None:
-            parts.append(state.elapsed / max(self.max_time - self.reserve, 1e-9))
+            parts.append(self.time_used(state) / self._time_for_steps())
         if self.max_tokens is not None:
             parts.append(state.tokens / self.max_tokens)
         return min(max(parts), 1.0)
 
     def stop_reason(self, state: TrainState) -> str | None:
-        """Why the run stops before another step, or None."""
+        """Why the run stops before another step, or None. Under a time budget the next step and the
+        final evaluation and save must still fit."""
         if self.max_iters is not None and state.step >= self.max_iters:
             return f"reached max_iters {self.max_iters:,}"
-        if self.max_time is not None and state.elapsed + self.reserve >= self.max_time:
+        if self.max_time is not None and self.time_used(state) >= self._time_for_steps():
             return f"reached max_time {format_seconds(self.max_time)}"
         if self.max_tokens is not None and state.tokens >= self.max_tokens:
             return f"reached max_tokens {self.max_tokens:,}"
         return None
+
+    def total_steps(self, state: TrainState, tokens_per_step: int) -> float | None:
+        """The steps the budget allows in all, as far as known (a time budget once a step was timed)."""
+        limits: list[float] = []
+        if self.max_iters is not None:
+            limits.append(self.max_iters)
+        if self.max_tokens is not None:
+            limits.append(self.max_tokens / tokens_per_step)
+        if self.max_time is not None and self.step_seconds > 0:
+            left = self._time_for_steps() - self.time_used(state)
+            limits.append(state.step + max(left, 0.0) / self.step_seconds)
+        return min(limits) if limits else None
+
+    def warmup_steps(self, warmup: int, state: TrainState, tokens_per_step: int) -> int:
+        """`warmup`, capped at WARMUP_FRACTION of the steps the budget allows."""
+        total = self.total_steps(state, tokens_per_step)
+        if not warmup or total is None:
+            return warmup
+        return min(warmup, max(1, math.floor(WARMUP_FRACTION * total)))
+
+    def overrun(self, elapsed: float) -> float:
+        """Seconds a run `elapsed` seconds long went past its time budget (0: it kept to it, or has none)."""
+        if self.max_time is None:
+            return 0.0
+        return max(0.0, elapsed - self.time_from - self.max_time)
 
     def describe(self) -> str:
         parts = []
         if self.max_iters is not None:
             parts.append(f"{self.max_iters:,} steps")
         if self.max_time is not None:
-            parts.append(f"{format_seconds(self.max_time)} of wall time")
+            since = f" from {format_seconds(self.time_from)} into the run" if self.time_from > 0 else ""
+            parts.append(f"{format_seconds(self.max_time)} of wall time{since}")
         if self.max_tokens is not None:
             parts.append(f"{self.max_tokens:,} tokens")
         return " or ".join(parts)
 
 
-def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
+def lr_at(cfg: TrainConfig, step: int, progress: float, warmup: int) -> float:
     """Linear warmup over `warmup` steps, then the schedule from lr to min_lr over the budget's progress:
     cosine, or wsd (constant, then linear over the last `cooldown` of the budget)."""
     assert cfg.lr is not None and cfg.min_lr is not None, "lr_at needs a resolved config (with_recipe)"
-    if cfg.warmup and step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
+    if warmup and step < warmup:
+        return cfg.lr * (step + 1) / warmup
     p = min(max(progress, 0.0), 1.0)
     if cfg.schedule == "wsd":
         return cfg.min_lr + (cfg.lr - cfg.min_lr) * min(1.0, (1.0 - p) / cfg.cooldown)

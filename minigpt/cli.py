@@ -22,6 +22,7 @@ from minigpt import __version__
 from minigpt.errors import MinigptError
 from minigpt.presets import PRESETS
 from minigpt.rundir import DEFAULT_ROOT
+from minigpt.trainconfig import WARMUP_FRACTION, option_help
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
@@ -223,47 +224,54 @@ def train(
     preset: Annotated[
         str | None,
         typer.Option(
-            help="Model shape preset: tiny, mini, small, gpt2, ... [default: mini]", rich_help_panel=_MODEL
+            help=option_help("preset", f"Model shape preset: {', '.join(PRESETS)}."), rich_help_panel=_MODEL
         ),
     ] = None,
     n_layer: Annotated[
-        int | None, typer.Option(help="Transformer blocks (overrides the preset).", rich_help_panel=_MODEL)
+        int | None,
+        typer.Option(help=option_help("n_layer", "Transformer blocks."), rich_help_panel=_MODEL),
     ] = None,
     n_head: Annotated[
-        int | None, typer.Option(help="Attention heads per block.", rich_help_panel=_MODEL)
+        int | None,
+        typer.Option(help=option_help("n_head", "Attention heads per block."), rich_help_panel=_MODEL),
     ] = None,
     n_embd: Annotated[
-        int | None, typer.Option(help="Model width (divisible by --n-head).", rich_help_panel=_MODEL)
+        int | None,
+        typer.Option(
+            help=option_help("n_embd", "Model width (divisible by --n-head)."), rich_help_panel=_MODEL
+        ),
     ] = None,
     block_size: Annotated[
-        int | None, typer.Option(help="Context length in tokens.", rich_help_panel=_MODEL)
+        int | None,
+        typer.Option(help=option_help("block_size", "Context length in tokens."), rich_help_panel=_MODEL),
     ] = None,
     dropout: Annotated[
-        float | None, typer.Option(help="Dropout probability in [0, 1). [default: 0]", rich_help_panel=_MODEL)
+        float | None,
+        typer.Option(help=option_help("dropout", "Dropout probability in [0, 1)."), rich_help_panel=_MODEL),
     ] = None,
     bias: Annotated[
         bool | None,
         typer.Option(
             "--bias/--no-bias",
-            help="Biases in Linear and LayerNorm layers. [default: bias]",
+            help=option_help("bias", "Biases in Linear and LayerNorm layers."),
             rich_help_panel=_MODEL,
         ),
     ] = None,
     tokenizer: Annotated[
         str | None,
         typer.Option(
-            help="char, bpe (trained on your text), gpt2/r50k_base/p50k_base/cl100k_base/o200k_base, or a .tiktoken file. [default: bpe]",
+            help="char, bpe (trained on your text), gpt2/r50k_base/p50k_base/cl100k_base/o200k_base, or a .tiktoken file. \\[default: bpe]",
             rich_help_panel=_DATA,
         ),
     ] = None,
     vocab_size: Annotated[
         int | None,
-        typer.Option(help="Vocabulary size for --tokenizer bpe (default 512).", rich_help_panel=_DATA),
+        typer.Option(help="Vocabulary size for --tokenizer bpe. \\[default: 512]", rich_help_panel=_DATA),
     ] = None,
     val_fraction: Annotated[
         float | None,
         typer.Option(
-            help="Last fraction of the text held out for validation. [default: 0.1]", rich_help_panel=_DATA
+            help="Last fraction of the text held out for validation. \\[default: 0.1]", rich_help_panel=_DATA
         ),
     ] = None,
     val_file: Annotated[
@@ -272,102 +280,155 @@ def train(
     ] = None,
     encoding: Annotated[
         str | None,
-        typer.Option(help="Text encoding of the input files. [default: utf-8]", rich_help_panel=_DATA),
+        typer.Option(help="Text encoding of the input files. \\[default: utf-8]", rich_help_panel=_DATA),
     ] = None,
     encoding_errors: Annotated[
         str | None,
         typer.Option(
-            help="strict: stop at undecodable bytes; replace: substitute U+FFFD. [default: strict]",
+            help="strict: stop at undecodable bytes; replace: substitute U+FFFD. \\[default: strict]",
             rich_help_panel=_DATA,
         ),
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Sequences per micro-batch (per process).", rich_help_panel=_OPT)
+        int | None,
+        typer.Option(
+            help=option_help("batch_size", "Sequences per micro-batch (per process)."), rich_help_panel=_OPT
+        ),
     ] = None,
     grad_accum: Annotated[
-        int | None, typer.Option(help="Micro-batches accumulated per optimizer step.", rich_help_panel=_OPT)
-    ] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.", rich_help_panel=_OPT)] = None,
-    min_lr: Annotated[
-        float | None,
+        int | None,
         typer.Option(
-            help="Learning rate at the end of the decay (default: lr/10 for cosine, 0 for wsd).",
+            help=option_help("grad_accum", "Micro-batches accumulated per optimizer step."),
             rich_help_panel=_OPT,
         ),
     ] = None,
-    warmup: Annotated[int | None, typer.Option(help="Linear warmup steps.", rich_help_panel=_OPT)] = None,
+    lr: Annotated[
+        float | None, typer.Option(help=option_help("lr", "Peak learning rate."), rich_help_panel=_OPT)
+    ] = None,
+    min_lr: Annotated[
+        float | None,
+        typer.Option(
+            help=option_help("min_lr", "Learning rate at the end of the decay."), rich_help_panel=_OPT
+        ),
+    ] = None,
+    warmup: Annotated[
+        int | None,
+        typer.Option(
+            help=option_help(
+                "warmup", f"Linear warmup steps, at most {WARMUP_FRACTION:.0%} of what the budget allows."
+            ),
+            rich_help_panel=_OPT,
+        ),
+    ] = None,
     schedule: Annotated[
         ScheduleName | None,
         typer.Option(
-            help="After warmup: cosine decays to --min-lr over the whole budget; wsd holds the peak lr, then "
-            "decays linearly over the last --cooldown of it (default: wsd on the CPU, cosine on GPUs).",
+            help=option_help(
+                "schedule",
+                "After warmup: cosine decays to --min-lr over the whole budget; wsd holds the peak lr, then "
+                "decays linearly over the last --cooldown of it.",
+            ),
             rich_help_panel=_OPT,
         ),
     ] = None,
     cooldown: Annotated[
         float | None,
-        typer.Option(help="Fraction of the budget wsd spends decaying (default 0.5).", rich_help_panel=_OPT),
+        typer.Option(
+            help=option_help("cooldown", "Fraction of the budget wsd spends decaying."), rich_help_panel=_OPT
+        ),
     ] = None,
     weight_decay: Annotated[
-        float | None, typer.Option(help="AdamW weight decay on weight matrices.", rich_help_panel=_OPT)
+        float | None,
+        typer.Option(
+            help=option_help("weight_decay", "AdamW weight decay on weight matrices."), rich_help_panel=_OPT
+        ),
     ] = None,
     grad_clip: Annotated[
-        float | None, typer.Option(help="Clip the gradient norm to this (0: off).", rich_help_panel=_OPT)
+        float | None,
+        typer.Option(
+            help=option_help("grad_clip", "Clip the gradient norm to this (0: off)."), rich_help_panel=_OPT
+        ),
     ] = None,
-    beta2: Annotated[float | None, typer.Option(help="AdamW beta2.", rich_help_panel=_OPT)] = None,
+    beta2: Annotated[
+        float | None, typer.Option(help=option_help("beta2", "AdamW beta2."), rich_help_panel=_OPT)
+    ] = None,
     max_iters: Annotated[
-        int | None, typer.Option(help="Stop after this many optimizer steps.", rich_help_panel=_BUDGET)
+        int | None,
+        typer.Option(
+            help=option_help("max_iters", "Stop at this optimizer step (counted over the whole run)."),
+            rich_help_panel=_BUDGET,
+        ),
     ] = None,
     max_time: Annotated[
         str | None,
         typer.Option(
-            help="Finish within this much wall time, e.g. 90s, 10m, 1h30m: the whole command, start-up and "
-            "the final evaluation included.",
+            help="Finish within this much wall time, e.g. 90s, 10m, 1h30m (a bare number is seconds): the whole "
+            "command, start-up and the final evaluation included.",
             rich_help_panel=_BUDGET,
         ),
     ] = None,
     max_tokens: Annotated[
-        int | None, typer.Option(help="Stop after this many training tokens.", rich_help_panel=_BUDGET)
+        int | None,
+        typer.Option(
+            help="Stop after this many training tokens (over the whole run).", rich_help_panel=_BUDGET
+        ),
     ] = None,
     eval_every: Annotated[
-        int | None, typer.Option(help="Evaluate (and checkpoint) every N steps.", rich_help_panel=_EVAL)
+        int | None,
+        typer.Option(
+            help=option_help("eval_every", "Evaluate (and checkpoint) every N steps."), rich_help_panel=_EVAL
+        ),
     ] = None,
     eval_iters: Annotated[
-        int | None, typer.Option(help="Batches per evaluation.", rich_help_panel=_EVAL)
+        int | None,
+        typer.Option(
+            help=option_help(
+                "eval_iters", "Batches of fixed windows per split (validation and train) per evaluation."
+            ),
+            rich_help_panel=_EVAL,
+        ),
     ] = None,
     log_every: Annotated[
-        int | None, typer.Option(help="Log the training loss every N steps.", rich_help_panel=_EVAL)
+        int | None,
+        typer.Option(
+            help=option_help("log_every", "Log the step loss every N steps."), rich_help_panel=_EVAL
+        ),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Random seed (weights, batches, dropout).", rich_help_panel=_RUN)
+        int | None,
+        typer.Option(
+            help=option_help("seed", "Random seed (weights, batches, dropout)."), rich_help_panel=_RUN
+        ),
     ] = None,
     device: Annotated[
-        str | None, typer.Option(help="auto, cpu, cuda or mps. [default: auto]", rich_help_panel=_RUN)
+        str | None,
+        typer.Option(help=option_help("device", "auto, cpu, cuda or mps."), rich_help_panel=_RUN),
     ] = None,
     dtype: Annotated[
         str | None,
         typer.Option(
-            help="auto, float32, bfloat16 or float16 (autocast). [default: auto]", rich_help_panel=_RUN
+            help=option_help("dtype", "auto, float32, bfloat16 or float16 (autocast)."), rich_help_panel=_RUN
         ),
     ] = None,
     compile: Annotated[
         bool | None,
         typer.Option(
             "--compile/--no-compile",
-            help="torch.compile the model. [default: no-compile]",
+            help=option_help("compile", "torch.compile the model."),
             rich_help_panel=_RUN,
         ),
     ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Run directory to write. [default: checkpoints/<first file's name>]", rich_help_panel=_RUN
+            help="Run directory to write. \\[default: checkpoints/<first file's name>]", rich_help_panel=_RUN
         ),
     ] = None,
     resume: Annotated[
         Path | None,
         typer.Option(
-            help="Continue this run with its saved settings (budget options may be raised).",
+            help="Continue this run with its saved settings. Budget options given with it replace the saved "
+            "budget as a whole (--max-time then counts this command's time).",
             rich_help_panel=_RUN,
         ),
     ] = None,
@@ -396,7 +457,6 @@ def train(
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
     import os
-    from dataclasses import replace
 
     if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
         raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
@@ -466,7 +526,7 @@ def train(
             )
         cfg = TrainConfig(**{k: v for k, v in {**model_opts, **opt_opts}.items() if v is not None}, **budget)
         if not cfg.has_budget:
-            cfg = replace(cfg, max_iters=DEFAULT_MAX_ITERS)
+            cfg = cfg.with_budget({"max_iters": DEFAULT_MAX_ITERS})
         data = DataConfig(
             paths=tuple(files),
             **{k: v for k, v in data_opts.items() if v is not None},

@@ -28,10 +28,7 @@ class GPTConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
-            raise UsageError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
-                f"try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
-            )
+            raise UsageError(_width_hint(self.n_embd, self.n_head))
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.layer_norm_eps > 0:
@@ -56,3 +53,17 @@ class GPTConfig:
         if unknown:
             raise UsageError(f"unknown model config keys {unknown}: is this a minigpt config?")
         return cls(**data)
+
+
+def _width_hint(n_embd: int, n_head: int) -> str:
+    """Why n_embd must divide by n_head, and the nearest shapes that work: other head counts for this width,
+    or widths whose head size is a multiple of 8 (what fast attention kernels want) for this head count."""
+    below = [h for h in range(1, min(n_head, n_embd + 1)) if n_embd % h == 0][-1:]
+    above = [h for h in range(n_head + 1, n_embd + 1) if n_embd % h == 0][:1]
+    step = 8 * n_head
+    widths = [w for w in (n_embd // step * step, (n_embd // step + 1) * step) if w > 0]
+    return (
+        f"n_embd ({n_embd}) must be divisible by n_head ({n_head}): each head gets an equal share of the "
+        f"width; try n_head {' or '.join(map(str, below + above))}, or n_embd {' or '.join(map(str, widths))} "
+        f"(head size {' or '.join(str(w // n_head) for w in widths)}: multiples of 8 suit attention kernels)"
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
@@ -11,7 +13,17 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, eval_line, fmt_duration
+from minigpt.reporters import (
+    NO_VALUE,
+    LineReporter,
+    TrainingEnd,
+    TrainingStart,
+    eval_line,
+    fmt_duration,
+    fmt_loss,
+)
+
+BAR_WIDTH = 30  # the bar and its figures fit 80 columns
 
 
 def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, height: int = 12) -> Text:
@@ -55,18 +67,25 @@ def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, he
 
 
 class TrainingPanel(LineReporter):
-    """On a terminal, a live panel with evaluation lines above it; elsewhere LineReporter's plain lines.
-    Both end with the loss curves."""
+    """On a terminal, a live panel redrawn 4 times a second (elapsed time and ETA tick between steps) with
+    evaluation lines above it; elsewhere LineReporter's plain lines. Both end with the loss curves."""
 
-    def __init__(self, console: Console | None = None, live: bool | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        console: Console | None = None,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__(clock=clock)
         self.console = console or Console(stderr=True, soft_wrap=True)
         self.live_mode = self.console.is_terminal if live is None else live
         self._live: Live | None = None
         self._step: dict[str, Any] = {}
         self._eval: dict[str, Any] = {}
+        self._best = (math.inf, -1)
         self._progress = 0.0
         self._budget = ""
+        self._started, self._elapsed0 = clock(), 0.0
 
     def log(self, message: str) -> None:
         self.console.print(message, highlight=False)
@@ -74,43 +93,47 @@ class TrainingPanel(LineReporter):
     def start(self, info: TrainingStart) -> None:
         super().start(info)
         self._budget = info.budget
+        self._best = (info.start.best_val_loss, info.start.best_step)
+        self._eval = dict(info.start.last_eval)
+        self._progress = info.start_progress
+        self._started, self._elapsed0 = self.clock(), info.elapsed
         if self.live_mode:
-            self._live = Live(self.render(), console=self.console, refresh_per_second=4, transient=True)
+            self._live = Live(self, console=self.console, refresh_per_second=4, transient=True)
             self._live.start()
 
+    def __rich__(self) -> Group:
+        """Rendered on every refresh, so the clock figures move between steps."""
+        return self.render()
+
     def render(self) -> Group:
+        elapsed = self._elapsed0 + self.clock() - self._started
         s, e = self._step, self._eval
-        elapsed = s.get("elapsed", 0.0)
-        eta = elapsed / self._progress * (1 - self._progress) if self._progress > 0 else math.inf
-        bar = ProgressBar(total=1.0, completed=min(self._progress, 1.0), width=40)
-        head = Text(
-            f" {100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}  "
-            f"{fmt_duration(elapsed)} elapsed, ETA {fmt_duration(eta)}  (budget: {self._budget})"
+        best_loss, best_step = self._best
+        best = f"{fmt_loss(best_loss)} at step {best_step:,}" if best_step >= 0 else NO_VALUE
+        lr = f"{s['lr']:.2e}" if "lr" in s else NO_VALUE
+        head = Table.grid(padding=(0, 1))
+        head.add_row(
+            ProgressBar(total=1.0, completed=min(self._progress, 1.0), width=BAR_WIDTH),
+            Text(f"{100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}", no_wrap=True),
         )
-        table = Table.grid(padding=(0, 3))
-        table.add_row(
-            f"train loss {s.get('loss', math.nan):.4f}",
-            f"val loss {e.get('val_loss', math.nan):.4f}",
-            f"val bpb {e.get('val_bpb', math.nan):.3f}",
-            f"lr {s.get('lr', 0.0):.2e}",
-            f"{self.tokens_per_s:,.0f} tok/s",
-        )
-        row = Table.grid()
-        row.add_row(bar, head)
-        return Group(row, table)
+        lines = [
+            f"elapsed {fmt_duration(elapsed)}  ETA {fmt_duration(self.pace.eta())}  budget: {self._budget}",
+            f"step loss {fmt_loss(s.get('loss'))}  lr {lr}  {self.pace.rate()}",
+            f"val loss {fmt_loss(e.get('val_loss'))}  train loss {fmt_loss(e.get('train_loss'))}  best val {best}",
+        ]
+        return Group(head, *(Text(line, no_wrap=True, overflow="ellipsis") for line in lines))
 
     def step(self, record: dict[str, Any], progress: float) -> None:
         self._step, self._progress = record, progress
         if self._live is None:
             super().step(record, progress)
-            return
-        self._measure_rate(record["tokens"])
-        self._live.update(self.render())
+        else:
+            self.pace.update(record["tokens"], progress)
 
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:
         self._eval = record
-        if self._live is not None:
-            self._live.update(self.render())
+        if improved:
+            self._best = (record["val_loss"], record["step"])
         self.log(eval_line(record, improved))
 
     def finish(self, summary: TrainingEnd) -> None:
@@ -119,7 +142,7 @@ class TrainingPanel(LineReporter):
             self._live = None
         train_pts = [(r["step"], r["loss"]) for r in summary.history if r.get("kind") == "train"]
         val_pts = [(r["step"], r["val_loss"]) for r in summary.history if r.get("kind") == "eval"]
-        chart = line_chart({"train loss": train_pts, "val loss": val_pts})
+        chart = line_chart({"step loss": train_pts, "val loss": val_pts})
         if chart.plain:
             self.console.print(chart)
         super().finish(summary)

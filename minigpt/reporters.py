@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
@@ -13,6 +14,8 @@ from minigpt.config import GPTConfig
 
 if TYPE_CHECKING:
     from minigpt.trainstate import TrainState
+
+NO_VALUE = "—"  # what a figure shows before there is one
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class TrainingStart:
     batch_size: int
     grad_accum: int
     budget: str  # the budget in words
+    start: TrainState  # where the run starts: step 0, or the resumed checkpoint's progress and best loss
+    start_progress: float = 0.0  # the fraction of the budget used when this command started
+    elapsed: float = 0.0  # the run's elapsed seconds at start(), this command's start-up included
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,9 @@ class TrainingEnd:
     state: TrainState
     reason: str
     interrupted: bool
-    command_seconds: float
+    elapsed: float  # the run's seconds over every command that trained it
+    command_seconds: float  # this command's
+    overrun: float  # seconds past the time budget (0: kept to it, or none)
     best_val_bpb: float
     history: list[dict[str, Any]]
 
@@ -88,11 +96,43 @@ class QuietReporter:
 
 def fmt_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
-        return "?"
+        return NO_VALUE
     s = int(round(seconds))
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_loss(value: float | None, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if value is not None and math.isfinite(value) else NO_VALUE
+
+
+class Pace:
+    """Tokens per second and time left, measured over this command only (a resume starts afresh)."""
+
+    def __init__(self, tokens: int, progress: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self._t0 = self._t_last = self._t_eta = clock()
+        self._p0 = progress
+        self._tokens_last = tokens
+        self.tokens_per_s = math.nan
+        self._eta = math.inf
+
+    def update(self, tokens: int, progress: float) -> None:
+        now = self.clock()
+        if tokens > self._tokens_last and now > self._t_last:
+            self.tokens_per_s = (tokens - self._tokens_last) / (now - self._t_last)
+        self._t_last, self._tokens_last = now, tokens
+        done = progress - self._p0
+        self._eta = (1 - progress) * (now - self._t0) / done if done > 0 else math.inf
+        self._t_eta = now
+
+    def eta(self) -> float:
+        """Seconds left, counted down from the last update."""
+        return max(0.0, self._eta - (self.clock() - self._t_eta))
+
+    def rate(self) -> str:
+        return f"{self.tokens_per_s:,.0f} tok/s" if math.isfinite(self.tokens_per_s) else f"{NO_VALUE} tok/s"
 
 
 def header_text(info: TrainingStart) -> str:
@@ -102,27 +142,36 @@ def header_text(info: TrainingStart) -> str:
         f"model: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, block {m.block_size}, "
         f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n"
         f"data: {info.train_tokens:,} train / {info.val_tokens:,} val tokens; device: {info.device}{procs}, "
-        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {m.block_size}; budget: {info.budget}\n"
-        f"writing to {info.out}"
+        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {m.block_size}\n"
+        f"budget: {info.budget}\nwriting to {info.out}"
     )
 
 
 def eval_line(record: dict[str, Any], improved: bool) -> str:
     mark = " (best, saved)" if improved else ""
     return (
-        f"eval  {record['step']:>6,} | val loss {record['val_loss']:.4f} | val bpb {record['val_bpb']:.3f} | "
-        f"ppl {record['val_ppl']:.2f} | train loss {record['train_loss']:.4f}{mark}"
+        f"eval  {record['step']:>6,} | val loss {fmt_loss(record['val_loss'])} | "
+        f"val bpb {fmt_loss(record['val_bpb'], 3)} | ppl {record['val_ppl']:.2f} | "
+        f"train loss {fmt_loss(record['train_loss'])}{mark}"
     )
 
 
 def done_text(summary: TrainingEnd) -> str:
     s = summary.state
+    took = fmt_duration(summary.elapsed)
+    if abs(summary.elapsed - summary.command_seconds) > 1:
+        took += f" ({fmt_duration(summary.command_seconds)} in this command)"
     lines = [
         f"{'interrupted' if summary.interrupted else 'done'}: {summary.reason} after {s.step:,} steps, "
-        f"{s.tokens:,} tokens, {fmt_duration(summary.command_seconds)}",
-        f"best val loss {s.best_val_loss:.4f} (bpb {summary.best_val_bpb:.3f}) at step {s.best_step:,}; "
-        f"saved in {summary.out}",
+        f"{s.tokens:,} tokens, {took}",
+        f"best val loss {fmt_loss(s.best_val_loss)} (bpb {fmt_loss(summary.best_val_bpb, 3)}) "
+        f"at step {s.best_step:,}; saved in {summary.out}",
     ]
+    if summary.overrun >= 0.05:
+        lines.append(
+            f"over budget: the run took {summary.overrun:.1f} s more than its max_time (start-up, the last "
+            f"step or the final evaluation and save took longer than estimated)"
+        )
     if summary.interrupted:
         lines.append(f"resume with: minigpt train --resume {summary.out}")
     else:
@@ -135,31 +184,23 @@ class LineReporter:
 
     data_progress = True
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.stream = stream
-        self.tokens_per_s = 0.0
-        self._t_last: float | None = None
-        self._tokens_last = 0
+        self.clock = clock
+        self.pace = Pace(0, 0.0, clock)
 
     def log(self, message: str) -> None:
         print(message, file=self.stream or sys.stderr, flush=True)
 
     def start(self, info: TrainingStart) -> None:
+        self.pace = Pace(info.start.tokens, info.start_progress, self.clock)
         self.log(header_text(info))
-        self._t_last = time.perf_counter()
-
-    def _measure_rate(self, tokens: int) -> None:
-        now = time.perf_counter()
-        if self._t_last is not None and tokens > self._tokens_last and now > self._t_last:
-            self.tokens_per_s = (tokens - self._tokens_last) / (now - self._t_last)
-        self._t_last, self._tokens_last = now, tokens
 
     def step(self, record: dict[str, Any], progress: float) -> None:
-        self._measure_rate(record["tokens"])
-        eta = record["elapsed"] / progress * (1 - progress) if progress > 0 else math.inf
+        self.pace.update(record["tokens"], progress)
         self.log(
-            f"step {record['step']:>6,} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
-            f"{self.tokens_per_s:,.0f} tok/s | {fmt_duration(record['elapsed'])} elapsed, ETA {fmt_duration(eta)}"
+            f"step {record['step']:>6,} | loss {fmt_loss(record['loss'])} | lr {record['lr']:.2e} | "
+            f"{self.pace.rate()} | {fmt_duration(record['elapsed'])} elapsed, ETA {fmt_duration(self.pace.eta())}"
         )
 
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:

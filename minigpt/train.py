@@ -22,7 +22,14 @@ from minigpt.errors import MinigptError
 from minigpt.reporters import ProgressReporter, QuietReporter, TrainingEnd
 from minigpt.rundir import RunDir
 from minigpt.trainconfig import TrainConfig, parse_duration
-from minigpt.trainsetup import SamplerFactory, TrainingRun, check_launch, plan_run, set_up
+from minigpt.trainsetup import (
+    EXIT_SECONDS,
+    SamplerFactory,
+    TrainingRun,
+    check_launch,
+    plan_run,
+    set_up,
+)
 from minigpt.trainstate import TrainState, save_checkpoint
 from minigpt.trainstep import evaluate, train_step
 
@@ -54,7 +61,7 @@ def train(
 ) -> TrainResult:
     """Train a model (new, resumed from `resume`, or starting from `init_from`'s weights) and save it.
 
-    On a resume `cfg` holds nothing but budget settings, which replace the saved ones. The time budget counts
+    On a resume `cfg` holds nothing or a new budget, which replaces the saved one. The time budget counts
     from `started` (a `clock()` reading; default: this call), so the CLI makes it the wall time of the whole
     command. `reporter` (rank 0's; default: silent) is told the progress, `on_step` each step's number.
     """
@@ -77,15 +84,20 @@ def run_loop(
 ) -> tuple[str, bool]:
     """Step, log, evaluate and checkpoint until the budget ends or a signal asks to stop, then evaluate and
     checkpoint once more: why it stopped, and whether a signal stopped it."""
-    state, budget = run.state, run.budget
+    state, budget, first_step = run.state, run.budget, run.state.step
     signals = StopSignals(grace=1.0 if run.runtime.dist.enabled else 0.0)
     reason, interrupted = budget.stop_reason(state), False
     with signals.installed(), run.runtime.dist.peer_errors(run.rundir.path):
         while reason is None:
+            step_started = run.budget.clock()
             loss, lr = take_step(run)
             if on_step is not None:
                 on_step(state.step)
-            stop_asked = _sync_clock(run, signals.requested is not None)
+            # the first step of a command pays one-off costs, so it does not count towards the step time
+            timed = state.step > first_step + 1
+            stop_asked = _sync_clock(
+                run, signals.requested is not None, run.budget.clock() - step_started, timed
+            )
             if state.step % run.cfg.log_every == 0 or state.step == 1:
                 _log_step(run, reporter, loss, lr)
             reason = budget.stop_reason(state)
@@ -106,7 +118,8 @@ def take_step(run: TrainingRun) -> tuple[float, float]:
     if dist.enabled and run.model_config.dropout > 0:
         # each rank its own dropout masks, reproducible from the step alone (so on any process count)
         torch.manual_seed(_step_seed(cfg.seed, dist.rank, state.step))
-    lr = lr_at(cfg, state.step, run.budget.progress(state))
+    warmup = run.budget.warmup_steps(cfg.warmup, state, run.tokens_per_step)
+    lr = lr_at(cfg, state.step, run.budget.progress(state), warmup)
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
     loss = train_step(
         run.forward,
@@ -122,7 +135,6 @@ def take_step(run: TrainingRun) -> tuple[float, float]:
             f"loss became {loss} at step {state.step}: lower lr (now {cfg.lr:g}) or raise warmup; "
             f"the last good checkpoint in {run.rundir} is untouched"
         )
-    run.recent_losses.append(loss)
     state.step += 1
     state.tokens += run.tokens_per_step
     return loss, lr
@@ -134,10 +146,6 @@ def evaluate_and_save(run: TrainingRun, reporter: ProgressReporter) -> None:
     started = run.budget.clock()
     cfg, state = run.cfg, run.state
     losses = evaluate(run.forward, run.model_config, run.dataset, cfg.batch_size, cfg.eval_iters, run.runtime)
-    # the mean step loss since the last evaluation: free, unlike a second pass over the train split
-    recent = run.recent_losses
-    losses["train_loss"] = sum(recent) / len(recent) if recent else math.nan
-    recent.clear()
     improved = state.record_eval(losses)
     record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3), **losses}
     run.history.append({"kind": "eval", **record})
@@ -153,15 +161,17 @@ def evaluate_and_save(run: TrainingRun, reporter: ProgressReporter) -> None:
         save_checkpoint(run.rundir, run.parts, run.dataset.tokenizer, state, run.settings, improved)
     reporter.evaluated(record, improved)
     run.runtime.dist.barrier()
-    run.budget.reserve = run.budget.clock() - started
+    run.budget.reserve = run.budget.clock() - started + EXIT_SECONDS
 
 
-def _sync_clock(run: TrainingRun, stop_requested: bool) -> bool:
-    """Take rank 0's clock and time reserve on every rank; whether any rank was asked to stop."""
+def _sync_clock(run: TrainingRun, stop_requested: bool, step_seconds: float, timed: bool) -> bool:
+    """Take rank 0's clock, time reserve and step time on every rank; whether any rank was asked to stop."""
     budget = run.budget
-    stop, (run.state.elapsed, budget.reserve) = run.runtime.dist.agree_stop(
-        stop_requested, budget.elapsed(), budget.reserve
+    stop, (run.state.elapsed, budget.reserve, seconds) = run.runtime.dist.agree_stop(
+        stop_requested, budget.elapsed(), budget.reserve, step_seconds
     )
+    if timed:
+        budget.observe_step(seconds)
     return stop
 
 
@@ -182,12 +192,15 @@ def _log_step(run: TrainingRun, reporter: ProgressReporter, loss: float, lr: flo
 
 def _training_end(run: TrainingRun, reason: str, interrupted: bool, command_seconds: float) -> TrainingEnd:
     state, val = run.state, run.dataset.val
+    elapsed = run.budget.elapsed()
     return TrainingEnd(
         out=run.rundir.path,
         state=state,
         reason=reason,
         interrupted=interrupted,
+        elapsed=elapsed,
         command_seconds=command_seconds,
+        overrun=run.budget.overrun(elapsed),
         best_val_bpb=bits_per_byte(state.best_val_loss, len(val), run.dataset.val_bytes),
         history=run.history,
     )

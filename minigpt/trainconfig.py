@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
 from minigpt.config import GPTConfig
@@ -22,7 +22,10 @@ RECIPES: dict[str, dict[str, Any]] = {
 SCHEDULES = ("cosine", "wsd")
 # min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
 MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
-DEFAULT_MAX_ITERS = 2000  # the budget the CLI gives a new run given none
+DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
+# warmup takes at most this fraction of the steps the budget allows, so a short or slow run still reaches
+# the peak lr early and has the rest of the budget to decay
+WARMUP_FRACTION = 0.1
 SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size")
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 
@@ -44,7 +47,7 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float | None = None
     min_lr: float | None = None  # None: MIN_LR_FRACTION of lr
-    warmup: int = 100
+    warmup: int = 100  # steps, at most WARMUP_FRACTION of those the budget allows
     # after warmup, "cosine" decays from lr to min_lr over the whole budget; "wsd" (warmup-stable-decay)
     # holds lr, then decays linearly to min_lr over the last `cooldown` fraction of the budget
     schedule: str | None = None
@@ -114,6 +117,13 @@ class TrainConfig:
         """The budget settings, unset ones left out."""
         return {name: getattr(self, name) for name in BUDGET_SETTINGS if getattr(self, name) is not None}
 
+    def with_budget(self, budget: dict[str, Any]) -> TrainConfig:
+        """This config with `budget` in place of its whole budget (settings left out of it are unset)."""
+        unknown = set(budget) - set(BUDGET_SETTINGS)
+        if unknown:
+            raise UsageError(f"not budget settings: {', '.join(sorted(unknown))}")
+        return replace(self, **{**dict.fromkeys(BUDGET_SETTINGS), **budget})
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -148,7 +158,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in '90', '90s', '10m', '1h30m' or '1.5h'."""
+    """Seconds in '90s', '10m', '1h30m' or '1.5h'; a bare number ('90') is seconds."""
     s = text.strip().lower().replace(" ", "")
     pos, total = 0, 0.0
     scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
@@ -159,7 +169,9 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * scale[m.group(2)]
         pos = m.end()
     if not s or pos != len(s) or total <= 0:
-        raise UsageError(f"cannot read duration {text!r}: use e.g. 90s, 10m, 1h30m")
+        raise UsageError(
+            f"cannot read duration {text!r}: use e.g. 90s, 10m, 1h30m (a bare number is seconds)"
+        )
     return total
 
 
@@ -171,3 +183,37 @@ def format_seconds(seconds: float) -> str:
     hours, minutes = divmod(minutes, 60)
     parts = [(hours, "h"), (minutes, "min"), (secs, "s")]
     return " ".join(f"{value} {unit}" for value, unit in parts if value)
+
+
+def _number(value: float) -> str:
+    """8e-3 rather than 0.008 for small rates, as the help writes them."""
+    if isinstance(value, float) and 0 < abs(value) < 0.01:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def default_label(name: str) -> str | None:
+    """How `train --help` states the default of the setting `name` (None: it has none), read from
+    TrainConfig, RECIPES and MIN_LR_FRACTION so the help cannot drift from them."""
+    if name in RECIPES["cpu"]:
+        return ", ".join(f"{device}: {_number(recipe[name])}" for device, recipe in RECIPES.items())
+    if name == "min_lr":
+        return ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
+    if name in SHAPE_SETTINGS:
+        return "the preset's"
+    if name == "max_iters":
+        return f"{DEFAULT_MAX_ITERS} when no budget is given"
+    default = next(f.default for f in fields(TrainConfig) if f.name == name)
+    if default is None or default is MISSING:
+        return None
+    if isinstance(default, bool):
+        return name if default else f"no-{name}"
+    return _number(default)
+
+
+def option_help(name: str, text: str) -> str:
+    """`text` with the default of the setting `name` appended, as `train --help` shows it (the bracket
+    escaped: the help is rich markup, where [default: ...] would read as a style and vanish)."""
+    label = default_label(name)
+    return f"{text} \\[default: {label}]" if label is not None else text

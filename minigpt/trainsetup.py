@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,15 @@ from minigpt.rundir import DEFAULT_ROOT, RunDir
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
-from minigpt.trainstep import Runtime
+from minigpt.trainstep import Runtime, time_evaluation
 from minigpt.weights import build_model
+
+# a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
+# replaced by the measured time after the first evaluation
+SAVE_BYTES_PER_SECOND = 200e6
+# what a command still does after its final save: the summary, leaving the process group, and exiting
+# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
+EXIT_SECONDS = 1.0
 
 SamplerFactory = Callable[[np.ndarray, int, int, int, int, int], BatchSampler]
 
@@ -43,6 +50,7 @@ class RunPlan:
     overwrite: bool = False
     tokenizer: Tokenizer | None = None  # a resumed or fine-tuned run's
     shape: GPTConfig | None = None  # likewise
+    replaced_budget: str | None = None  # a resume given a new budget: the saved one, in words
 
 
 def plan_run(
@@ -55,7 +63,7 @@ def plan_run(
     overwrite: bool = False,
 ) -> RunPlan:
     """A new run on `data` (into `out`, refused if it holds a run unless `overwrite`), a resume of `resume`
-    (with its saved settings; budget settings in `cfg` replace the saved ones), or a run starting from
+    (with its saved settings; a budget in `cfg` replaces the saved one), or a run starting from
     `init_from`'s weights and tokenizer."""
     if resume is not None:
         return _plan_resume(cfg, resume, data=data, out=out, init_from=init_from)
@@ -86,7 +94,11 @@ def _plan_resume(cfg: TrainConfig, resume: Path, **others: Any) -> RunPlan:
     saved = source.read_config()
     if not source.has_state():
         raise MinigptError(f"{resume} has no {RunDir.STATE}: nothing to resume")
-    saved_cfg = replace(TrainConfig.from_dict(saved["train"]), **cfg.budget())
+    saved_cfg = TrainConfig.from_dict(saved["train"])
+    replaced = None
+    if cfg.has_budget:
+        replaced = Budget(**saved_cfg.budget()).describe()
+        saved_cfg = saved_cfg.with_budget(cfg.budget())
     saved_data = saved["data"]
     data = DataConfig(
         **{
@@ -96,7 +108,9 @@ def _plan_resume(cfg: TrainConfig, resume: Path, **others: Any) -> RunPlan:
         }
     )
     shape = source.model_config(saved)
-    return RunPlan(saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape)
+    return RunPlan(
+        saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced
+    )
 
 
 def check_launch(nproc: int, plan: RunPlan) -> None:
@@ -175,7 +189,6 @@ class TrainingRun:
     budget: Budget
     settings: dict[str, Any]  # config.json's train, data and metrics sections
     history: list[dict[str, Any]]  # every metrics record of the run, earlier commands' included
-    recent_losses: list[float] = field(default_factory=list)  # step losses since the last evaluation
 
     @property
     def model_config(self) -> GPTConfig:
@@ -210,6 +223,8 @@ def set_up(
         state = load_checkpoint(rundir, parts)
         reporter.log(f"resuming {plan.out} at step {state.step:,} ({state.tokens:,} tokens)")
         cfg = keep_global_batch(cfg, state.world_size, dist.world_size, reporter)
+        if plan.replaced_budget is not None:
+            state.time_budget_from = state.elapsed  # a new time budget counts this command's time
     state.world_size = dist.world_size
     settings = {"train": cfg.to_dict(), "data": data_dict(plan.data), "metrics": {}}
     if dist.is_master and not plan.resume:
@@ -221,10 +236,11 @@ def set_up(
         forward = torch.compile(forward)
     # steps logged after the checkpoint a resume starts from are trained again: their records go
     history = rundir.rewind_metrics(state.step) if plan.resume and dist.is_master else []
-    budget = Budget.of(cfg, clock)
+    budget = Budget.of(cfg, state, clock)
     budget.start(started, state.elapsed)
     run = TrainingRun(cfg, rundir, runtime, dataset, parts, forward, state, budget, settings, history)
-    reporter.start(_training_start(run))
+    _reserve_time(run)
+    reporter.start(_training_start(run, plan))
     return run
 
 
@@ -256,7 +272,33 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
     return model
 
 
-def _training_start(run: TrainingRun) -> TrainingStart:
+def _reserve_time(run: TrainingRun) -> None:
+    """Before the first evaluation, keep time for the final one from a timed forward pass and a guess at
+    the save, agreed with the other ranks, along with the clock."""
+    cfg, budget = run.cfg, run.budget
+    if budget.max_time is not None:
+        n_params = count_params(run.model_config).exact_total
+        evaluation = time_evaluation(
+            run.forward,
+            run.model_config,
+            run.dataset,
+            cfg.batch_size,
+            cfg.eval_iters,
+            run.runtime,
+            budget.clock,
+        )
+        budget.reserve = evaluation + 16 * n_params / SAVE_BYTES_PER_SECOND + EXIT_SECONDS
+    _, (run.state.elapsed, budget.reserve) = run.runtime.dist.agree_stop(
+        False, budget.elapsed(), budget.reserve
+    )
+
+
+def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
+    budget = run.budget.describe()
+    if plan.replaced_budget is not None:
+        budget += f" (set on resume, in place of the saved {plan.replaced_budget})"
+    elif plan.resume:
+        budget += " (as saved)"
     cfg, runtime = run.cfg, run.runtime
     return TrainingStart(
         out=run.rundir.path,
@@ -270,5 +312,8 @@ def _training_start(run: TrainingRun) -> TrainingStart:
         world_size=runtime.dist.world_size,
         batch_size=cfg.batch_size,
         grad_accum=cfg.grad_accum,
-        budget=run.budget.describe(),
+        budget=budget,
+        start=replace(run.state),
+        start_progress=run.budget.progress(run.state),
+        elapsed=run.state.elapsed,
     )

@@ -29,6 +29,9 @@ class TrainState:
     last_eval: dict[str, float] = field(default_factory=dict)
     # processes that trained the run so far: a resume on another count keeps the global batch
     world_size: int = 1
+    # the run's elapsed seconds when its time budget started counting: a time budget given on a resume
+    # counts that command's own time
+    time_budget_from: float = 0.0
 
     def record_eval(self, losses: dict[str, float]) -> bool:
         """Keep an evaluation's losses; whether its validation loss is the best so far."""

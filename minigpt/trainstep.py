@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,10 +109,35 @@ def evaluate(
     eval_iters: int,
     runtime: Runtime,
 ) -> dict[str, float]:
-    """Validation loss, bits per byte and perplexity."""
+    """Validation loss, bits per byte and perplexity, and the loss on as many fixed windows of the training
+    split (nanoGPT's convention: both measured the same way, so the gap between them means something)."""
     val_loss = split_loss(model, config, dataset.val, batch_size, eval_iters, runtime)
+    train_loss = split_loss(model, config, dataset.train, batch_size, eval_iters, runtime)
     return {
         "val_loss": val_loss,
+        "train_loss": train_loss,
         "val_bpb": bits_per_byte(val_loss, len(dataset.val), dataset.val_bytes),
         "val_ppl": math.exp(min(val_loss, 700)),
     }
+
+
+def time_evaluation(
+    model: torch.nn.Module,
+    config: GPTConfig,
+    dataset: Dataset,
+    batch_size: int,
+    eval_iters: int,
+    runtime: Runtime,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Seconds an evaluate() call should take, from one timed forward pass over a chunk of windows (the
+    first pass pays one-off costs, so this errs long)."""
+    sample = dataset.val[: _chunk(config, batch_size) * config.block_size + 1]
+    start = clock()
+    split_loss(model, config, sample, batch_size, len(sample), runtime)
+    seconds = clock() - start
+    windows = sum(
+        min(eval_iters * batch_size * runtime.dist.world_size, (len(tokens) - 1) // config.block_size)
+        for tokens in (dataset.val, dataset.train)
+    )
+    return seconds * windows / ((len(sample) - 1) // config.block_size)

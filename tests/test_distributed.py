@@ -126,10 +126,11 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
 ) -> None:
     """`minigpt train --nproc 2` with batch 2 per rank takes the step that one process takes on batch 4 made
     of the same windows: loss, gradients (the AdamW first moments after one step are 0.1 x grad), weights and
-    the cross-rank validation loss agree. The 2-process checkpoint then resumes in one process."""
+    the cross-rank validation loss agree. The 2-process checkpoint then resumes in one process. (A 1-step budget
+    caps warmup at that one step, so lr 8e-5 is the first step's.)"""
     two = tmp_path / "two"
     opts = ["--preset", "tiny", "--eval-iters", "2", "--max-iters", "1", "--device", "cpu", "--dtype", "float32",
-            "--seed", "7", "--dropout", "0"]  # fmt: skip
+            "--seed", "7", "--dropout", "0", "--lr", "8e-5"]  # fmt: skip
     cmd = [sys.executable, "-m", "minigpt", "train", str(text_file), *opts, "--batch-size", "2", "--out", str(two),
            "--nproc", "2"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
@@ -144,7 +145,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     ]
 
     cfg = TrainConfig(
-        preset="tiny", eval_iters=2, max_iters=1, device="cpu", dtype="float32", seed=7, batch_size=4
+        preset="tiny", eval_iters=2, max_iters=1, device="cpu", dtype="float32", seed=7, batch_size=4, lr=8e-5
     )
     train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one", make_sampler=UnionSampler)
 

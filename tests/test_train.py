@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT
+from rich.console import Console
 
 from minigpt.budget import Budget, lr_at
 from minigpt.cli import app
@@ -24,9 +28,13 @@ from minigpt.data import BatchSampler, DataConfig, prepare_data
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
 from minigpt.model import GPT
-from minigpt.reporters import LineReporter
+from minigpt.panel import TrainingPanel
+from minigpt.presets import PRESETS
+from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
 from minigpt.rundir import RunDir
+from minigpt.tokenizer import DEFAULT_BPE_VOCAB_SIZE
 from minigpt.train import TrainConfig, TrainState, parse_duration, train
+from minigpt.trainconfig import DEFAULT_MAX_ITERS, RECIPES, default_label
 from minigpt.trainsetup import make_optimizer
 from minigpt.trainstep import Runtime, evaluate, split_loss, train_step
 
@@ -171,7 +179,7 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
     [
         (dict(max_iters=3), "max_iters 3", lambda s: s.step == 3),
         (dict(max_tokens=4 * 32 * 5), "max_tokens 640", lambda s: s.step == 5),
-        (dict(max_time=0.5), "max_time 0.5 s", lambda s: s.step >= 1),
+        (dict(max_time=2.0), "max_time 2 s", lambda s: s.step >= 1),
         (dict(max_iters=100000, max_tokens=4 * 32 * 2), "max_tokens 256", lambda s: s.step == 2),
     ],
 )
@@ -185,12 +193,26 @@ def test_budgets_first_reached_stops(
 
 
 def test_schedules() -> None:
-    cos = TrainConfig(lr=1.0, min_lr=0.1, warmup=10, schedule="cosine")
-    assert lr_at(cos, 0, 0.0) == pytest.approx(0.1) and lr_at(cos, 9, 0.0) == pytest.approx(1.0)
-    assert lr_at(cos, 50, 0.5) == pytest.approx(0.55) and lr_at(cos, 99, 1.0) == pytest.approx(0.1)
-    wsd = TrainConfig(lr=1.0, min_lr=0.0, warmup=10, schedule="wsd", cooldown=0.4)
-    assert [lr_at(wsd, 50, p) for p in (0.1, 0.6, 0.7, 0.9, 1.0)] == pytest.approx([1, 1, 0.75, 0.25, 0])
-    assert lr_at(wsd, 5, 0.0) == pytest.approx(0.6)  # warmup comes first either way
+    cos = TrainConfig(lr=1.0, min_lr=0.1, schedule="cosine")
+    assert lr_at(cos, 0, 0.0, 10) == pytest.approx(0.1) and lr_at(cos, 9, 0.0, 10) == pytest.approx(1.0)
+    assert lr_at(cos, 50, 0.5, 10) == pytest.approx(0.55) and lr_at(cos, 99, 1.0, 10) == pytest.approx(0.1)
+    wsd = TrainConfig(lr=1.0, min_lr=0.0, schedule="wsd", cooldown=0.4)
+    lrs = [lr_at(wsd, 50, p, 10) for p in (0.1, 0.6, 0.7, 0.9, 1.0)]
+    assert lrs == pytest.approx([1, 1, 0.75, 0.25, 0])
+    assert lr_at(wsd, 5, 0.0, 10) == pytest.approx(0.6)  # warmup comes first either way
+    assert lr_at(wsd, 0, 0.0, 0) == 1.0  # no warmup
+
+
+def test_warmup_is_capped_at_a_tenth_of_the_budget() -> None:
+    assert Budget(max_iters=50).warmup_steps(100, TrainState(), 1000) == 5
+    assert Budget(max_iters=5000).warmup_steps(100, TrainState(), 1000) == 100
+    assert Budget(max_tokens=30_000).warmup_steps(100, TrainState(), 1000) == 3  # 30 steps of 1000 tokens
+    assert Budget(max_iters=50).warmup_steps(0, TrainState(), 1000) == 0
+    clock = FakeClock()
+    timed = Budget(max_time=100.0, reserve=5.0, clock=clock)
+    assert timed.warmup_steps(100, TrainState(), 1000) == 100  # no step timed yet: nothing to cap it by
+    timed.observe_step(1.0)  # 10 s in, steps of 1 s: about 84 more fit before the reserve
+    assert timed.warmup_steps(100, TrainState(step=2, elapsed=10.0), 1000) == 8
 
 
 def test_recipes_fill_what_was_left_unset() -> None:
@@ -231,21 +253,103 @@ def test_budget_with_a_fake_clock() -> None:
     assert budget.progress(state) == pytest.approx(7 / 8)
     budget.reserve = 3.0
     assert budget.stop_reason(state) == "reached max_time 10 s" and budget.progress(state) == 1.0
+    budget.reserve = 2.0
+    budget.observe_step(0.5)  # the next step must fit before the reserve too
+    assert budget.progress(state) == pytest.approx(7 / 7.5) and budget.stop_reason(state) is None
+    budget.observe_step(1.5)  # a running estimate: 0.5 + 0.1 x (1.5 - 0.5)
+    assert budget.step_seconds == pytest.approx(0.6)
+    assert budget.overrun(12.0) == pytest.approx(2.0) and budget.overrun(9.0) == 0.0
     steps = Budget(max_iters=10, max_tokens=1000, reserve=3.0)
     assert steps.progress(TrainState(step=5, tokens=100)) == 0.5  # the largest fraction; no time budget
     assert steps.stop_reason(TrainState(step=5, tokens=1000)) == "reached max_tokens 1,000"
-    assert steps.describe() == "10 steps or 1,000 tokens"
+    assert steps.describe() == "10 steps or 1,000 tokens" and steps.overrun(1e9) == 0.0
+    # a time budget set on a resume counts from where that command began
+    later = Budget(max_time=5.0, time_from=100.0)
+    assert later.progress(TrainState(elapsed=102.0)) == pytest.approx(0.4)
+    assert later.describe() == "5 s of wall time from 1 min 40 s into the run"  # a bare 5 reads as this
+    assert later.stop_reason(TrainState(elapsed=105.0)) == "reached max_time 5 s"
 
 
 def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_path: Path) -> None:
-    import time
-
     cfg = tiny_cfg(max_iters=None, max_time=30.0, eval_every=10_000)
     t0 = time.perf_counter()
     result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", started=t0 - 29.8)
     assert result.stop_reason == "reached max_time 30 s"
     assert time.perf_counter() - t0 < 20.0  # 0.2 s of the budget was left, not 30 s
     assert result.state.elapsed >= 29.8
+
+
+@pytest.mark.parametrize("schedule", ["wsd", "cosine"])
+def test_a_slow_time_budget_still_reaches_the_peak_lr_and_decays_fully(
+    text_file: Path, tmp_path: Path, schedule: str
+) -> None:
+    """Steps of 1 s (a fake clock) under a 60 s budget: about 59 steps, fewer than the 100 warmup steps
+    asked for, so warmup is cut to a tenth of them once the first steps are timed."""
+    clock = FakeClock()
+
+    def one_second_steps(step: int) -> None:
+        clock.now += 1.0
+
+    cfg = tiny_cfg(
+        max_iters=None, max_time=60.0, warmup=100, eval_every=10_000, log_every=1, schedule=schedule
+    )
+    result = train(
+        cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", clock=clock, started=clock.now,
+        on_step=one_second_steps,
+    )  # fmt: skip
+    lrs = [r["lr"] for r in result.metrics if r["kind"] == "train"]
+    peak = RECIPES["cpu"]["lr"]
+    assert result.stop_reason == "reached max_time 1 min" and 50 <= len(lrs) <= 60
+    assert max(lrs) == pytest.approx(peak) and lrs.index(max(lrs)) < len(lrs) // 10
+    final = 0.0 if schedule == "wsd" else peak / 10
+    assert lrs[-1] == pytest.approx(final, abs=0.05 * peak)  # within one step of the end of the decay
+
+
+def test_budgets_given_on_resume_replace_the_saved_budget(text_file: Path, tmp_path: Path) -> None:
+    out, log = tmp_path / "run", io.StringIO()
+    now = time.perf_counter()
+    first = train(tiny_cfg(max_iters=4), data_cfg(text_file, tmp_path), out=out, started=now - 1000)
+    assert first.state.step == 4 and first.state.elapsed > 1000  # a run that took over 16 minutes
+    # a time budget given on resume counts this command's time, not the run's, and replaces max_iters
+    second = train(TrainConfig(max_time=3.0), resume=out, reporter=LineReporter(log))
+    assert second.stop_reason == "reached max_time 3 s" and second.state.step > 4
+    assert "budget: 3 s of wall time from 16 min 4" in log.getvalue()
+    assert "(set on resume, in place of the saved 4 steps)" in log.getvalue()
+    saved = json.loads((out / RunDir.CONFIG).read_text())["train"]
+    assert (saved["max_iters"], saved["max_time"]) == (None, 3.0)
+    # none given: the saved budget stands, still counted from where that resume began
+    third = train(TrainConfig(), resume=out, reporter=LineReporter(log))
+    assert third.stop_reason == "reached max_time 3 s" and third.state.step == second.state.step
+    assert "budget: 3 s of wall time from 16 min 4" in log.getvalue() and "(as saved)" in log.getvalue()
+    # steps given on resume count over the whole run, whatever time budget there was
+    fourth = train(TrainConfig(max_iters=second.state.step + 3), resume=out)
+    assert fourth.stop_reason == f"reached max_iters {second.state.step + 3}"
+
+
+def test_the_time_reserve_is_estimated_before_the_first_evaluation(text_file: Path, tmp_path: Path) -> None:
+    from minigpt.distributed import DistContext
+    from minigpt.reporters import QuietReporter
+    from minigpt.trainsetup import EXIT_SECONDS, plan_run, set_up
+
+    plan = plan_run(
+        tiny_cfg(max_iters=None, max_time=60.0), data_cfg(text_file, tmp_path), out=tmp_path / "r"
+    )
+    run = set_up(plan, DistContext(), QuietReporter())
+    assert EXIT_SECONDS < run.budget.reserve < 10.0  # a timed forward pass and the save, not zero
+
+
+def test_over_budget_runs_say_by_how_much(text_file: Path, tmp_path: Path) -> None:
+    log = io.StringIO()
+    cfg = tiny_cfg(max_iters=None, max_time=2.0)
+    train(
+        cfg,
+        data_cfg(text_file, tmp_path),
+        out=tmp_path / "run",
+        started=time.perf_counter() - 5,
+        reporter=LineReporter(log),
+    )
+    assert "done: reached max_time 2 s after 0 steps" in log.getvalue()
+    assert re.search(r"over budget: the run took [3-9]\.\d s more than its max_time", log.getvalue())
 
 
 @pytest.mark.parametrize(
@@ -259,6 +363,109 @@ def test_parse_duration(text: str, seconds: float) -> None:
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(MinigptError):
         parse_duration(text)
+
+
+def _default_values(label: str) -> dict[str, str]:
+    """'cpu: 8e-3, gpu: 1e-3' -> {'cpu': '8e-3', 'gpu': '1e-3'}; '100' -> {'': '100'}."""
+    parts = [part.split(": ") if ": " in part else ["", part] for part in label.split(", ")]
+    return {key: value for key, value in parts}
+
+
+def _same(text: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return text in ("bias", "compile") if value else text.startswith("no-")
+    try:
+        return float(text) == float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return text == str(value)
+
+
+def test_train_help_shows_every_default_as_the_config_has_it(runner) -> None:
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"})
+    shown = " ".join(result.output.replace("│", " ").split())
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        if f.name in ("beta1", "max_time", "max_tokens"):  # no option, or no default
+            continue
+        label = default_label(f.name)
+        assert label is not None and f"[default: {label}]" in shown, f.name
+        values = _default_values(label)
+        if f.name in RECIPES["cpu"]:
+            assert values.keys() == RECIPES.keys(), f.name
+            assert all(_same(values[d], RECIPES[d][f.name]) for d in RECIPES), f.name
+        elif getattr(defaults, f.name) is not None:
+            assert _same(values[""], getattr(defaults, f.name)), f.name
+    assert default_label("min_lr") == "cosine: lr/10, wsd: 0"
+    assert (
+        TrainConfig(lr=1.0).with_recipe("cuda").min_lr == 0.1
+        and TrainConfig(lr=1.0).with_recipe("cpu").min_lr == 0
+    )
+    assert f"[default: {DEFAULT_MAX_ITERS} when no budget is given]" in shown
+    assert f"Model shape preset: {', '.join(PRESETS)}." in shown and "nano" in PRESETS
+    data = DataConfig(paths=(Path("x"),))
+    for option, value in (("tokenizer", data.tokenizer), ("vocab-size", DEFAULT_BPE_VOCAB_SIZE),
+                          ("val-fraction", data.val_fraction), ("encoding", data.encoding),
+                          ("encoding-errors", data.errors)):  # fmt: skip
+        assert re.search(rf"--{option} .*?\[default: {value}\]", shown), option
+    assert "(a bare number is seconds)" in shown
+
+
+def training_start(start: TrainState, progress: float = 0.0, elapsed: float = 0.0) -> TrainingStart:
+    return TrainingStart(
+        out=Path("checkpoints/some-rather-long-run-name"), model=GPTConfig(vocab_size=65, n_layer=2, n_embd=128,
+        n_head=4, block_size=64), n_params=413_312, tokenizer="char (65 symbols)", train_tokens=1_003_855,
+        val_tokens=111_539, device="cpu", dtype="float32", world_size=1, batch_size=16, grad_accum=1,
+        budget="5 min of wall time from 10 min into the run (set on resume, in place of the saved 2,000 steps)",
+        start=start, start_progress=progress, elapsed=elapsed,
+    )  # fmt: skip
+
+
+def panel_lines(panel: TrainingPanel) -> list[str]:
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    with console.capture() as captured:
+        console.print(panel.render())
+    return captured.get().splitlines()
+
+
+def test_panel_shows_dashes_until_there_are_values_and_fits_80_columns() -> None:
+    clock = FakeClock()
+    panel = TrainingPanel(console=Console(file=io.StringIO()), live=False, clock=clock)
+    panel.start(training_start(TrainState(), elapsed=2.0))
+    lines = panel_lines(panel)
+    assert all(len(line) <= 80 for line in lines) and "nan" not in "".join(lines)
+    assert "step loss —" in lines[2] and "— tok/s" in lines[2]
+    assert "val loss —  train loss —  best val —" in lines[3]
+    assert lines[1].startswith("elapsed 0:02  ETA —")
+    clock.now += 1.0  # no step yet: the clock figures move on each redraw anyway
+    assert panel_lines(panel)[1].startswith("elapsed 0:03")
+
+
+def test_panel_after_a_resume_carries_the_best_loss_and_counts_its_own_rate() -> None:
+    clock = FakeClock()
+    panel = TrainingPanel(console=Console(file=io.StringIO()), live=False, clock=clock)
+    resumed = TrainState(step=1000, tokens=1_024_000, elapsed=600.0, best_val_loss=1.5, best_step=1000,
+                         last_eval={"val_loss": 1.5, "train_loss": 1.4})  # fmt: skip
+    panel.start(training_start(resumed, progress=0.5, elapsed=602.0))
+    assert "best val 1.5000 at step 1,000" in panel_lines(panel)[3]
+    clock.now += 2.0
+    panel.step({"step": 1010, "tokens": 1_034_240, "elapsed": 604.0, "loss": 1.45, "lr": 1e-3}, 0.51)
+    lines = panel_lines(panel)
+    assert "5,120 tok/s" in lines[2]  # 10,240 tokens in 2 s, not the run's 1 million since step 0
+    assert lines[1].startswith("elapsed 10:04  ETA 1:38")  # 49% of the budget left, at 1% per 2 s
+    clock.now += 96.0
+    end = TrainingEnd(out=Path("run"), state=resumed, reason="reached max_iters 2,000", interrupted=False,
+                      elapsed=700.0, command_seconds=100.0, overrun=0.0, best_val_bpb=2.1, history=[])  # fmt: skip
+    assert panel_lines(panel)[1].startswith("elapsed 11:40")
+    assert "2,000 after 1,000 steps, 1,024,000 tokens, 11:40 (1:40 in this command)" in done_text(end)
+
+
+def test_the_live_panel_redraws_on_a_timer() -> None:
+    out = io.StringIO()
+    panel = TrainingPanel(console=Console(file=out, force_terminal=True, width=80), live=True)
+    panel.start(training_start(TrainState()))
+    time.sleep(1.1)  # no steps: only the timer redraws
+    panel.finish(TrainingEnd(Path("run"), TrainState(), "reached max_iters 1", False, 1.0, 1.0, 0.0, 2.0, []))
+    assert out.getvalue().count("elapsed 0:0") >= 3
 
 
 class PoisonedSampler(BatchSampler):
@@ -334,6 +541,8 @@ def test_evaluate_scores_the_same_fixed_windows_each_time(text_file: Path, tmp_p
     with torch.no_grad():
         assert first["val_loss"] == pytest.approx(model(x, y)[1].item(), rel=1e-5)
     assert split_loss(model, model.config, dataset.val, 4, 3, cpu) == pytest.approx(first["val_loss"])
+    # the train loss is measured the same way, on as many fixed windows of the training split
+    assert first["train_loss"] == pytest.approx(split_loss(model, model.config, dataset.train, 4, 3, cpu))
 
 
 def test_the_library_is_quiet_and_needs_no_rich(text_file: Path, tmp_path: Path, capsys) -> None:
@@ -530,6 +739,7 @@ def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> 
         (["--lr", "-1"], "lr"),
         (["--max-time", "soon"], "duration"),
         (["--n-embd", "30", "--n-head", "4"], "divisible"),
+        (["--n-embd", "128", "--n-head", "3"], "try n_head 2 or 4, or n_embd 120 or 144"),
         (["--dropout", "1.5"], "dropout"),
         (["--tokenizer", "nonsense"], "tokenizer"),
         (["--device", "tpu"], "device"),
