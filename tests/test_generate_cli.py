@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sampling import SCRIPT, ByteTokenizer, bigram_model
+from test_decode import SCRIPT, ByteTokenizer, bigram_model
 
 from minigpt import checkpoint
 from minigpt.checkpoint import WEIGHTS_FILE, save_run_files
-from minigpt.cli import SAMPLE_SEPARATOR, app
+from minigpt.cli import app
 from minigpt.config import GPTConfig
+from minigpt.decode import SAMPLE_SEPARATOR
 from minigpt.model import GPT
 from minigpt.tokenizer import CharTokenizer
 
