@@ -209,7 +209,7 @@ def qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Project x (B, T, C) to per-head queries, keys and values, each a (B, H, T, hd) view."""
     B, T, C = x.shape
-    q, k, v = linear(w.c_attn, x).view(B, T, 3, w.n_head, C // w.n_head).permute(2, 0, 3, 1, 4)
+    q, k, v = linear(w.c_attn, x).view(B, T, 3, w.n_head, C // w.n_head).permute(2, 0, 3, 1, 4).unbind(0)
     return q, k, v
 
 
