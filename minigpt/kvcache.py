@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from minigpt.errors import UsageError
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "first_position"]
 
 Array = TypeVar("Array", bound=Any)  # torch.Tensor or np.ndarray: both slice and assign alike
 
@@ -49,3 +49,14 @@ class KVCache(Generic[Array]):
     def reset(self) -> None:
         """Forget every cached position (the buffers are reused, not freed)."""
         self.pos = 0
+
+
+def first_position(cache: KVCache[Any] | None, new: int, block_size: int) -> int:
+    """The position of the first of `new` tokens fed after the cached ones (0 without a cache), checked to
+    leave the whole sequence inside the model's block_size."""
+    start = cache.pos if cache is not None else 0
+    if start + new > block_size:
+        raise UsageError(
+            f"sequence of {start + new} tokens is longer than the model's block_size {block_size}"
+        )
+    return start

@@ -17,8 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minigpt.config import GPTConfig
-from minigpt.errors import UsageError
-from minigpt.kvcache import KVCache
+from minigpt.kvcache import KVCache, first_position
 from minigpt.weight_tree import (
     AttentionWeights,
     BlockWeights,
@@ -284,11 +283,7 @@ def transformer(
 ) -> torch.Tensor:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
     T = idx.size(1)
-    start = cache.pos if cache is not None else 0
-    if start + T > w.wpe.size(0):
-        raise UsageError(
-            f"sequence of {start + T} tokens is longer than the model's block_size {w.wpe.size(0)}"
-        )
+    start = first_position(cache, T, w.wpe.size(0))
     x = _dropout(F.embedding(idx, w.wte) + w.wpe[start : start + T], dropout)
     for layer, b in enumerate(w.h):
         x = block(b, x, layer, cache, attention, dropout)

@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from minigpt.config import GPTConfig
-from minigpt.errors import UsageError
-from minigpt.kvcache import KVCache
+from minigpt.kvcache import KVCache, first_position
 from minigpt.weight_tree import (
     AttentionWeights,
     BlockWeights,
@@ -97,11 +96,7 @@ def block(w: BlockWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache |
 def transformer(w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | None) -> np.ndarray:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
     T = idx.shape[1]
-    start = cache.pos if cache is not None else 0
-    if start + T > w.wpe.shape[0]:
-        raise UsageError(
-            f"sequence of {start + T} tokens is longer than the model's block_size {w.wpe.shape[0]}"
-        )
+    start = first_position(cache, T, w.wpe.shape[0])
     x = w.wte[idx] + w.wpe[start : start + T]
     for layer, b in enumerate(w.h):
         x = block(b, x, layer, cache)
