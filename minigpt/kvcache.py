@@ -2,7 +2,8 @@
 
 Written against the slicing both array types share, so the torch model and the NumPy model cache the
 same way: `update` writes a layer's new keys and values in place (no concatenation per step) and returns
-views of everything cached so far; the forward pass calls `advance` once every layer has written.
+views of everything cached so far; the forward pass calls `advance` once every layer has written, and
+asks `first_position` where its new tokens go.
 """
 
 from __future__ import annotations
