@@ -183,6 +183,18 @@ def test_sampling_rules(backend: str) -> None:
 # --- the torch model behind its engine ------------------------------------------------------------------
 
 
+def test_cached_forward_matches_full_forward() -> None:
+    model = tiny_model(scale=1.0)
+    idx = torch.randint(0, TINY.vocab_size, (2, 12))
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        full, _ = model(idx, all_logits=True)
+        first, _ = model(idx[:, :7], kv_cache=cache, all_logits=True)
+        second, _ = model(idx[:, 7:9], kv_cache=cache, all_logits=True)  # several new tokens at once
+        steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(9, 12)]
+    torch.testing.assert_close(torch.cat([first, second, torch.stack(steps, 1)], 1), full)
+
+
 @pytest.mark.parametrize(("bias", "tied"), [(True, True), (False, False)])
 def test_the_weight_tree_gives_the_forward_of_the_modules(bias: bool, tied: bool) -> None:
     config = GPTConfig(
