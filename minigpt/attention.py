@@ -1,10 +1,11 @@
-"""Attention patterns through a separate, explicit replay of the model, and their terminal and PNG views."""
+"""Attention patterns as the model's own attention computes them, and their terminal and PNG views."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,49 +103,42 @@ class AttentionMaps:
     logits: torch.Tensor  # (T, vocab_size), what the model's forward gives with all_logits=True
 
 
-def _replay(model: GPT, ids: Sequence[int], keep: Callable[[int, torch.Tensor], None]) -> torch.Tensor:
-    """Run the model block by block with attention written out, handing each layer's (H, T, T) weights to keep.
+@contextlib.contextmanager
+def _inference(model: GPT) -> Iterator[None]:
+    """Eval mode (no dropout: inspection is inference) and no gradients, the model's mode restored after."""
+    import torch
 
-    The model's own forward uses fused SDPA, which never materialises the weights; this path recomputes
-    softmax(QKᵀ/√d) explicitly from the same modules, so the forward stays as fast as it was. Dropout is off
-    (inspection is inference), whatever mode the model is in. Returns the logits (T, V).
-    """
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(training)
+
+
+def _probabilities(model: GPT, ids: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each layer's (H, T, T) attention probabilities over ids, from GPT.forward itself, and the logits (T, V)."""
     import torch
 
     config = model.config
-    T = len(ids)
-    if T == 0:
+    if not ids:
         raise UsageError("there are no tokens to look at: give some text")
-    if T > config.block_size:
-        raise UsageError(f"{T} tokens is longer than the model's block_size {config.block_size}")
-    device = model.transformer.wte.weight.device
-    idx = torch.tensor([list(ids)], dtype=torch.long, device=device)
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    with torch.no_grad():
-        pos = torch.arange(T, device=device)
-        x = model.transformer.wte(idx) + model.transformer.wpe(pos)
-        for layer, block in enumerate(model.transformer.h):
-            attn = block.attn
-            q, k, v = attn.qkv(block.ln_1(x))
-            scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(k.size(-1))
-            weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-            keep(layer, weights[0])
-            y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(1, T, config.n_embd)
-            x = x + attn.c_proj(y)
-            # the MLP's dropout is the only stochastic part left: apply the MLP's layers by hand too
-            mlp = block.mlp
-            x = x + mlp.c_proj(mlp.gelu(mlp.c_fc(block.ln_2(x))))
-        logits = model.lm_head(model.transformer.ln_f(x))
-    return logits[0]
+    if len(ids) > config.block_size:
+        raise UsageError(f"{len(ids)} tokens is longer than the model's block_size {config.block_size}")
+    idx = torch.tensor([list(ids)], dtype=torch.long, device=model.transformer.wte.weight.device)
+    layers: list[torch.Tensor] = []
+    with _inference(model):
+        logits, _ = model(idx, all_logits=True, attention=layers)
+    return [w[0] for w in layers], logits[0]
 
 
 def attention_maps(model: GPT, ids: Sequence[int]) -> AttentionMaps:
     """All layers' and heads' full T x T patterns (memory grows as n_layer * n_head * T²)."""
     import torch
 
-    layers: list[torch.Tensor] = []
-    logits = _replay(model, ids, lambda _layer, w: layers.append(w.cpu()))
-    return AttentionMaps(weights=torch.stack(layers), logits=logits.float().cpu())
+    layers, logits = _probabilities(model, ids)
+    return AttentionMaps(weights=torch.stack(layers).cpu(), logits=logits.float().cpu())
 
 
 def attention_row(model: GPT, ids: Sequence[int], position: int = -1) -> torch.Tensor:
@@ -155,9 +149,8 @@ def attention_row(model: GPT, ids: Sequence[int], position: int = -1) -> torch.T
     import torch
 
     position = resolve_index(position, len(ids), "position", "tokens") if ids else 0
-    rows: list[torch.Tensor] = []
-    _replay(model, ids[: position + 1], lambda _layer, w: rows.append(w[:, -1, :].cpu()))
-    return torch.stack(rows)
+    layers, _ = _probabilities(model, ids[: position + 1])
+    return torch.stack([w[:, -1, :] for w in layers]).cpu()
 
 
 def top_attended(row: torch.Tensor, k: int) -> list[tuple[int, float]]:

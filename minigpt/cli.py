@@ -611,6 +611,7 @@ def attention(
         token_labels,
         write_png,
     )
+    from minigpt.engines import load_engine
     from minigpt.rundir import RunDir
 
     if head is not None and layer is None:
@@ -620,7 +621,8 @@ def attention(
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using model {model} (the latest run; pass --model DIR for another)", err=True)
-    gpt, tokenizer, _ = RunDir(model).load_model()
+    engine, tokenizer = load_engine(model, "torch", "cpu", "float32")
+    gpt = engine.model
     config = gpt.config
     ids = tokenizer.encode(text)
     dropped = max(0, len(ids) - config.block_size)
@@ -774,9 +776,6 @@ class DtypeName(str, Enum):
     float16 = "float16"
 
 
-SAMPLE_SEPARATOR = "\n---------------\n"
-
-
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     """The prompt text from the argument, --prompt-file, or standard input ('-')."""
     if prompt is not None and prompt_file is not None:
@@ -914,15 +913,8 @@ def generate(
     # never spin pay a wake-up per region (108 vs 195 tokens/s idle); a short spin keeps most of both
     # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    from minigpt.generation import (
-        Generation,
-        TextStream,
-        as_engine,
-        check_sampling,
-        choose_backend,
-        encode_prompt,
-        resolve_slide,
-    )
+    from minigpt.decode import Generation, TextStream, check_sampling, encode_prompt, write_text
+    from minigpt.engines import choose_backend, load_engine
     from minigpt.rundir import RunDir
 
     if max_new_tokens < 1:
@@ -940,94 +932,31 @@ def generate(
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
-    weights = RunDir(model).weights_path
-    engine_name = choose_backend(backend.value, device.value, dtype.value, explain=explain, weights=weights)
+    engine_name = choose_backend(
+        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path
+    )
     if engine_name == "numpy":
         # a decode step is a few matrix-vector products, memory-bound: a second BLAS thread gains little
         # idle and, spinning against other work on a shared CPU, costs up to ten times (bench_generate.py)
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        from minigpt.numpy_engine import NumpyEngine
-
-        engine, tokenizer, _ = NumpyEngine.load(model)
-        gpt = None
-        device_name, dtype_name = "cpu", "float32"
-    else:
-        from minigpt.device import resolve_device, resolve_dtype
-
-        torch_device = resolve_device(device.value)
-        torch_dtype = resolve_dtype(dtype.value, torch_device)
-        gpt, tokenizer, _ = RunDir(model).load_model(str(torch_device))
-        gpt.to(torch_dtype)
-        engine = as_engine(gpt)
-        device_name, dtype_name = str(torch_device), str(torch_dtype).removeprefix("torch.")
-    block_size = engine.block_size
-    slide = resolve_slide(slide, block_size)
+    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value)
     ids = encode_prompt(tokenizer, text)
-    if len(ids) > block_size:
+    if len(ids) > engine.block_size:
         typer.echo(
-            f"warning: the prompt is {len(ids):,} tokens, longer than the model's context of {block_size}: "
-            f"keeping its last {block_size}",
+            f"warning: the prompt is {len(ids):,} tokens, longer than the model's context of "
+            f"{engine.block_size}: keeping its last {engine.block_size}",
             err=True,
         )
-    if seed is None:
-        seed = secrets.randbits(31)
     gen = Generation(
         engine, tokenizer, ids, max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, stop=stops, slide=slide,
+        top_k=top_k, top_p=top_p, seed=secrets.randbits(31) if seed is None else seed, stop=stops, slide=slide,
     )  # fmt: skip
-    if stream is None:
-        stream = not as_json and sys.stdout.isatty()
-    out = sys.stdout
-    shown = 0  # the sample being streamed; later ones wait in `pending` until it is done
-    pending = [""] * num_samples
-    finished = [False] * num_samples
     try:
-        for event in gen.events():
-            if not stream:
-                continue
-            if event.sample == shown:
-                out.write(event.text)
-            else:
-                pending[event.sample] += event.text
-            finished[event.sample] |= event.done
-            while shown < num_samples and finished[shown]:
-                shown += 1
-                if shown < num_samples:
-                    out.write(SAMPLE_SEPARATOR + pending[shown])
-            out.flush()
-        samples = gen.samples
         if as_json:
-            _emit_json(
-                {
-                    "model": str(model),
-                    "prompt_tokens": len(ids),
-                    "seed": seed,
-                    "temperature": temperature,
-                    "top_k": top_k,
-                    "top_p": top_p,
-                    "backend": engine_name,
-                    "device": device_name,
-                    "dtype": dtype_name,
-                    "time_to_first_token_s": round(gen.time_to_first_token, 4),
-                    "seconds": round(gen.seconds, 4),
-                    "tokens_per_second": round(gen.tokens_per_second, 2),
-                    "samples": [
-                        {
-                            "text": s.text,
-                            "completion_tokens": len(s.token_ids),
-                            "tokens_per_second": round(s.tokens_per_second, 2),
-                            "finish_reason": s.finish_reason,
-                        }
-                        for s in samples
-                    ],
-                }
-            )
+            gen.run()
+            _emit_json({"model": str(model), **gen.to_json()})
             return
-        if not stream:
-            out.write(SAMPLE_SEPARATOR.join(s.text for s in samples))
-        if out.isatty():
-            out.write("\n")  # keep the shell prompt off the last line; redirected output stays exact
-        out.flush()
+        write_text(gen, sys.stdout, stream=sys.stdout.isatty() if stream is None else stream)
     except KeyboardInterrupt:
         typer.echo("\ninterrupted", err=True)
         raise typer.Exit(130) from None
@@ -1035,14 +964,9 @@ def generate(
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    if explain and gpt is not None:  # choose_backend sends --explain to torch
-        _explain_tokens(gpt, tokenizer, ids, samples)
-    total = sum(len(s.token_ids) for s in samples)
-    typer.echo(
-        f"{total:,} tokens in {gen.seconds:.2f} s ({gen.tokens_per_second:,.1f} tokens/s, first after "
-        f"{gen.time_to_first_token * 1000:.0f} ms, {engine_name} on {device_name}), seed {seed}",
-        err=True,
-    )
+    if explain:  # choose_backend sends --explain to torch
+        _explain_tokens(engine.model, tokenizer, ids, gen.samples)
+    typer.echo(gen.summary(), err=True)
 
 
 def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: list[Any]) -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sampling import SCRIPT, ByteTokenizer, bigram_model
+from test_decode import SCRIPT, ByteTokenizer, bigram_model
 
-from minigpt.cli import SAMPLE_SEPARATOR, app
+from minigpt.cli import app
 from minigpt.config import GPTConfig
+from minigpt.decode import SAMPLE_SEPARATOR
 from minigpt.model import GPT
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
@@ -151,7 +152,8 @@ def test_prompt_sources_agree(runner, run_dir: Path, tmp_path: Path) -> None:
 def test_default_model_is_the_latest_run(runner, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     old, new = make_run(tmp_path / "checkpoints" / "old"), make_run(tmp_path / "checkpoints" / "new")
-    os.utime(old / RunDir.WEIGHTS, (1, 1))
+    for f in old.iterdir():  # the newest run is the one that changed last, whichever file changed
+        os.utime(f, (1, 1))
     result = gen(runner, "a", "-n", "5")
     ok(result)
     assert f"using {Path('checkpoints') / new.name}" in result.stderr
