@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -40,6 +41,10 @@ PIECE_CHARS = 1 << 20  # characters per tokenizer call when encoding (one thread
 TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (it buffers 64 of them)
 SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
 ERRORS_CHOICES = ("strict", "replace", "ignore")
+# Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), so
+# only their text is searched for one (a search costs ~5 ms per MB)
+_SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -70,10 +75,7 @@ class DataConfig:
             isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction < 1
         ):
             raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {self.val_fraction!r}")
-        try:
-            codecs.lookup(self.encoding)
-        except LookupError:
-            raise UsageError(f"unknown --encoding {self.encoding!r}; try utf-8, utf-16 or latin-1") from None
+        _check_encoding(self.encoding)
         if self.errors not in ERRORS_CHOICES:
             raise UsageError(
                 f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
@@ -88,6 +90,23 @@ class DataConfig:
     def cache_root(self) -> Path:
         """The cache directory in effect."""
         return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+
+def _check_encoding(encoding: str) -> None:
+    """A UsageError unless encoding names a codec that decodes bytes to text (codecs also holds
+    bytes-to-bytes ones such as base64 and zlib, and 'undefined', which refuses everything)."""
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        raise UsageError(f"unknown --encoding {encoding!r}; try utf-8, utf-16 or latin-1") from None
+    try:
+        text = codecs.getincrementaldecoder(encoding)().decode(b"", final=True)
+    except (UnicodeError, TypeError, ValueError):  # 'undefined', rot13 (str to str), uu
+        text = None
+    if not isinstance(text, str):
+        raise UsageError(
+            f"--encoding {encoding!r} does not decode bytes to text; try utf-8, utf-16 or latin-1"
+        )
 
 
 def default_cache_dir() -> Path:
@@ -188,6 +207,7 @@ def _hash_source(path: Path, encoding: str, advance: Callable[[int], None]) -> _
 def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int], None]) -> Iterator[str]:
     """The decoded text of one file, block by block, checking it is real text as it goes."""
     decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
+    check_surrogates = not codecs.lookup(encoding).name.startswith(_SURROGATE_FREE_CODECS)
     offset = 0  # bytes of the file fed to the decoder so far
     nonblank = False
     with open(src.path, "rb") as f:
@@ -205,6 +225,8 @@ def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int]
                     f"pass the right --encoding, or replace undecodable bytes with --encoding-errors replace"
                 ) from None
             offset += len(block)
+            if check_surrogates:
+                text = _without_surrogates(text, src.path, encoding, errors)
             if text:
                 if "\x00" in text:
                     raise _binary_error(src.path)
@@ -215,6 +237,21 @@ def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int]
                 break
     if not nonblank:
         raise MinigptError(f"{src.path} contains only whitespace: there is no text to train on")
+
+
+def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> str:
+    """Text with its lone surrogates (not text: no tokenizer can encode one) treated as undecodable bytes
+    are under `errors`: an error, U+FFFD or dropped."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return text
+    if errors == "strict":
+        raise MinigptError(
+            f"{path}: decoding it as {encoding} gives a lone surrogate (U+{ord(found.group()):04X}), which is "
+            f"not text; fix the file, pass the right --encoding, or replace such characters with "
+            f"--encoding-errors replace"
+        )
+    return _SURROGATE.sub("\ufffd" if errors == "replace" else "", text)
 
 
 def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "strict") -> str:

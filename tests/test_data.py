@@ -169,6 +169,31 @@ def test_encoding_option_and_replacement(tmp_path: Path) -> None:
     assert "\ufffd" in ds.tokenizer.chars
 
 
+@pytest.mark.parametrize("encoding", ["bogus", "base64", "hex", "zlib", "rot13", "uu", "undefined"])
+def test_encoding_must_decode_bytes_to_text(encoding: str) -> None:
+    with pytest.raises(UsageError, match=f"--encoding '{encoding}'") as e:
+        DataConfig(paths=(Path("a.txt"),), encoding=encoding)
+    assert "\n" not in str(e.value) and "utf-8" in str(e.value)
+
+
+@pytest.mark.parametrize("encoding, raw", [("unicode_escape", b"\\ud800"), ("utf-7", b"+2AA-")])
+def test_lone_surrogates_a_decoder_yields_follow_encoding_errors(
+    tmp_path: Path, encoding: str, raw: bytes
+) -> None:
+    path = write(tmp_path / "a.txt", b"plain words and " * 40 + raw + b" more words" * 40)
+    with pytest.raises(MinigptError, match=f"{path}: decoding it as {encoding} gives a lone surrogate") as e:
+        prepare_data(config(tmp_path, path, encoding=encoding), 8, progress=False)
+    assert_one_line_and_nothing_written(e, tmp_path)
+    replaced = prepare_data(config(tmp_path, path, encoding=encoding, errors="replace"), 8, progress=False)
+    assert "\ufffd" in replaced.tokenizer.chars
+    dropped = prepare_data(config(tmp_path, path, encoding=encoding, errors="ignore"), 8, progress=False)
+    assert set(dropped.tokenizer.chars) == set("plain words and more")
+    bpe = prepare_data(
+        config(tmp_path, path, encoding=encoding, errors="replace", tokenizer="bpe"), 8, progress=False
+    )
+    assert bpe.tokenizer.decode(np.concatenate([bpe.train, bpe.val]).tolist()).count("\ufffd") == 1
+
+
 # ---------------------------------------------------------------------------------------------- cache
 
 
