@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import time
 from collections import deque
@@ -28,7 +29,8 @@ from minigpt.tokenizer import (
     build_tokenizer,
     check_bpe_vocab_size,
     default_threads,
-    tokenizer_from_json,
+    load_tokenizer_file,
+    read_json_file,
     tokenizer_kind,
 )
 
@@ -41,10 +43,13 @@ PIECE_CHARS = 1 << 20  # characters per tokenizer call when encoding (one thread
 TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (it buffers 64 of them)
 SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
 ERRORS_CHOICES = ("strict", "replace", "ignore")
+MAX_META_BYTES = 1 << 20  # a token cache entry's JSON is a few hundred bytes
 # Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), so
 # only their text is searched for one (a search costs ~5 ms per MB)
 _SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# the temp files _Staging writes: .<final name>.<pid>@<host>.tmp
+_TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d{1,9})@(?P<host>[^@/]*)\.tmp")
 
 
 @dataclass(frozen=True)
@@ -320,7 +325,7 @@ class _Staging:
             if not d.exists():
                 d.mkdir()
                 self.created.append(d)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        tmp = final.with_name(f".{final.name}.{os.getpid()}@{socket.gethostname()}.tmp")
         self.moves.append((tmp, final))
         return tmp
 
@@ -340,6 +345,31 @@ class _Staging:
         for d in reversed(self.created):
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+def _remove_stale_temps(directory: Path) -> None:
+    """Delete the temp files of _Staging writers on this machine that were killed (kill -9, or SIGTERM
+    while tokenizing). A file whose writer process is alive is never touched, nor one from another machine
+    sharing the cache (an NFS home under multi-node torchrun), whose process table we cannot see.
+    """
+    host = socket.gethostname()
+    for tmp in directory.glob(".*.tmp"):
+        m = _TEMP_NAME.fullmatch(tmp.name)
+        if m and m["host"] == host and not _process_alive(int(m["pid"])):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) would terminate the process on Windows: assume alive, keep the file
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
 
 
 class _Reporter:
@@ -407,8 +437,8 @@ def _get_tokenizer(
     )
     path = config.cache_root / "tokenizers" / f"{key}.json"
     if path.is_file():
-        with contextlib.suppress(OSError, ValueError, MinigptError):
-            tok = tokenizer_from_json(json.loads(path.read_text(encoding="utf-8")))
+        with contextlib.suppress(MinigptError):  # a damaged entry is built again
+            tok = load_tokenizer_file(path)
             report.note(f"reusing the {tok.describe()} tokenizer built earlier from this text ({path})")
             return tok
     total = sum(s.size for s in sources)
@@ -423,15 +453,47 @@ def _get_tokenizer(
     return tok
 
 
-def _read_meta(meta_path: Path, bin_path: Path) -> dict[str, Any] | None:
+def _read_meta(meta_path: Path, bin_path: Path, vocab_size: int) -> dict[str, Any] | None:
+    """A cache entry's meta if its token file is intact, else None (the entry is then rebuilt): the
+    file's blake2b is the one recorded when it was written and every id is below vocab_size.
+    """
+    dtype = _token_dtype(vocab_size)
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        dtype = np.dtype(meta["dtype"])
-        if meta["format"] == CACHE_FORMAT and bin_path.stat().st_size == int(meta["tokens"]) * dtype.itemsize:
-            return meta
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        meta = read_json_file(meta_path, "token cache entry", MAX_META_BYTES)
+        if not _meta_fits(meta, bin_path, dtype):
+            return None
+        digest, top = _scan_tokens(bin_path, dtype)
+    except (OSError, MinigptError):
+        return None
+    return meta if digest == meta["blake2b"] and top < vocab_size else None
+
+
+def _meta_fits(meta: Any, bin_path: Path, dtype: np.dtype) -> bool:
+    """The meta has every field, well typed, and the token file is a regular file of the size it says."""
+    if not isinstance(meta, dict):
+        return False
+    tokens = meta.get("tokens")
+    counts = (tokens, meta.get("text_bytes"))
+    return (
+        meta.get("format") == CACHE_FORMAT
+        and meta.get("dtype") == dtype.name
+        and isinstance(meta.get("blake2b"), str)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts)
+        and bin_path.is_file()  # never open a FIFO planted in the cache
+        and bin_path.stat().st_size == tokens * dtype.itemsize
+    )
+
+
+def _scan_tokens(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """blake2b of a token file and its largest id, in one pass of bounded memory."""
+    h = hashlib.blake2b(digest_size=16)
+    top = -1
+    with open(path, "rb") as f:
+        while block := f.read(READ_BYTES):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=dtype, count=len(block) // dtype.itemsize)
+            top = max(top, int(ids.max(initial=0)))
+    return h.hexdigest(), top
 
 
 def _encode_stream(
@@ -515,21 +577,27 @@ def _get_tokens(
     )
     bin_path = config.cache_root / "tokens" / f"{key}.bin"
     meta_path = bin_path.with_suffix(".json")
-    meta = _read_meta(meta_path, bin_path)
+    meta = _read_meta(meta_path, bin_path, tokenizer.vocab_size)
     if meta is not None:
         report.note(f"reusing cached {label} tokens: {meta['tokens']:,} tokens ({bin_path})")
         return bin_path, meta
+    if meta_path.exists() or bin_path.exists():
+        report.note(
+            f"cached {label} tokens {bin_path} fail their check (damaged, incomplete or from an older "
+            f"minigpt): tokenizing again"
+        )
     total = sum(s.size for s in sources)
     start = time.perf_counter()
+    tmp = staging.temp_for(bin_path)
     with report.bar(f"tokenizing {label} text", total) as advance:
-        tokens, text_bytes = _encode_stream(
-            sources, tokenizer, config, staging.temp_for(bin_path), advance, label
-        )
+        tokens, text_bytes = _encode_stream(sources, tokenizer, config, tmp, advance, label)
     seconds = time.perf_counter() - start
+    dtype = _token_dtype(tokenizer.vocab_size)
     meta = {
         "format": CACHE_FORMAT,
         "tokens": tokens,
-        "dtype": _token_dtype(tokenizer.vocab_size).name,
+        "dtype": dtype.name,
+        "blake2b": _scan_tokens(tmp, dtype)[0],
         "text_bytes": text_bytes,
         "tokenizer": tokenizer.describe(),
         "inputs": [str(s.path) for s in sources],
@@ -579,6 +647,8 @@ def prepare_data(
         train_src = [_hash_source(f, config.encoding, adv) for f in train_files]
         val_src = [_hash_source(f, config.encoding, adv) for f in val_files]
 
+    for part in ("tokenizers", "tokens"):
+        _remove_stale_temps(config.cache_root / part)
     staging = _Staging()
     try:
         if tokenizer is None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +248,91 @@ def test_damaged_cache_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> No
         f.truncate(100)  # e.g. a crash or a full disk
     again = prepare_data(cfg, 16, progress=False)
     assert counted["encode"] == 2 and np.array_equal(np.concatenate([again.train, again.val]), expected)
+
+
+def cache_entry(tmp_path: Path) -> tuple[Path, Path]:
+    (bin_path,) = (tmp_path / "cache" / "tokens").glob("*.bin")
+    return bin_path, bin_path.with_suffix(".json")
+
+
+def test_same_size_garbage_cache_is_rebuilt(
+    tmp_path: Path, counted: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    expected = prepare_data(cfg, 16, progress=False).tokenizer.encode(make_text(2000))
+    bin_path, _ = cache_entry(tmp_path)
+    bin_path.write_bytes(np.random.default_rng(0).bytes(bin_path.stat().st_size))
+    again = prepare_data(cfg, 16)
+    assert counted["encode"] == 2 and np.concatenate([again.train, again.val]).tolist() == expected
+    assert f"cached training tokens {bin_path} fail their check" in capsys.readouterr().err
+
+
+def test_cache_with_ids_past_the_vocabulary_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> None:
+    """Even with a checksum that matches (written by hand), ids the tokenizer lacks are never used."""
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    vocab = prepare_data(cfg, 16, progress=False).tokenizer.vocab_size
+    bin_path, meta_path = cache_entry(tmp_path)
+    tokens = np.fromfile(bin_path, dtype=np.uint16)
+    tokens[5] = vocab
+    tokens.tofile(bin_path)
+    meta = json.loads(meta_path.read_text())
+    meta["blake2b"] = hashlib.blake2b(bin_path.read_bytes(), digest_size=16).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    again = prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2 and int(np.concatenate([again.train, again.val]).max()) < vocab
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"tokens": "many"},
+        {"tokens": True},
+        {"dtype": "object"},
+        {"text_bytes": 0},
+        {"blake2b": None},
+        {"format": 0},
+    ],
+)
+def test_cache_meta_with_bad_fields_is_rebuilt(
+    tmp_path: Path, counted: dict[str, int], damage: dict[str, object]
+) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    prepare_data(cfg, 16, progress=False)
+    _, meta_path = cache_entry(tmp_path)
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | damage))
+    prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2
+
+
+@pytest.mark.parametrize("planted", ["bin", "meta"])
+def test_fifo_in_the_cache_is_never_opened(tmp_path: Path, counted: dict[str, int], planted: str) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    prepare_data(cfg, 16, progress=False)
+    bin_path, meta_path = cache_entry(tmp_path)
+    if planted == "bin":  # with a meta whose size check a FIFO (size 0) passes
+        meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"tokens": 0}))
+    fifo = bin_path if planted == "bin" else meta_path
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it for reading would block until a writer came
+    prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2 and fifo.is_file()
+
+
+def test_stale_temp_files_of_dead_writers_on_this_machine_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tokens = tmp_path / "cache" / "tokens"
+    host = socket.gethostname()
+    names = {
+        "dead": f".abc.bin.{dead.pid}@{host}.tmp",
+        "alive": f".abc.bin.{os.getpid()}@{host}.tmp",  # a concurrent writer: this process
+        "elsewhere": f".abc.json.{dead.pid}@another-host.tmp",  # can't tell: may be running
+        "not ours": ".notes.tmp",
+    }
+    for name in names.values():
+        write(tokens / name, "partial")
+    prepare_data(config(tmp_path, write(tmp_path / "a.txt", make_text(2000))), 16, progress=False)
+    assert sorted(p.name for p in tokens.glob(".*")) == sorted(v for k, v in names.items() if k != "dead")
 
 
 def test_progress_messages_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
