@@ -252,8 +252,8 @@ def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> st
         return text
     if errors == "strict":
         raise MinigptError(
-            f"{path}: decoding it as {encoding} gives a lone surrogate (U+{ord(found.group()):04X}), which is "
-            f"not text; fix the file, pass the right --encoding, or replace such characters with "
+            f"{path}: decoding it as {encoding} gives a lone surrogate (U+{ord(found.group()):04X}), "
+            f"which is not text; fix the file, pass the right --encoding, or replace such characters with "
             f"--encoding-errors replace"
         )
     return _SURROGATE.sub("\ufffd" if errors == "replace" else "", text)

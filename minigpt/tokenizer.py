@@ -481,8 +481,9 @@ class _RankedBPE(Tokenizer):
 def check_split_pattern(pattern: Any) -> None:
     """Raise a MinigptError unless pattern is one of KNOWN_SPLIT_PATTERNS."""
     if not (isinstance(pattern, str) and pattern in KNOWN_SPLIT_PATTERNS):
+        known = ", ".join(KNOWN_SPLIT_PATTERNS.values())
         raise MinigptError(
-            f"split pattern {shorten(pattern)} is not one minigpt knows ({', '.join(KNOWN_SPLIT_PATTERNS.values())}): "
+            f"split pattern {shorten(pattern)} is not one minigpt knows ({known}): "
             f"a tokenizer file cannot bring its own regex"
         )
 
