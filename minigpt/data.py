@@ -261,6 +261,7 @@ def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> st
 
 def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "strict") -> str:
     """The whole text of files (or folders of .txt files), checked as training input is; files joined by newlines."""
+    _check_encoding(encoding)
     parts = []
     for path in _collect_files(Path(p) for p in paths):
         src = _hash_source(path, encoding, lambda n: None)
