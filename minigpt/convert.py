@@ -516,9 +516,9 @@ def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: P
             return _named(tokenizer)
         return TiktokenTokenizer.from_file(tokenizer)
     if (src / MINIGPT_TOKENIZER).is_file():  # written by `convert to-hf` for tokenizers transformers lacks
-        from minigpt.tokenizer import tokenizer_from_json
+        from minigpt.tokenizer import load_tokenizer_file
 
-        return tokenizer_from_json(read_json(src / MINIGPT_TOKENIZER))
+        return load_tokenizer_file(_contained(src, src / MINIGPT_TOKENIZER))
     own = _read_dir_tokenizer(src)
     return own if own is not None else _named("r50k_base")
 

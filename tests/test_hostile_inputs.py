@@ -279,6 +279,26 @@ def hf_fast_tokenizer(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path
     return build
 
 
+def hub_snapshot(tmp: Path) -> list[str]:
+    """An HF directory laid out as huggingface_hub caches it: snapshots/REV/* are links to ../../blobs/."""
+    exported = hf_dir(tmp)
+    repo = tmp / "models--tiny-gpt2"
+    (repo / "blobs").mkdir(parents=True)
+    src = repo / "snapshots" / "0123abcd"
+    src.mkdir(parents=True)
+    for file in exported.iterdir():
+        file.rename(repo / "blobs" / file.name)
+        (src / file.name).symlink_to(Path("..", "..", "blobs", file.name))
+    return from_hf(src)
+
+
+def minigpt_tokenizer_linked_out(tmp: Path) -> list[str]:
+    src = hf_dir(tmp)
+    (src / "minigpt_tokenizer.json").rename(tmp / "elsewhere.json")
+    (src / "minigpt_tokenizer.json").symlink_to(tmp / "elsewhere.json")
+    return from_hf(src)
+
+
 def surrogate_text(tmp: Path) -> list[str]:
     """Text whose unicode_escape decoding holds a lone surrogate."""
     text = tmp / "escaped.txt"
@@ -361,6 +381,12 @@ ATTACKS = [
         "--encoding 'base64' does not decode bytes to text",
         exit_code=2,
     ),
+    Attack(
+        "eval --encoding base64",
+        lambda tmp: ["eval", str(FIXTURES / "run-v0.1-char"), str(CORPUS), "--encoding", "base64"],
+        "--encoding 'base64' does not decode bytes to text",
+        exit_code=2,
+    ),
     Attack("text that decodes to a lone surrogate", surrogate_text, "gives a lone surrogate (U+DC80)"),
     Attack(
         "same-size garbage in the token cache",
@@ -392,6 +418,12 @@ ATTACKS = [
     Attack(
         "HF vocab.json that is a symlink out of the directory", vocab_linked_out, "elsewhere.json, outside"
     ),
+    Attack(
+        "HF minigpt_tokenizer.json that is a symlink out of the directory",
+        minigpt_tokenizer_linked_out,
+        "elsewhere.json, outside",
+    ),
+    Attack("(legit) HF hub cache snapshot linking to ../../blobs", hub_snapshot, "wrote", exit_code=0),
     Attack(
         "HF tokenizer.json added token id 10**12",
         hf_fast_tokenizer(lambda t: t["added_tokens"].append({"content": "<|x|>", "id": 10**12})),
