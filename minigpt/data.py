@@ -157,27 +157,34 @@ class _Source:
 def _collect_files(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
-        if p.is_dir():
-            found = sorted(
-                f
-                for f in p.rglob("*.txt")
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
-            if not found:
-                raise MinigptError(
-                    f"{p} is a directory with no .txt files; pass text files or a folder of .txt files"
-                )
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        elif p.exists():
-            raise MinigptError(f"{p} is not a regular file; pass text files or directories of .txt files")
-        else:
-            raise MinigptError(f"{p}: no such file or directory")
+        try:
+            files.extend(_files_at(p))
+        except OSError as e:  # e.g. a name too long for the filesystem
+            raise MinigptError(f"cannot access {p}: {e.strerror}") from None
     unique: dict[Path, Path] = {}
     for f in files:
         unique.setdefault(f.resolve(), f)
     return list(unique.values())
+
+
+def _files_at(p: Path) -> list[Path]:
+    """The text file p, or the .txt files under the directory p (hidden ones left out)."""
+    if p.is_dir():
+        found = sorted(
+            f
+            for f in p.rglob("*.txt")
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
+        if not found:
+            raise MinigptError(
+                f"{p} is a directory with no .txt files; pass text files or a folder of .txt files"
+            )
+        return found
+    if p.is_file():
+        return [p]
+    if p.exists():
+        raise MinigptError(f"{p} is not a regular file; pass text files or directories of .txt files")
+    raise MinigptError(f"{p}: no such file or directory")
 
 
 def _ascii_compatible(encoding: str) -> bool:

@@ -702,9 +702,16 @@ def tokenizer_kind(spec: str) -> str:
     """'char', 'bpe' or 'tiktoken' for a --tokenizer value (a UsageError for anything else)."""
     if spec in ("char", "bpe"):
         return spec
-    if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or Path(spec).is_file():
+    if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or _is_file(spec):
         return "tiktoken"
     raise UsageError(f"unknown --tokenizer {spec!r}; choose {TOKENIZER_CHOICES}")
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except OSError:  # e.g. a name too long for the filesystem: no file by that name
+        return False
 
 
 def build_tokenizer(

@@ -148,6 +148,11 @@ def fifo(tmp: Path) -> Path:
     return tmp / "ranks.tiktoken"
 
 
+def fifo_text(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "text.txt")
+    return train_with(text=tmp / "text.txt")(tmp)
+
+
 def ranks_file(tmp: Path, extra: str = "", size: int = 0) -> Path:
     """The bpe fixture's ranks as a .tiktoken file, plus `extra` lines, grown sparsely to `size` bytes."""
     table = json.loads((FIXTURES / "run-v0.1-bpe" / "tokenizer.json").read_text())["ranks"]
@@ -374,6 +379,18 @@ ATTACKS = [
         planted(lambda tmp: ranks_file(tmp, extra=f"{b64(b'zzzz')} {10**12}\n")),
         "ranks.tiktoken: token id 1000000000000",
     ),
+    Attack(
+        "--tokenizer a name too long for the filesystem",
+        train_with("--tokenizer", "t" * 300),
+        "unknown --tokenizer 'ttt",
+        exit_code=2,
+    ),
+    Attack(
+        "training text named too long for the filesystem",
+        train_with(text=Path("t" * 300)),
+        "File name too long",
+    ),
+    Attack("training text that is a FIFO", fifo_text, "text.txt is not a regular file"),
     Attack("--encoding bogus", train_with("--encoding", "bogus"), "unknown --encoding 'bogus'", exit_code=2),
     Attack(
         "--encoding base64 (bytes to bytes)",
