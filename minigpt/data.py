@@ -333,7 +333,7 @@ class _Staging:
             if not d.exists():
                 d.mkdir()
                 self.created.append(d)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}@{socket.gethostname()}.tmp")
+        tmp = final.with_name(f".{final.name}.{os.getpid()}@{_host()}.tmp")
         self.moves.append((tmp, final))
         return tmp
 
@@ -360,12 +360,16 @@ def _remove_stale_temps(directory: Path) -> None:
     while tokenizing). A file whose writer process is alive is never touched, nor one from another machine
     sharing the cache (an NFS home under multi-node torchrun), whose process table we cannot see.
     """
-    host = socket.gethostname()
     for tmp in directory.glob(".*.tmp"):
         m = _TEMP_NAME.fullmatch(tmp.name)
-        if m and m["host"] == host and not _process_alive(int(m["pid"])):
+        if m and m["host"] == _host() and not _process_alive(int(m["pid"])):
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def _host() -> str:
+    """This machine's name as temp file names carry it (a name may hold any byte but NUL)."""
+    return re.sub(r"[@/\\]", "_", socket.gethostname())
 
 
 def _process_alive(pid: int) -> bool:
