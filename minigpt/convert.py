@@ -16,6 +16,7 @@ from minigpt.files import (
     atomic_write_bytes,
     atomic_write_json,
     load_tensors,
+    read_bounded,
     read_json,
     safetensors_shapes,
     save_tensors,
@@ -27,8 +28,6 @@ from minigpt.tokenizer import (
     GPT2_SPLIT_PATTERN,
     NAMED_ENCODINGS,
     naming,
-    read_json_file,
-    read_regular_file,
     shorten,
 )
 from minigpt.weights import build_model, model_tensors
@@ -50,7 +49,6 @@ HF_SPECIAL_TOKENS = "special_tokens_map.json"
 MINIGPT_TOKENIZER = "minigpt_tokenizer.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack")
-MAX_INDEX_BYTES = 16 << 20  # a shard index maps tensor names to files: ~100 KB for the largest models
 # files a previous export into OUT may have left that transformers would read before (or beside) ours
 _STALE_HF_FILES = (
     HF_INDEX,
@@ -284,7 +282,7 @@ def weight_files(src: Path) -> list[Path]:
 
 def _shards(src: Path, index: Path) -> list[Path]:
     """The shard files model.safetensors.index.json lists, each a file inside src."""
-    data = read_json_file(_contained(src, index), "safetensors shard index", MAX_INDEX_BYTES)
+    data = read_json(_contained(src, index))
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise MinigptError(f"{index} is corrupt (no weight_map from tensor names to shard files)")
@@ -445,8 +443,8 @@ def _read_dir_tokenizer(src: Path) -> TiktokenTokenizer | None:
     try:
         if vocab_path.is_file() and merges_path.is_file():
             source = vocab_path
-            vocab = read_json_file(_contained(src, vocab_path), "GPT-2 vocab.json")
-            text = read_regular_file(_contained(src, merges_path), "GPT-2 merges.txt").decode("utf-8")
+            vocab = read_json(_contained(src, vocab_path))
+            text = read_bounded(_contained(src, merges_path)).decode("utf-8")
             merges = [
                 tuple(line.split(" "))
                 for line in text.splitlines()
@@ -455,7 +453,7 @@ def _read_dir_tokenizer(src: Path) -> TiktokenTokenizer | None:
             added: dict[str, int] = {}
         elif fast_path.is_file():
             source = fast_path
-            data = read_json_file(_contained(src, fast_path), "Hugging Face tokenizer.json")
+            data = read_json(_contained(src, fast_path))
             model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
             byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
             if model.get("type") != "BPE" or not byte_level or pre.get("add_prefix_space"):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import read_bounded
 from minigpt.tokenizer import (
     DEFAULT_BPE_VOCAB_SIZE,
     CharTokenizer,
@@ -30,7 +31,6 @@ from minigpt.tokenizer import (
     check_bpe_vocab_size,
     default_threads,
     load_tokenizer_file,
-    read_json_file,
     tokenizer_kind,
 )
 
@@ -471,11 +471,11 @@ def _read_meta(meta_path: Path, bin_path: Path, vocab_size: int) -> dict[str, An
     """
     dtype = _token_dtype(vocab_size)
     try:
-        meta = read_json_file(meta_path, "token cache entry", MAX_META_BYTES)
+        meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
         if not _meta_fits(meta, bin_path, dtype):
             return None
         digest, top = _scan_tokens(bin_path, dtype)
-    except (OSError, MinigptError):
+    except (OSError, MinigptError, ValueError, RecursionError):  # unreadable, not JSON, or absurdly nested
         return None
     return meta if digest == meta["blake2b"] and top < vocab_size else None
 

@@ -6,9 +6,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
-import json
 import os
-import stat
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import read_bounded, read_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,7 +55,6 @@ KNOWN_SPLIT_PATTERNS = {
 }
 MAX_VOCAB_SIZE = 1 << 21  # 8x o200k's vocabulary: ids past it are damage and would allocate without bound
 MAX_UNUSED_IDS = 1024  # ids below the largest that nothing uses (cl100k and o200k leave about 20)
-MAX_TOKENIZER_BYTES = 128 << 20  # 35x o200k's ranks file and 4x the largest HF tokenizer.json
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/"
 
@@ -127,39 +125,6 @@ def default_threads() -> int:
     except AttributeError:  # not on Linux
         n = os.cpu_count() or 1
     return max(1, min(8, n))
-
-
-def read_regular_file(path: Path, what: str, limit: int = MAX_TOKENIZER_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes, else a one-line MinigptError naming it.
-
-    A FIFO, device or directory is refused before it is opened, so nothing blocks or reads without end.
-    """
-    path = Path(path)
-    try:
-        info = path.stat()  # follows symlinks: a link to /dev/zero is the device it points to
-        if not stat.S_ISREG(info.st_mode):
-            raise MinigptError(f"{path} is not a regular file: pass a {what}")
-        size = info.st_size
-        if size <= limit:
-            # O_NONBLOCK: a FIFO swapped in since the check still cannot block the open
-            with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-                data = f.read(limit + 1)  # bounded even if the file grew since
-            size = len(data)
-    except FileNotFoundError:
-        raise MinigptError(f"{path}: no such file; pass a {what}") from None
-    except OSError as e:
-        raise MinigptError(f"cannot read {path}: {e.strerror}") from None
-    if size > limit:
-        raise MinigptError(f"{path} is {size:,} bytes, more than a {what} can be ({limit:,}): pass a {what}")
-    return data
-
-
-def read_json_file(path: Path, what: str, limit: int = MAX_TOKENIZER_BYTES) -> Any:
-    """The JSON a regular file of at most `limit` bytes holds; anything else is a one-line MinigptError."""
-    try:
-        return json.loads(read_regular_file(path, what, limit))
-    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8 (ValueErrors), or nesting past the stack
-        raise MinigptError(f"{path} is corrupt ({e}): pass a {what}") from None
 
 
 def shorten(value: Any, limit: int = 40) -> str:
@@ -602,7 +567,7 @@ class TiktokenTokenizer(_RankedBPE):
             looked.append(str(path))
             if not path.is_file():
                 continue
-            data = read_regular_file(path, ".tiktoken ranks file")
+            data = read_bounded(path)
             if hashlib.sha256(data).hexdigest() != spec.sha256:
                 continue  # a stale or partial download: tiktoken would fetch it again
             return cls(spec.name, spec.pattern, _parse_tiktoken_ranks(data), spec.specials)
@@ -624,7 +589,7 @@ class TiktokenTokenizer(_RankedBPE):
         path = Path(path)
         if not path.exists():
             raise MinigptError(f"{path}: no such .tiktoken file; choose from {TOKENIZER_CHOICES}")
-        data = read_regular_file(path, ".tiktoken ranks file")
+        data = read_bounded(path)
         with naming(path, "pass a .tiktoken ranks file"):
             ranks = _parse_tiktoken_ranks(data)
             digest = hashlib.sha256(data).hexdigest()
@@ -695,7 +660,7 @@ def tokenizer_from_json(data: Any, source: str | Path = "tokenizer.json") -> Tok
 
 def load_tokenizer_file(path: Path) -> Tokenizer:
     """The tokenizer a minigpt tokenizer.json holds, read with a size bound and checked through."""
-    return tokenizer_from_json(read_json_file(path, "minigpt tokenizer.json"), path)
+    return tokenizer_from_json(read_json(path), path)
 
 
 def tokenizer_kind(spec: str) -> str:
