@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
-from minigpt.weight_tree import (
+from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
     LinearWeights,

@@ -134,11 +134,11 @@ class RunDir:
             raise MinigptError(f"{self.config_path}: invalid model config ({e})") from None
 
     def tokenizer(self) -> Tokenizer:
-        from minigpt.tokenizer import tokenizer_from_json
+        from minigpt.tokenizer import load_tokenizer_file
 
-        if not self.tokenizer_path.is_file():
+        if not self.tokenizer_path.exists():
             raise MinigptError(f"{self} has no {self.TOKENIZER}: the run is incomplete")
-        return tokenizer_from_json(read_json(self.tokenizer_path))
+        return load_tokenizer_file(self.tokenizer_path)
 
     def open(self) -> tuple[dict[str, Any], GPTConfig, Tokenizer]:
         """config.json, model config and tokenizer, checked to fit together (no torch)."""

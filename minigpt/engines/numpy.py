@@ -16,7 +16,7 @@ import numpy as np
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
-from minigpt.weight_tree import (
+from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
     LinearWeights,
