@@ -35,6 +35,8 @@ __all__ = [
     "token_label",
     "token_labels",
     "top_attended",
+    "Inspection",
+    "inspect_text",
     "write_png",
 ]
 
@@ -76,11 +78,6 @@ def token_label(data: bytes) -> str:
 def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """Labels of each id decoded on its own (so a split multi-byte character shows as \\xNN pieces)."""
     return [token_label(tokenizer.decode_bytes([i])) for i in ids]
-
-
-def _token_text(tokenizer: Tokenizer, i: int) -> str:
-    """The token's text for scripts: exact where it is valid UTF-8, \\xNN for the bytes that are not."""
-    return tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace")
 
 
 def resolve_index(value: int, size: int, what: str, plural: str) -> int:
@@ -161,6 +158,85 @@ def top_attended(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
     # a stable sort keeps ties in position order, so output does not depend on the topk kernel
     order = torch.sort(row, descending=True, stable=True).indices[:k]
     return [(int(i), float(row[i])) for i in order]
+
+
+# --------------------------------------------------------------------------- `minigpt attention`
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What `minigpt attention` shows for one text: one position's row over every layer and head, or one
+    layer's full grids (`layer` set), with the tokens they are over."""
+
+    ids: list[int]
+    labels: list[str]
+    tokens: list[str]  # each token's text, \xNN for bytes that are not UTF-8 on their own
+    dropped: int  # tokens cut from the front to fit block_size
+    position: int
+    n_layer: int
+    n_head: int
+    layer: int | None
+    head: int | None  # with a layer: the one head asked for
+    weights: torch.Tensor  # (L, H, position + 1) without a layer, else (H, T, T) of that layer
+
+    def to_json(self, model: str) -> dict[str, object]:
+        out: dict[str, object] = {
+            "model": model, "ids": self.ids, "tokens": self.tokens, "dropped": self.dropped,
+            "position": self.position, "n_layer": self.n_layer, "n_head": self.n_head,
+        }  # fmt: skip
+        if self.layer is None:
+            out["weights"] = [[[round(w, 6) for w in r] for r in hs] for hs in self.weights.tolist()]
+            return out
+        grids = [[[round(w, 6) for w in r] for r in self.weights[h].tolist()] for h in self.heads]
+        out.update(layer=self.layer, weights=grids if self.head is None else grids[0])
+        if self.head is not None:
+            out["head"] = self.head
+        return out
+
+    @property
+    def heads(self) -> list[int]:
+        return list(range(self.n_head)) if self.head is None else [self.head]
+
+    def views(self, model: str, width: int, top: int) -> list[RenderableType]:
+        if self.layer is None:
+            title = (
+                f"Attention from position {self.position} ({self.labels[self.position]}) over positions "
+                f"0..{self.position}, in %: {self.n_layer} layers × {self.n_head} heads of {model}"
+            )
+            return [position_view(self.weights, self.labels, title, width, top=top)]
+        return [
+            grid_view(self.weights[h], self.labels,
+                      f"Layer {self.layer}, head {h} of {model}: row = position, column = the position it "
+                      f"attends to", width)
+            for h in self.heads
+        ]  # fmt: skip
+
+
+def inspect_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    text: str,
+    position: int | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+) -> Inspection:
+    """The attention `minigpt attention` shows for `text` (its last block_size tokens)."""
+    if head is not None and layer is None:
+        raise UsageError("--head needs --layer: give both, e.g. --layer 0 --head 1")
+    if not text:
+        raise UsageError("TEXT is empty: give some text to look at")
+    config = model.config
+    ids = tokenizer.encode(text)
+    dropped = max(0, len(ids) - config.block_size)
+    ids = ids[dropped:]
+    pos = resolve_index(-1 if position is None else position, len(ids), "position", "tokens")
+    li = None if layer is None else resolve_index(layer, config.n_layer, "layer", "layers")
+    hi = None if head is None else resolve_index(head, config.n_head, "head", "heads")
+    ids = ids[: pos + 1]  # causal: tokens after pos change nothing at or before it
+    weights = attention_row(model, ids) if li is None else attention_maps(model, ids).weights[li]
+    tokens = [tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace") for i in ids]
+    labels = token_labels(tokenizer, ids)
+    return Inspection(ids, labels, tokens, dropped, pos, config.n_layer, config.n_head, li, hi, weights)
 
 
 # --------------------------------------------------------------------------- generate --explain

@@ -601,86 +601,38 @@ def attention(
     """
     from rich.console import Console
 
-    from minigpt.attention import (
-        DISPLAY_TOKENS,
-        attention_maps,
-        attention_row,
-        grid_view,
-        position_view,
-        resolve_index,
-        token_labels,
-        write_png,
-    )
+    from minigpt.attention import DISPLAY_TOKENS, attention_maps, inspect_text, write_png
     from minigpt.engines import load_engine
     from minigpt.rundir import RunDir
 
-    if head is not None and layer is None:
-        raise MinigptError("--head needs --layer: give both, e.g. --layer 0 --head 1", exit_code=2)
-    if not text:
-        raise MinigptError("TEXT is empty: give some text to look at", exit_code=2)
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using model {model} (the latest run; pass --model DIR for another)", err=True)
     engine, tokenizer = load_engine(model, "torch", "cpu", "float32")
-    gpt = engine.model
-    config = gpt.config
-    ids = tokenizer.encode(text)
-    dropped = max(0, len(ids) - config.block_size)
-    if dropped:
-        ids = ids[dropped:]
+    seen = inspect_text(engine.model, tokenizer, text, position, layer, head)
+    if seen.dropped:
         typer.echo(
-            f"note: the text is {len(ids) + dropped} tokens, more than the model's block_size "
-            f"{config.block_size}: keeping the last {len(ids)}",
+            f"note: the text is {len(seen.ids) + seen.dropped} tokens, more than the model's block_size "
+            f"{engine.block_size}: keeping the last {engine.block_size}",
             err=True,
         )
-    pos = resolve_index(-1 if position is None else position, len(ids), "position", "tokens")
-    li = None if layer is None else resolve_index(layer, config.n_layer, "layer", "layers")
-    heads = (
-        list(range(config.n_head)) if head is None else [resolve_index(head, config.n_head, "head", "heads")]
-    )
-    ids = ids[: pos + 1]  # causal: tokens after pos change nothing at or before it
-    labels = token_labels(tokenizer, ids)
-    if len(ids) > DISPLAY_TOKENS and not as_json:
-        typer.echo(
-            f"note: showing the last {DISPLAY_TOKENS} of {len(ids)} positions (--json has them all)", err=True
-        )
-    console = Console()
-    out: dict[str, Any] = {
-        "model": str(model),
-        "ids": ids,
-        "tokens": [tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace") for i in ids],
-        "dropped": dropped,
-        "position": pos,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-    }
-    if li is None:
-        row = attention_row(gpt, ids)  # (L, H, pos + 1)
-        out["weights"] = [[[round(w, 6) for w in r] for r in hs] for hs in row.tolist()]
-        title = (
-            f"Attention from position {pos} ({labels[pos]}) over positions 0..{pos}, in %: "
-            f"{config.n_layer} layers × {config.n_head} heads of {model}"
-        )
-        if not as_json:
-            console.print(position_view(row, labels, title, console.width, top=top))
-    else:
-        grid = attention_maps(gpt, ids).weights[li]  # (H, T, T)
-        out["layer"] = li
-        weights = [[[round(w, 6) for w in r] for r in grid[h].tolist()] for h in heads]
-        if head is None:
-            out["weights"] = weights
-        else:
-            out["head"], out["weights"] = heads[0], weights[0]
-        for h in [] if as_json else heads:
-            title = f"Layer {li}, head {h} of {model}: row = position, column = the position it attends to"
-            console.print(grid_view(grid[h], labels, title, console.width))
     if as_json:
         # one compact line: T x T weights indented one number per line would run to millions of lines
-        sys.stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
+        sys.stdout.write(json.dumps(seen.to_json(str(model)), separators=(",", ":")) + "\n")
+    else:
+        if len(seen.ids) > DISPLAY_TOKENS:
+            typer.echo(
+                f"note: showing the last {DISPLAY_TOKENS} of {len(seen.ids)} positions (--json has them all)",
+                err=True,
+            )
+        console = Console()
+        for view in seen.views(str(model), console.width, top):
+            console.print(view)
     if png is not None:
-        maps = attention_maps(gpt, ids).weights
-        layers = range(config.n_layer) if li is None else [li]
-        write_png(png, [(f"layer {a} head {h}", maps[a, h]) for a in layers for h in heads], labels)
+        maps = attention_maps(engine.model, seen.ids).weights
+        layers = range(seen.n_layer) if seen.layer is None else [seen.layer]
+        tiles = [(f"layer {a} head {h}", maps[a, h]) for a in layers for h in seen.heads]
+        write_png(png, tiles, seen.labels)
         typer.echo(f"wrote {png}", err=True)
 
 
