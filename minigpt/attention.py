@@ -285,15 +285,23 @@ def explain_last(model: GPT, ids: Sequence[int], tokenizer: Tokenizer, top: int 
     return out
 
 
-def format_explain(focus: Sequence[HeadFocus]) -> str:
-    """One line such as `L1 h0: ⏎@12 61% e@3 20% │ h1: ...`: position and weight of each top token."""
-    if not focus:
-        return ""
+def format_explain(focus: Sequence[HeadFocus], width: int | None = None, indent: int = 0) -> str:
+    """Lines such as `L1 h0: ⏎@12 61% e@3 20% │ h1: ...`: position and weight of each head's top tokens,
+    broken between heads (never inside one) so that, after `indent` columns, each fits in `width`."""
+    from rich.cells import cell_len
+
     parts = []
     for i, f in enumerate(focus):
         tokens = " ".join(f"{a.label}@{a.position} {a.weight:.0%}" for a in f.top)
         parts.append(f"{f'L{f.layer} ' if i == 0 else ''}h{f.head}: {tokens}")
-    return " │ ".join(parts)
+    lines = [""]
+    for part in parts:
+        joined = f"{lines[-1]} │ {part}" if lines[-1] else part
+        if width is None or indent + cell_len(joined) <= width or not lines[-1]:
+            lines[-1] = joined
+        else:
+            lines.append(part)
+    return ("\n" + " " * indent).join(lines)
 
 
 # --------------------------------------------------------------------------- terminal views

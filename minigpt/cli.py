@@ -23,6 +23,8 @@ from minigpt.errors import MinigptError
 from minigpt.presets import PRESETS
 from minigpt.rundir import DEFAULT_ROOT
 
+SEED_MAX = 2**63 - 1  # torch and NumPy both take seeds in 0..2**63-1
+
 
 def _closest(word: str, choices: list[str]) -> str | None:
     """The choice `word` most likely meant: one it abbreviates, else the nearest spelling."""
@@ -773,7 +775,7 @@ def generate(
     ] = None,
     prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")] = None,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per sample.")
+        int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate per sample.")
     ] = 200,
     temperature: Annotated[
         float,
@@ -790,13 +792,18 @@ def generate(
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(help="Random seed: the same seed gives the same text (default: a random one, shown)."),
+        typer.Option(
+            min=0,
+            max=SEED_MAX,
+            help="Random seed: the same seed gives the same text (default: a random one, shown; unused at -t 0).",
+        ),
     ] = None,
     num_samples: Annotated[
         int,
         typer.Option(
             "--num-samples",
             "-s",
+            min=1,
             help="Samples drawn as one batch from one prefill, printed one after another.",
         ),
     ] = 1,
@@ -855,7 +862,7 @@ def generate(
     """Continue a prompt with a trained model: text on stdout, everything else on stderr.
 
     Examples: `minigpt generate "ROMEO:"`, `minigpt generate -n 500 -t 0.9 --top-p 0.95 --seed 1 "Once"`,
-    `cat prompt.txt | minigpt generate - --stop "\\n\\n" > out.txt`.
+    `cat prompt.txt | minigpt generate - --stop $'\\n\\n' > out.txt` (in bash, $'...' makes \\n a newline).
     """
     import os
     import secrets
@@ -867,12 +874,9 @@ def generate(
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     from minigpt.decode import Generation, TextStream, check_sampling, encode_prompt, write_text
     from minigpt.engines import choose_backend, load_engine
+    from minigpt.memory import check_fits, inference_bytes
     from minigpt.rundir import RunDir
 
-    if max_new_tokens < 1:
-        raise MinigptError(f"--max-new-tokens must be at least 1, got {max_new_tokens}", exit_code=2)
-    if num_samples < 1:
-        raise MinigptError(f"--num-samples must be at least 1, got {num_samples}", exit_code=2)
     if slide is not None and slide < 1:
         raise MinigptError(f"--slide must be at least 1, got {slide}", exit_code=2)
     check_sampling(temperature, top_k, top_p)
@@ -892,6 +896,9 @@ def generate(
         # idle and, spinning against other work on a shared CPU, costs up to ten times (bench_generate.py)
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value)
+    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
+        needed = inference_bytes(RunDir(model).model_config(), num_samples)
+        check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
         typer.echo(
@@ -923,8 +930,11 @@ def generate(
 
 def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: list[Any]) -> None:
     """For every generated token, the earlier tokens each last-layer head attended to most (stderr)."""
+    import shutil
+
     from minigpt.attention import explain_last, format_explain, token_label
 
+    width = shutil.get_terminal_size().columns
     for n, sample in enumerate(samples):
         if len(samples) > 1:
             typer.echo(f"sample {n + 1}:", err=True)
@@ -932,7 +942,8 @@ def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: 
         for token in sample.token_ids:
             focus = explain_last(model, context, tokenizer, top=3)
             typer.echo(
-                f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus)}", err=True
+                f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus, width, 11)}",
+                err=True,
             )
             context.append(token)
 

@@ -407,7 +407,7 @@ class Generation:
         """Settings, timings and each sample's text and counts, the object `minigpt generate --json` prints."""
         return {
             "prompt_tokens": len(self.prompt_ids),
-            "seed": self.sampling.seed,
+            "seed": None if self.sampling.temperature == 0 else self.sampling.seed,
             "temperature": self.sampling.temperature,
             "top_k": self.sampling.top_k,
             "top_p": self.sampling.top_p,
@@ -429,12 +429,12 @@ class Generation:
         }
 
     def summary(self) -> str:
-        """One line: tokens, time, speed, time to the first token, engine and seed."""
+        """One line: tokens, time, speed, time to the first token, engine, and the seed (greedy needs none)."""
         total = sum(len(ids) for ids in self.token_ids)
+        seed = "greedy" if self.sampling.temperature == 0 else f"seed {self.sampling.seed}"
         return (
             f"{total:,} tokens in {self.seconds:.2f} s ({self.tokens_per_second:,.1f} tokens/s, first after "
-            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}), "
-            f"seed {self.sampling.seed}"
+            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}), {seed}"
         )
 
 

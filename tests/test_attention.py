@@ -206,6 +206,10 @@ def test_explain_last_matches_the_last_layer_row() -> None:
     assert "\n" not in line and line.startswith("L1 h0: ") and " │ h3: " in line
     a = focus[0].top[0]
     assert f"{a.label}@{a.position} {a.weight:.0%}" in line
+    wrapped = format_explain(focus, width=60, indent=11)
+    lines = wrapped.split("\n")
+    assert len(lines) > 1 and all(11 + len(x.lstrip()) <= 60 for x in lines)
+    assert [x.strip() for x in " │ ".join(x.strip() for x in lines).split(" │ ")] == line.split(" │ ")
 
 
 def test_explain_last_crops_to_block_size_and_keeps_positions() -> None:
