@@ -25,7 +25,6 @@ from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.data import DataConfig  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
 from minigpt.params import count_params  # noqa: E402
-from minigpt.progress import Reporter  # noqa: E402
 from minigpt.train import TrainConfig, train  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -74,7 +73,6 @@ def minigpt_tokens_per_s(cfg: TrainConfig, text: Path, cache: Path, out: Path) -
         DataConfig(paths=(text,), cache_dir=cache, tokenizer="char"),  # 65 characters, as the plain loop
         out=out,
         overwrite=True,
-        reporter=Reporter(enabled=False),
     )
     steps = [r for r in result.metrics if r["kind"] == "train"]
     first = next(r for r in steps if r["step"] >= 10)

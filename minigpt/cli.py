@@ -398,12 +398,15 @@ def train(
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
     import os
+    from dataclasses import replace
 
     if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
         raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
     from minigpt.data import DataConfig
-    from minigpt.train import TrainConfig, check_launch, parse_duration
+    from minigpt.panel import TrainingPanel
+    from minigpt.train import TrainConfig, check_launch, parse_duration, plan_run
     from minigpt.train import train as run_training
+    from minigpt.trainconfig import DEFAULT_MAX_ITERS
 
     model_opts = dict(
         preset=preset,
@@ -453,7 +456,7 @@ def train(
                 f"--resume continues a run with its saved settings; only budget options may change (got {extra})",
                 exit_code=2,
             )
-        run_args: dict[str, Any] = dict(cfg=TrainConfig(), resume=resume, budget_overrides=budget)
+        run_args: dict[str, Any] = dict(cfg=TrainConfig(**budget), resume=resume)
     else:
         if not files:
             raise MinigptError(
@@ -463,10 +466,9 @@ def train(
             raise MinigptError(
                 "--init-from takes the model shape from that run; drop the shape options", exit_code=2
             )
-        cfg_fields = {k: v for k, v in {**model_opts, **opt_opts, **budget}.items() if v is not None}
-        cfg = TrainConfig(**cfg_fields)
+        cfg = TrainConfig(**{k: v for k, v in {**model_opts, **opt_opts}.items() if v is not None}, **budget)
         if not cfg.has_budget:
-            cfg = TrainConfig(**{**cfg_fields, "max_iters": 2000})
+            cfg = replace(cfg, max_iters=DEFAULT_MAX_ITERS)
         data = DataConfig(
             paths=tuple(files),
             **{k: v for k, v in data_opts.items() if v is not None},
@@ -474,9 +476,10 @@ def train(
         run_args = dict(cfg=cfg, data=data, out=out, init_from=init_from, overwrite=overwrite)
     if nproc is not None and nproc > 1:
         # mistakes show here as one line, not once per rank inside torchrun's failure report
-        check_launch(nproc, **run_args)
+        check_launch(nproc, plan_run(**run_args))
         raise typer.Exit(_launch_local(nproc, _relaunch_args(ctx.params)))
-    result = run_training(**run_args, started=(ctx.obj or {}).get("started"))
+    started = (ctx.obj or {}).get("started")
+    result = run_training(**run_args, reporter=TrainingPanel(), started=started)
     if result.interrupted:
         raise typer.Exit(130)
 

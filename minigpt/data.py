@@ -384,8 +384,8 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-class _Reporter:
-    """Progress bars and short notes on stderr, or silence."""
+class _PrepProgress:
+    """Data preparation's progress bars and short notes on stderr, or silence."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -431,7 +431,7 @@ def _texts(
 
 
 def _get_tokenizer(
-    config: DataConfig, sources: Sequence[_Source], staging: _Staging, report: _Reporter
+    config: DataConfig, sources: Sequence[_Source], staging: _Staging, report: _PrepProgress
 ) -> Tokenizer:
     kind = tokenizer_kind(config.tokenizer)
     if kind == "tiktoken":
@@ -575,7 +575,7 @@ def _get_tokens(
     tokenizer_digest: str,
     config: DataConfig,
     staging: _Staging,
-    report: _Reporter,
+    report: _PrepProgress,
     label: str,
 ) -> tuple[Path, dict[str, Any]]:
     key = _key(
@@ -644,7 +644,7 @@ def prepare_data(
     """
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise UsageError(f"--block-size must be a positive integer, not {block_size!r}")
-    report = _Reporter(progress)
+    report = _PrepProgress(progress)
     train_files = _collect_files(config.paths)
     val_files = _collect_files([config.val_file]) if config.val_file is not None else []
     both = {f.resolve() for f in train_files} & {f.resolve() for f in val_files}

@@ -62,9 +62,7 @@ class DistContext:
         if td.is_initialized():
             return ctx
         if device == "mps":
-            raise UsageError(
-                "several processes need CUDA GPUs or the CPU; --device mps trains in one process"
-            )
+            raise UsageError("several processes need CUDA GPUs or the CPU; device mps trains in one process")
         cuda = device in ("auto", "cuda") and torch.cuda.is_available()
         if cuda:
             count = torch.cuda.device_count()
@@ -150,34 +148,17 @@ class DistContext:
         td.all_reduce(out, op=td.ReduceOp.SUM)
         return out
 
-    def any_flag(self, flag: bool) -> bool:
-        """True on every rank if it is true on any (a Ctrl-C seen by one rank stops them all together)."""
+    def agree_stop(self, flag: bool, *values: float) -> tuple[bool, list[float]]:
+        """Whether `flag` is true on any rank (a Ctrl-C seen by one stops them all together), and rank 0's
+        `values` (its clock, time reserve, ...), in one collective: one round trip per step. Every rank then
+        takes the same time-budget decision at the same step."""
         if not self.enabled:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self._collective_device())
-        td.all_reduce(t, op=td.ReduceOp.MAX)
-        return bool(t.item())
-
-    def agree_time(self, seconds: float) -> float:
-        """Rank 0's clock, broadcast, so that a time budget stops every rank at the same step."""
-        if not self.enabled:
-            return seconds
-        t = torch.tensor([seconds], dtype=torch.float64, device=self._collective_device())
-        td.broadcast(t, src=0)
-        return float(t.item())
-
-    def agree_stop(self, flag: bool, seconds: float, reserve: float = 0.0) -> tuple[bool, float, float]:
-        """any_flag(flag), and rank 0's clock and time reserve, in one collective: one round trip per step.
-
-        Every rank then takes the same time-budget decision at the same step.
-        """
-        if not self.enabled:
-            return flag, seconds, reserve
-        values = [1.0 if flag else 0.0, *((seconds, reserve) if self.is_master else (0.0, 0.0))]
-        t = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+            return flag, list(values)
+        mine = values if self.is_master else (0.0,) * len(values)
+        t = torch.tensor([1.0 if flag else 0.0, *mine], dtype=torch.float64, device=self._collective_device())
         td.all_reduce(t, op=td.ReduceOp.SUM)
-        total_flags, master_seconds, master_reserve = t.tolist()
-        return total_flags > 0, master_seconds, master_reserve
+        total_flags, *master_values = t.tolist()
+        return total_flags > 0, master_values
 
     @contextlib.contextmanager
     def peer_errors(self, run_dir: Path) -> Iterator[None]:

@@ -70,31 +70,47 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success fsync it and rename it over `path`.
+def atomic_paths(*paths: Path) -> Iterator[list[Path]]:
+    """Yield a temp path beside each of `paths`; on success fsync them all, then rename each over its path,
+    one right after the other.
 
-    A crash or Ctrl-C at any moment leaves either the old file or the new one, never a mix.
+    A crash or Ctrl-C at any moment leaves each file old or new, never a mix; files written together (the
+    weights and the config.json describing them) land together, but for a crash between two renames.
     """
-    path = Path(path)
-    tmp: Path | None = None
+    paths = tuple(map(Path, paths))
+    temps: list[Path] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would make run files private
-        os.replace(tmp, path)  # replaces a symlink itself, never writes through it
-        _fsync_dir(path.parent)
-    except OSError as e:  # disk full, read-only, no permission: the file being replaced is untouched
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            temps.append(Path(tmp_name))
+        yield temps
+        for tmp in temps:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+                os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would make run files private
+        for tmp, path in zip(temps, paths, strict=True):
+            os.replace(tmp, path)  # replaces a symlink itself, never writes through it
+        for directory in {path.parent for path in paths}:
+            _fsync_dir(directory)
+    except OSError as e:  # disk full, read-only, no permission: the files being replaced are untouched
+        names = ", ".join(path.name for path in paths)
         raise MinigptError(
-            f"cannot write {path} ({e.strerror or e}); the previous {path.name}, if any, is intact"
+            f"cannot write {', '.join(map(str, paths))} ({e.strerror or e}); the previous {names}, if any, "
+            f"{'is' if len(paths) == 1 else 'are'} intact"
         ) from None
     finally:
-        if tmp is not None and tmp.exists():
-            tmp.unlink()
+        for tmp in temps:
+            if tmp.exists():
+                tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success fsync it and rename it over `path`."""
+    with atomic_paths(path) as (tmp,):
+        yield tmp
 
 
 def remove_stale_temps(directory: Path) -> None:
@@ -109,8 +125,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """The bytes minigpt writes a JSON file as: strict JSON, indented, UTF-8, a final newline."""
+    return (to_json(obj, indent=2) + "\n").encode("utf-8")
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (to_json(obj, indent=2) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
@@ -149,15 +170,22 @@ def read_json(path: Path) -> Any:
         raise MinigptError(f"{path} is corrupt ({str(e)[:200] or type(e).__name__})") from None
 
 
+def write_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Write tensors as safetensors to `path` as it is: for a temp path from atomic_paths."""
+    from safetensors.torch import save_file
+
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    save_file(cpu, str(path), metadata=metadata)
+
+
 def save_tensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
     """Write tensors as safetensors, atomically."""
-    from safetensors.torch import save_file
-
-    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
-        save_file(cpu, str(tmp), metadata=metadata)
+        write_tensors(tmp, tensors, metadata)
 
 
 def load_tensors(path: Path, framework: Literal["pt", "np"] = "pt") -> tuple[dict[str, Any], dict[str, str]]:

@@ -26,8 +26,10 @@ from minigpt import __version__
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
 from minigpt.files import (
+    atomic_paths,
     atomic_write_bytes,
     atomic_write_json,
+    json_bytes,
     load_tensors,
     read_bounded,
     read_json,
@@ -35,6 +37,7 @@ from minigpt.files import (
     safetensors_header,
     save_tensors,
     to_json,
+    write_tensors,
 )
 from minigpt.memory import check_fits, inference_bytes
 from minigpt.weights import build_model, check_shapes, model_tensors
@@ -222,13 +225,18 @@ class RunDir:
             (self.path / name).unlink(missing_ok=True)
 
     def save(
-        self, model: GPT, tokenizer: Tokenizer, extra: dict[str, Any], save_weights: bool = True
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        extra: dict[str, Any],
+        save_weights: bool = True,
+        weights_metadata: dict[str, str] | None = None,
     ) -> None:
-        """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights."""
+        """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights (with
+        `weights_metadata` in their header). The weights and config.json land together: both are written in
+        full, then renamed into place one right after the other."""
         self.path.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(self.path)
-        if save_weights:
-            save_tensors(self.weights_path, model_tensors(model), metadata={"format": FORMAT})
         atomic_write_json(self.tokenizer_path, tokenizer.to_json())
         config = {
             "format": FORMAT,
@@ -237,7 +245,12 @@ class RunDir:
             "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size},
             **extra,
         }
-        atomic_write_json(self.config_path, config)
+        targets = [self.weights_path, self.config_path] if save_weights else [self.config_path]
+        with atomic_paths(*targets) as temps:
+            if save_weights:
+                metadata = {**(weights_metadata or {}), "format": FORMAT}
+                write_tensors(temps[0], model_tensors(model), metadata=metadata)
+            temps[-1].write_bytes(json_bytes(config))
 
     def save_state(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
         """The resumable training state as one atomic safetensors file."""

@@ -16,14 +16,15 @@ import pytest
 import torch
 from conftest import ROOT
 
-import minigpt.train as train_mod
 from minigpt.cli import _relaunch_args, app
 from minigpt.data import BatchSampler, DataConfig
 from minigpt.distributed import DistContext, collective_timeout
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
+from minigpt.reporters import LineReporter
 from minigpt.rundir import RunDir
-from minigpt.train import TrainConfig, TrainState, _keep_global_batch, _StopSignals, train
+from minigpt.train import StopSignals, TrainConfig, TrainState, train
+from minigpt.trainsetup import keep_global_batch
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -121,7 +122,7 @@ class UnionSampler(BatchSampler):
 
 
 def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
-    text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """`minigpt train --nproc 2` with batch 2 per rank takes the step that one process takes on batch 4 made
     of the same windows: loss, gradients (the AdamW first moments after one step are 0.1 x grad), weights and
@@ -134,7 +135,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == ""
-    assert proc.stderr.count("done: reached --max-iters 1") == 1  # only rank 0 reports
+    assert proc.stderr.count("done: reached max_iters 1") == 1  # only rank 0 reports
     assert "cpu × 2 processes" in proc.stderr
     assert sorted(p.name for p in two.iterdir()) == RUN_FILES  # one writer, no stray temporary files
     assert [(r["kind"], r["step"]) for r in RunDir(two).read_metrics()] == [
@@ -142,12 +143,10 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
         ("eval", 1),
     ]
 
-    monkeypatch.setattr(train_mod, "BatchSampler", UnionSampler)
     cfg = TrainConfig(
         preset="tiny", eval_iters=2, max_iters=1, device="cpu", dtype="float32", seed=7, batch_size=4
     )
-    train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one")
-    monkeypatch.undo()
+    train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one", make_sampler=UnionSampler)
 
     a, _ = load_tensors(two / RunDir.STATE)
     b, _ = load_tensors(tmp_path / "one" / RunDir.STATE)
@@ -169,7 +168,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
         assert ra[1][name] == pytest.approx(rb[1][name], rel=1e-5)
 
     capsys.readouterr()
-    resumed = train(TrainConfig(), resume=two, budget_overrides={"max_iters": 3})
+    resumed = train(TrainConfig(max_iters=3), resume=two, reporter=LineReporter())
     assert resumed.state.step == 3 and resumed.state.tokens == 3 * 4 * 32  # the global batch is kept
     assert "gradient accumulation 1 -> 2" in capsys.readouterr().err
     saved = json.loads((two / RunDir.CONFIG).read_text())["train"]
@@ -256,7 +255,7 @@ def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_p
     "make_args, message",
     [
         (lambda d: [str(d / "missing.txt")], "no such file"),
-        (lambda d: [str(d / "t.txt"), "--batch-size", "0"], "batch-size"),
+        (lambda d: [str(d / "t.txt"), "--batch-size", "0"], "batch_size"),
         (lambda d: [str(d / "t.txt"), "--out", str(d)], "already holds"),
         (lambda d: ["--resume", str(d / "nothing")], "nothing"),
     ],
@@ -293,7 +292,7 @@ def test_single_process_context_is_a_no_op(monkeypatch: pytest.MonkeyPatch, tmp_
         pass
     t = torch.tensor([1.5, 2.0])
     assert dist.all_reduce_sum(t) is t and dist.all_reduce_mean(t) is t
-    assert dist.agree_stop(True, 3.0, 0.5) == (True, 3.0, 0.5) and dist.any_flag(False) is False
+    assert dist.agree_stop(True, 3.0, 0.5) == (True, [3.0, 0.5])
     with pytest.raises(RuntimeError, match="gloo"), dist.peer_errors(tmp_path):
         raise RuntimeError("gloo: only translated with several ranks")
 
@@ -308,7 +307,7 @@ def test_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_relayed_ctrl_c_is_one_request_but_a_later_one_exits() -> None:
-    stop = _StopSignals(grace=0.5)
+    stop = StopSignals(grace=0.5)
     with stop.installed():
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)  # torchrun relaying the terminal's Ctrl-C
@@ -333,7 +332,7 @@ def test_resume_on_another_process_count_keeps_the_global_batch(
             self.lines.append(text)
 
     cfg = TrainConfig(batch_size=4, grad_accum=accum, max_iters=1)
-    new = _keep_global_batch(cfg, saved, world, Log())  # type: ignore[arg-type]
+    new = keep_global_batch(cfg, saved, world, Log())  # type: ignore[arg-type]
     assert new.grad_accum == kept
     if saved * accum % world:
         assert "warning" in Log.lines[-1]

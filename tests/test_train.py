@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -11,24 +12,23 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT
 
+from minigpt.budget import Budget, lr_at
 from minigpt.cli import app
-from minigpt.data import DataConfig
-from minigpt.errors import MinigptError
+from minigpt.config import GPTConfig
+from minigpt.data import BatchSampler, DataConfig, prepare_data
+from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
+from minigpt.model import GPT
+from minigpt.reporters import LineReporter
 from minigpt.rundir import RunDir
-from minigpt.train import (
-    TrainConfig,
-    TrainState,
-    budget_progress,
-    lr_at,
-    parse_duration,
-    stop_reason,
-    train,
-)
+from minigpt.train import TrainConfig, TrainState, parse_duration, train
+from minigpt.trainsetup import make_optimizer
+from minigpt.trainstep import Runtime, evaluate, split_loss, train_step
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -125,7 +125,13 @@ def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path) -> None:
 
     first = train(cfg, data, out=tmp_path / "split", on_step=stop_at_6)
     assert first.interrupted and first.state.step == 6
+    # as if the run had logged a step after its last checkpoint and then crashed: the resume retrains it
+    RunDir(tmp_path / "split").append_metrics({"kind": "train", "step": 7, "loss": 9.0})
     resumed = train(TrainConfig(), resume=tmp_path / "split")
+    train_steps = [r["step"] for r in resumed.metrics if r["kind"] == "train"]
+    assert train_steps == [1, 5, 10] and train_steps == [
+        r["step"] for r in straight.metrics if r["kind"] == "train"
+    ]
     assert resumed.state.step == 12 and not resumed.interrupted
     a, _ = load_tensors(tmp_path / "straight" / RunDir.STATE)
     b, _ = load_tensors(tmp_path / "split" / RunDir.STATE)
@@ -163,10 +169,10 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "budget, reason, check",
     [
-        (dict(max_iters=3), "--max-iters 3", lambda s: s.step == 3),
-        (dict(max_tokens=4 * 32 * 5), "--max-tokens 640", lambda s: s.step == 5),
-        (dict(max_time=0.5), "--max-time 0.5s", lambda s: s.step >= 1),
-        (dict(max_iters=100000, max_tokens=4 * 32 * 2), "--max-tokens 256", lambda s: s.step == 2),
+        (dict(max_iters=3), "max_iters 3", lambda s: s.step == 3),
+        (dict(max_tokens=4 * 32 * 5), "max_tokens 640", lambda s: s.step == 5),
+        (dict(max_time=0.5), "max_time 0.5 s", lambda s: s.step >= 1),
+        (dict(max_iters=100000, max_tokens=4 * 32 * 2), "max_tokens 256", lambda s: s.step == 2),
     ],
 )
 def test_budgets_first_reached_stops(
@@ -202,13 +208,33 @@ def test_recipes_fill_what_was_left_unset() -> None:
             TrainConfig(**bad)
 
 
-def test_time_budget_keeps_room_for_the_final_evaluation() -> None:
-    cfg = TrainConfig(max_time=10.0, lr=1e-3, warmup=0)
-    state = TrainState(elapsed=7.0)
-    assert stop_reason(cfg, state) is None and budget_progress(cfg, state) == pytest.approx(0.7)
-    assert stop_reason(cfg, state, reserve=3.0) == "reached --max-time 10s"
-    assert budget_progress(cfg, state, reserve=2.0) == pytest.approx(7 / 8)  # the schedule ends on time
-    assert budget_progress(TrainConfig(max_iters=10), TrainState(step=5), reserve=3.0) == 0.5
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_budget_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    budget = Budget(max_time=10.0, clock=clock)
+    budget.start(started=clock.now - 1.0, elapsed=2.0)  # resumed at 2 s, this command started 1 s ago
+    assert budget.elapsed() == pytest.approx(3.0)
+    clock.now += 4.0
+    state = TrainState(elapsed=budget.elapsed())
+    assert state.elapsed == pytest.approx(7.0)
+    assert budget.stop_reason(state) is None and budget.progress(state) == pytest.approx(0.7)
+    budget.reserve = 2.0  # the schedule ends when training does, before the final evaluation
+    assert budget.progress(state) == pytest.approx(7 / 8)
+    budget.reserve = 3.0
+    assert budget.stop_reason(state) == "reached max_time 10 s" and budget.progress(state) == 1.0
+    steps = Budget(max_iters=10, max_tokens=1000, reserve=3.0)
+    assert steps.progress(TrainState(step=5, tokens=100)) == 0.5  # the largest fraction; no time budget
+    assert steps.stop_reason(TrainState(step=5, tokens=1000)) == "reached max_tokens 1,000"
+    assert steps.describe() == "10 steps or 1,000 tokens"
 
 
 def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_path: Path) -> None:
@@ -217,7 +243,7 @@ def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_p
     cfg = tiny_cfg(max_iters=None, max_time=30.0, eval_every=10_000)
     t0 = time.perf_counter()
     result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", started=t0 - 29.8)
-    assert result.stop_reason == "reached --max-time 30s"
+    assert result.stop_reason == "reached max_time 30 s"
     assert time.perf_counter() - t0 < 20.0  # 0.2 s of the budget was left, not 30 s
     assert result.state.elapsed >= 29.8
 
@@ -235,30 +261,97 @@ def test_parse_duration_rejects(text: str) -> None:
         parse_duration(text)
 
 
-def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(
-    monkeypatch, text_file: Path, tmp_path: Path
-) -> None:
-    from minigpt import model as model_mod
+class PoisonedSampler(BatchSampler):
+    """Batches 6 on have only targets the loss ignores (-1), so their mean loss is 0/0: NaN."""
 
-    real = model_mod.GPT.forward
-    calls = {"train": 0}
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().next_batch()
+        return x, (y if self.batches <= 5 else torch.full_like(y, -1))
 
-    def poisoned(self, idx, targets=None, **kw):
-        logits, loss = real(self, idx, targets, **kw)
-        if self.training and loss is not None:
-            calls["train"] += 1
-            if calls["train"] > 5:  # steps 1-5 are fine, step 6 diverges
-                loss = loss * float("nan")
-        return logits, loss
 
-    monkeypatch.setattr(model_mod.GPT, "forward", poisoned)
+def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with pytest.raises(MinigptError, match="loss became nan at step 5"):
-        train(tiny_cfg(max_iters=10, eval_every=4), data_cfg(text_file, tmp_path), out=out)
+        train(
+            tiny_cfg(max_iters=10, eval_every=4),
+            data_cfg(text_file, tmp_path),
+            out=out,
+            make_sampler=PoisonedSampler,
+        )
     _, meta = load_tensors(out / RunDir.STATE)
     assert json.loads(meta["state"])["step"] == 4
     model, _, _ = RunDir(out).load_model()
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def tiny_model(vocab_size: int = 40) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_train_step_takes_one_step_and_a_nan_leaves_the_weights() -> None:
+    model, tokens = tiny_model(), np.arange(2000) % 37
+    cpu = Runtime(torch.device("cpu"), torch.float32)
+    cfg = TrainConfig(lr=1e-2, min_lr=0.0, weight_decay=0.0)
+    sampler = BatchSampler(tokens, 16, 4, seed=1)
+    x, y = BatchSampler(tokens, 16, 4, seed=1).next_batch()
+    with torch.no_grad():
+        expected = model(x, y)[1].item()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = make_optimizer(model, cfg, cpu.device)
+    loss = train_step(model, optimizer, sampler, cpu, lr=1e-2, grad_accum=1, grad_clip=1.0)
+    assert loss == pytest.approx(expected, rel=1e-5) and sampler.batches == 1
+    assert optimizer.param_groups[0]["lr"] == 1e-2
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    # two micro-batches average their losses and draw two batches
+    assert math.isfinite(train_step(model, optimizer, sampler, cpu, lr=1e-2, grad_accum=2))
+    assert sampler.batches == 3
+    poisoned = PoisonedSampler(tokens, 16, 4, seed=1)
+    poisoned.batches = 10
+    kept = [p.detach().clone() for p in model.parameters()]
+    assert math.isnan(train_step(model, optimizer, poisoned, cpu, lr=1e-2))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), kept, strict=True))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_evaluate_scores_the_same_fixed_windows_each_time(text_file: Path, tmp_path: Path) -> None:
+    dataset = prepare_data(data_cfg(text_file, tmp_path), 16, progress=False)
+    model = tiny_model(dataset.tokenizer.vocab_size)
+    model.train()
+    cpu = Runtime(torch.device("cpu"), torch.float32)
+    first = evaluate(model, model.config, dataset, 4, 3, cpu)
+    assert first == evaluate(model, model.config, dataset, 4, 3, cpu) and model.training
+    assert first["val_ppl"] == pytest.approx(math.exp(first["val_loss"]))
+    assert first["val_bpb"] == pytest.approx(
+        first["val_loss"] / math.log(2) * len(dataset.val) / dataset.val_bytes
+    )
+    # 3 batches of 4 windows: the mean loss of those 12 back-to-back windows, evenly spaced over the split
+    windows = (len(dataset.val) - 1) // 16
+    starts = np.unique(np.linspace(0, windows - 1, 12).round().astype(int)) * 16
+    x = torch.tensor(np.stack([dataset.val[s : s + 16] for s in starts]).astype(np.int64))
+    y = torch.tensor(np.stack([dataset.val[s + 1 : s + 17] for s in starts]).astype(np.int64))
+    model.eval()
+    with torch.no_grad():
+        assert first["val_loss"] == pytest.approx(model(x, y)[1].item(), rel=1e-5)
+    assert split_loss(model, model.config, dataset.val, 4, 3, cpu) == pytest.approx(first["val_loss"])
+
+
+def test_the_library_is_quiet_and_needs_no_rich(text_file: Path, tmp_path: Path, capsys) -> None:
+    train(tiny_cfg(max_iters=2), data_cfg(text_file, tmp_path), out=tmp_path / "quiet")
+    assert capsys.readouterr() == ("", "")
+    train(
+        tiny_cfg(max_iters=2), data_cfg(text_file, tmp_path), out=tmp_path / "lines", reporter=LineReporter()
+    )
+    err = capsys.readouterr().err
+    assert "step      1 | loss" in err and "done: reached max_iters 2" in err
+    code = "import sys, minigpt.train; sys.exit('rich' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_a_resume_keeps_the_saved_settings(text_file: Path, tmp_path: Path) -> None:
+    train(tiny_cfg(max_iters=2), data_cfg(text_file, tmp_path), out=tmp_path / "run")
+    with pytest.raises(UsageError, match="only the budget may change .got lr, out"):
+        train(TrainConfig(lr=1.0), resume=tmp_path / "run", out=tmp_path / "elsewhere")
 
 
 def test_non_tty_log_lines(text_file: Path, tmp_path: Path) -> None:
@@ -328,39 +421,78 @@ def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) ->
 
 
 SAVER = """
-import sys, torch
+import sys, time, torch
 from pathlib import Path
-from minigpt.model import GPT, GPTConfig
+import safetensors.torch
+from minigpt.config import GPTConfig
+from minigpt.model import GPT
+from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
+from minigpt.weights import model_tensors
+
+# a slow disk: every file is written in two halves 20 ms apart, so most kills land in the middle of a write
+def write_halves(path, data):
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        time.sleep(0.02)
+        f.write(data[len(data) // 2 :])
+    return len(data)
+
+safetensors.torch.save_file = lambda tensors, path, metadata=None: write_halves(
+    path, safetensors.torch.save(tensors, metadata=metadata)
+)
+Path.write_bytes = write_halves
 torch.manual_seed(0)
 model = GPT(GPTConfig(vocab_size=40, block_size=64, n_layer=4, n_head=4, n_embd=128))
 tok = CharTokenizer([chr(65 + i) for i in range(40)])
+run = RunDir(Path(sys.argv[1]))
 print("ready", flush=True)
-i = 0
+i = int(sys.argv[2])
 while True:
     with torch.no_grad():
         model.transformer.wte.weight.fill_(float(i))
-    RunDir(Path(sys.argv[1])).save(model, tok, {"i": i})
+    run.save(model, tok, {"metrics": {"best_step": i}}, weights_metadata={"step": str(i)})
+    run.save_state(model_tensors(model), {"step": str(i)})
     i += 1
 """
+
+
+def check_one_whole_save(run: Path) -> int:
+    """The run loads; its weights, config.json and state each come whole from one save, and the weights and
+    the config.json describing them from the same one. Returns that save's number."""
+    model, _, config = RunDir(run).load_model()
+    fill = model.transformer.wte.weight
+    step = int(fill.flatten()[0].item())
+    assert torch.all(fill == step)  # never a mix of two saves
+    _, meta = load_tensors(run / RunDir.WEIGHTS)
+    assert int(meta["step"]) == step
+    if config["metrics"]["best_step"] != step:
+        # only a kill between the two renames that land a save (microseconds apart) leaves config.json a
+        # save behind, and then its successor is whole beside it, written before the renames began
+        pending = [json.loads(t.read_text()) for t in run.glob(f".{RunDir.CONFIG}.*.tmp")]
+        assert [c["metrics"]["best_step"] for c in pending] == [step], (config["metrics"], step)
+    if (run / RunDir.STATE).exists():  # saved after the weights, so it may be a save behind
+        tensors, meta = RunDir(run).load_state()
+        assert torch.all(tensors["transformer.wte.weight"] == int(meta["step"])) and int(meta["step"]) <= step
+    return step
 
 
 def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     rng = random.Random(0)
-    for _ in range(6):
+    saves = []
+    for first in range(0, 8000, 1000):
         proc = subprocess.Popen(
-            [sys.executable, "-c", SAVER, str(run)], stdout=subprocess.PIPE, cwd=ROOT, text=True
+            [sys.executable, "-c", SAVER, str(run), str(first)], stdout=subprocess.PIPE, cwd=ROOT, text=True
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.05, 0.6))
+        time.sleep(rng.uniform(0.2, 0.8))
         proc.kill()
         proc.wait()
-        if not (run / RunDir.WEIGHTS).exists():
-            continue
-        model, _, config = RunDir(run).load_model()
-        fill = model.transformer.wte.weight
-        assert torch.all(fill == fill.flatten()[0])  # one whole save, never a mix of two
+        if (run / RunDir.WEIGHTS).exists():
+            saves.append(check_one_whole_save(run))
+    assert len(saves) >= 4, saves  # most kills came after a whole save, so the checks above ran
 
 
 @pytest.mark.parametrize(
@@ -394,7 +526,7 @@ def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--batch-size", "0"], "batch-size"),
+        (["--batch-size", "0"], "batch_size must be a positive integer"),
         (["--lr", "-1"], "lr"),
         (["--max-time", "soon"], "duration"),
         (["--n-embd", "30", "--n-head", "4"], "divisible"),
@@ -403,8 +535,8 @@ def test_bad_input_through_train(runner, tmp_path: Path, make, message: str) -> 
         (["--device", "tpu"], "device"),
         (["--dtype", "int8"], "dtype"),
         (["--tokenizer", "bpe", "--vocab-size", "100"], "256"),
-        (["--cooldown", "0"], "--cooldown"),
-        (["--cooldown", "1.5"], "--cooldown"),
+        (["--cooldown", "0"], "cooldown is a fraction"),
+        (["--cooldown", "1.5"], "cooldown is a fraction"),
     ],
 )
 def test_bad_options_through_train(

@@ -1,0 +1,125 @@
+"""The CLI's training progress: a live panel on a terminal, plain lines in logs, loss curves at the end."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, eval_line, fmt_duration
+
+
+def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, height: int = 12) -> Text:
+    """A small terminal chart of y against x for a few named series (e.g. train and val loss)."""
+    styles = ["cyan", "magenta", "yellow", "green"]
+    marks = ["•", "◆", "▲", "■"]
+    points = [(x, y) for pts in series.values() for x, y in pts if math.isfinite(y)]
+    out = Text()
+    if len(points) < 2:
+        return out
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    if y1 - y0 < 1e-9:
+        y1 = y0 + 1e-9
+    if x1 - x0 < 1e-9:
+        x1 = x0 + 1
+    grid: list[list[tuple[str, str] | None]] = [[None] * width for _ in range(height)]
+    for i, pts in enumerate(series.values()):
+        for x, y in pts:
+            if not math.isfinite(y):
+                continue
+            col = round((x - x0) / (x1 - x0) * (width - 1))
+            row = height - 1 - round((y - y0) / (y1 - y0) * (height - 1))
+            grid[row][col] = (marks[i % len(marks)], styles[i % len(styles)])
+    label_w = max(len(f"{y1:.3f}"), len(f"{y0:.3f}"))
+    for r, row in enumerate(grid):
+        y_label = f"{y1:.3f}" if r == 0 else f"{y0:.3f}" if r == height - 1 else ""
+        out.append(f"{y_label:>{label_w}} │", style="dim")
+        for cell in row:
+            out.append(cell[0], style=cell[1]) if cell else out.append(" ")
+        out.append("\n")
+    out.append(" " * label_w + " └" + "─" * width + "\n", style="dim")
+    left, right = f"{x0:,.0f}", f"{x1:,.0f}"
+    out.append(
+        " " * (label_w + 2) + left + " " * max(1, width - len(left) - len(right)) + right + "  step\n",
+        style="dim",
+    )
+    legend = "   ".join(f"{marks[i % len(marks)]} {name}" for i, name in enumerate(series))
+    out.append(" " * (label_w + 2) + legend + "\n")
+    return out
+
+
+class TrainingPanel(LineReporter):
+    """On a terminal, a live panel with evaluation lines above it; elsewhere LineReporter's plain lines.
+    Both end with the loss curves."""
+
+    def __init__(self, console: Console | None = None, live: bool | None = None) -> None:
+        super().__init__()
+        self.console = console or Console(stderr=True, soft_wrap=True)
+        self.live_mode = self.console.is_terminal if live is None else live
+        self._live: Live | None = None
+        self._step: dict[str, Any] = {}
+        self._eval: dict[str, Any] = {}
+        self._progress = 0.0
+        self._budget = ""
+
+    def log(self, message: str) -> None:
+        self.console.print(message, highlight=False)
+
+    def start(self, info: TrainingStart) -> None:
+        super().start(info)
+        self._budget = info.budget
+        if self.live_mode:
+            self._live = Live(self.render(), console=self.console, refresh_per_second=4, transient=True)
+            self._live.start()
+
+    def render(self) -> Group:
+        s, e = self._step, self._eval
+        elapsed = s.get("elapsed", 0.0)
+        eta = elapsed / self._progress * (1 - self._progress) if self._progress > 0 else math.inf
+        bar = ProgressBar(total=1.0, completed=min(self._progress, 1.0), width=40)
+        head = Text(
+            f" {100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}  "
+            f"{fmt_duration(elapsed)} elapsed, ETA {fmt_duration(eta)}  (budget: {self._budget})"
+        )
+        table = Table.grid(padding=(0, 3))
+        table.add_row(
+            f"train loss {s.get('loss', math.nan):.4f}",
+            f"val loss {e.get('val_loss', math.nan):.4f}",
+            f"val bpb {e.get('val_bpb', math.nan):.3f}",
+            f"lr {s.get('lr', 0.0):.2e}",
+            f"{self.tokens_per_s:,.0f} tok/s",
+        )
+        row = Table.grid()
+        row.add_row(bar, head)
+        return Group(row, table)
+
+    def step(self, record: dict[str, Any], progress: float) -> None:
+        self._step, self._progress = record, progress
+        if self._live is None:
+            super().step(record, progress)
+            return
+        self._measure_rate(record["tokens"])
+        self._live.update(self.render())
+
+    def evaluated(self, record: dict[str, Any], improved: bool) -> None:
+        self._eval = record
+        if self._live is not None:
+            self._live.update(self.render())
+        self.log(eval_line(record, improved))
+
+    def finish(self, summary: TrainingEnd) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        train_pts = [(r["step"], r["loss"]) for r in summary.history if r.get("kind") == "train"]
+        val_pts = [(r["step"], r["val_loss"]) for r in summary.history if r.get("kind") == "eval"]
+        chart = line_chart({"train loss": train_pts, "val loss": val_pts})
+        if chart.plain:
+            self.console.print(chart)
+        super().finish(summary)

@@ -1,0 +1,173 @@
+"""Every training setting in one typed config, its device recipes, and how its defaults read in help."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from minigpt.config import GPTConfig
+from minigpt.errors import UsageError
+from minigpt.presets import preset as get_preset
+
+# Defaults by device. CPU: searched on tinyshakespeare (char) under a 70 s budget on 2 cores
+# (bench/bench_train.py); at that budget a 2-layer model's extra steps beat more depth, small batches
+# beat large ones, and holding the peak lr for half the run then decaying linearly to 0 (wsd) beat
+# cosine to lr/10 by 0.01 in loss. GPU: nanoGPT's shakespeare_char recipe without dropout.
+RECIPES: dict[str, dict[str, Any]] = {
+    "cpu": dict(preset="nano", batch_size=16, lr=8e-3, schedule="wsd"),
+    "gpu": dict(preset="small", batch_size=64, lr=1e-3, schedule="cosine"),
+}
+SCHEDULES = ("cosine", "wsd")
+# min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
+MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
+DEFAULT_MAX_ITERS = 2000  # the budget the CLI gives a new run given none
+SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size")
+BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every training setting; saved in the run's config.json and reused on resume."""
+
+    # model shape: a preset, then any explicit overrides (vocab_size always comes from the tokenizer)
+    preset: str | None = None  # None: the device's recipe (RECIPES)
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None
+    dropout: float = 0.0
+    bias: bool = True
+    # optimisation
+    batch_size: int | None = None
+    grad_accum: int = 1
+    lr: float | None = None
+    min_lr: float | None = None  # None: MIN_LR_FRACTION of lr
+    warmup: int = 100
+    # after warmup, "cosine" decays from lr to min_lr over the whole budget; "wsd" (warmup-stable-decay)
+    # holds lr, then decays linearly to min_lr over the last `cooldown` fraction of the budget
+    schedule: str | None = None
+    cooldown: float = 0.5
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    # budget: the first one reached stops the run
+    max_iters: int | None = None
+    max_time: float | None = None  # seconds
+    max_tokens: int | None = None
+    # evaluation and logging
+    # 50 batches: on tinyshakespeare (char, batch 16) 20 x 16 evenly spaced windows read 0.015 above
+    # the whole validation split's loss, 50 x 16 within 0.001; at 256 windows a pass, it costs about
+    # what 20 x 16 did
+    eval_every: int = 500
+    eval_iters: int = 50
+    log_every: int = 10
+    # runtime
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_counts()
+        self._check_rates()
+        if self.preset is not None:
+            get_preset(self.preset)
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise UsageError(f"unknown schedule {self.schedule!r}: choose {' or '.join(SCHEDULES)}")
+
+    def _check_counts(self) -> None:
+        for name in ("batch_size", "grad_accum", "eval_every", "eval_iters", "log_every"):
+            value = getattr(self, name)
+            if value is None and name == "batch_size":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_iters", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"{name} must be at least 1, got {value}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise UsageError(f"max_time must be a positive number of seconds, got {self.max_time}")
+
+    def _check_rates(self) -> None:
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError(f"lr must be positive, got {self.lr}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= (self.lr if self.lr is not None else math.inf):
+            raise UsageError(f"need 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise UsageError("warmup, weight_decay and grad_clip must not be negative (0 turns them off)")
+        if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
+            raise UsageError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if not 0 <= self.dropout < 1:
+            raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0 < self.cooldown <= 1:
+            raise UsageError(f"cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
+
+    @property
+    def has_budget(self) -> bool:
+        return any(getattr(self, name) is not None for name in BUDGET_SETTINGS)
+
+    def budget(self) -> dict[str, Any]:
+        """The budget settings, unset ones left out."""
+        return {name: getattr(self, name) for name in BUDGET_SETTINGS if getattr(self, name) is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        data = {"schedule": "cosine", **data}  # runs saved before schedules existed decayed by cosine
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def with_recipe(self, device_type: str) -> TrainConfig:
+        """Fill the settings left unset with the recipe measured best for this kind of device."""
+        recipe = RECIPES["cpu" if device_type == "cpu" else "gpu"]
+        filled = {k: v for k, v in recipe.items() if getattr(self, k) is None}
+        lr = self.lr if self.lr is not None else recipe["lr"]
+        schedule = self.schedule or recipe["schedule"]
+        if self.min_lr is None:
+            filled["min_lr"] = lr * MIN_LR_FRACTION[schedule]
+        return replace(self, **filled)
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        if self.preset is None:
+            raise AssertionError("model_config needs a resolved config (with_recipe)")
+        shape = get_preset(self.preset)
+        shape.pop("vocab_size", None)
+        for name in SHAPE_SETTINGS:
+            if getattr(self, name) is not None:
+                shape[name] = getattr(self, name)
+        return GPTConfig(vocab_size=vocab_size, dropout=self.dropout, bias=self.bias, **shape)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '90', '90s', '10m', '1h30m' or '1.5h'."""
+    s = text.strip().lower().replace(" ", "")
+    pos, total = 0, 0.0
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+    while pos < len(s):
+        m = _DURATION.match(s, pos)
+        if not m or m.end() == pos:
+            break
+        total += float(m.group(1)) * scale[m.group(2)]
+        pos = m.end()
+    if not s or pos != len(s) or total <= 0:
+        raise UsageError(f"cannot read duration {text!r}: use e.g. 90s, 10m, 1h30m")
+    return total
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration with its units spelled out: '45 s', '2 min 30 s', '1 h 5 min'."""
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [(hours, "h"), (minutes, "min"), (secs, "s")]
+    return " ".join(f"{value} {unit}" for value, unit in parts if value)
