@@ -964,25 +964,17 @@ def demo(
 
     The same three steps as `minigpt train FILE`, `minigpt generate` and `minigpt params RUN`.
     """
-    from minigpt.data import DataConfig, default_cache_dir
-    from minigpt.demo import DEMO_PROMPT, write_demo_text
-    from minigpt.train import TrainConfig, parse_duration
-    from minigpt.train import train as run_training
+    from minigpt.demo import DEMO_PROMPT, generate_demo_text, show_demo_params, train_demo
+    from minigpt.panel import TrainingPanel
+    from minigpt.train import parse_duration
 
-    budget = parse_duration(max_time)
-    corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")
-    typer.echo(f"== 1/3 training on Python's reference documentation ({corpus}) for {max_time}", err=True)
-    result = run_training(
-        TrainConfig(max_time=budget, seed=seed), DataConfig(paths=(corpus,)), out=out, overwrite=True
-    )
+    result = train_demo(out, parse_duration(max_time), seed, TrainingPanel())
     if result.interrupted:
         raise typer.Exit(130)
     typer.echo(f"\n== 2/3 generating {tokens} tokens from {out} after the prompt {DEMO_PROMPT!r}", err=True)
-    generate(prompt=DEMO_PROMPT, model=out, max_new_tokens=tokens, seed=seed, temperature=0.8)
-    if not sys.stdout.isatty():
-        typer.echo()  # generate ends a terminal's text with a newline; keep the table off it in a file too
+    generate_demo_text(out, tokens, seed, sys.stdout)
     typer.echo(f"\n== 3/3 parameters of {out}", err=True)
-    params(run=out)
+    show_demo_params(out)
 
 
 def main() -> None:
