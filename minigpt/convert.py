@@ -16,6 +16,7 @@ from minigpt.files import (
     atomic_write_bytes,
     atomic_write_json,
     load_tensors,
+    make_dir,
     read_bounded,
     read_json,
     safetensors_shapes,
@@ -631,7 +632,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     hf = hf_config(config, tok.eot_id)
     _check_out(out, run, overwrite)
     tok_files = hf_tokenizer_files(tok, config.block_size)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     _clear(out, _STALE_HF_FILES)
     # metadata format "pt" is what transformers checks before loading a safetensors file
     save_tensors(out / HF_WEIGHTS, to_hf_tensors(model_tensors(model)), metadata={"format": "pt"})

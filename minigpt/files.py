@@ -63,6 +63,15 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def make_dir(path: Path) -> Path:
+    """Create a folder (and its parents) or say in one line why it cannot be."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinigptError(f"cannot create the folder {path} ({e.strerror or e})") from None
+    return Path(path)
+
+
 def _umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it, so set it straight back
     os.umask(mask)

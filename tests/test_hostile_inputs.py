@@ -311,6 +311,47 @@ def surrogate_text(tmp: Path) -> list[str]:
     return train_with("--encoding", "unicode_escape", "--tokenizer", "bpe", text=text)(tmp)
 
 
+def run_copy(tmp: Path, fixture: str = "run-v0.1-char") -> Path:
+    shutil.copytree(FIXTURES / fixture, tmp / "run")
+    return tmp / "run"
+
+
+def with_run(change: Callable[[Path], Any], *command: str) -> Callable[[Path], list[str]]:
+    """A copy of the char fixture run that `change` tampers with, then `command` on it ({run} is its path)."""
+
+    def build(tmp: Path) -> list[str]:
+        run = run_copy(tmp)
+        change(run)
+        return [part.replace("{run}", str(run)) for part in command]
+
+    return build
+
+
+def edit_config(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def tamper(run: Path) -> None:
+        config = json.loads((run / "config.json").read_text())
+        change(config)
+        (run / "config.json").write_text(json.dumps(config))
+
+    return tamper
+
+
+def replace_with_fifo(name: str) -> Callable[[Path], None]:
+    def tamper(run: Path) -> None:
+        (run / name).unlink()
+        os.mkfifo(run / name)
+
+    return tamper
+
+
+def write_file(name: str, text: str) -> Callable[[Path], None]:
+    return lambda run: (run / name).write_text(text)
+
+
+GENERATE = ("generate", "-m", "{run}", "-n", "3", "x")
+BILLION_LAYERS = edit_config(lambda c: c["model"].update(n_layer=10**9))
+
+
 def b64(token: bytes) -> str:
     return base64.b64encode(token).decode()
 
@@ -450,6 +491,69 @@ ATTACKS = [
         "HF tokenizer.json merges that are not string pairs",
         hf_fast_tokenizer(lambda t: t["model"].update(merges=[[["a"], ["b"]]])),
         "hf/tokenizer.json is not a GPT-2 style BPE vocabulary",
+    ),
+    Attack(
+        "config.json claims 10**9 layers (numpy engine)",
+        with_run(BILLION_LAYERS, *GENERATE, "--backend", "numpy"),
+        "needs about 54,955.5 GiB of memory",
+    ),
+    Attack(
+        "config.json claims 10**9 layers (torch engine)",
+        with_run(BILLION_LAYERS, *GENERATE, "--backend", "torch"),
+        "check",
+    ),
+    Attack(
+        "config.json claims 10**9 layers (eval)",
+        with_run(BILLION_LAYERS, "eval", "{run}", str(CORPUS)),
+        "GiB of memory",
+    ),
+    Attack(
+        "config.json nested 100,000 deep",
+        with_run(write_file("config.json", "[" * 100_000 + "]" * 100_000), *GENERATE),
+        "config.json is corrupt",
+    ),
+    Attack(
+        "model.safetensors is a FIFO",
+        with_run(replace_with_fifo("model.safetensors"), *GENERATE),
+        "not a regular file",
+    ),
+    Attack(
+        "config.json is a FIFO", with_run(replace_with_fifo("config.json"), *GENERATE), "not a regular file"
+    ),
+    Attack(
+        "model.safetensors header claims a negative dimension",
+        with_run(
+            lambda run: (run / "model.safetensors").write_bytes(
+                (lambda h: len(h).to_bytes(8, "little") + h)(
+                    b'{"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}'
+                )
+            ),
+            "params",
+            "{run}",
+        ),
+        "negative dimension",
+    ),
+    Attack(
+        "generate -s 10**12 (a KV cache past the machine)",
+        with_run(lambda run: None, *GENERATE, "-s", str(10**12)),
+        "lower --num-samples",
+    ),
+    Attack("generate --seed -1", with_run(lambda run: None, *GENERATE, "--seed", "-1"), "--seed"),
+    Attack("generate --seed 2**64", with_run(lambda run: None, *GENERATE, "--seed", str(2**64)), "--seed"),
+    Attack(
+        "an unknown option --temp",
+        with_run(lambda run: None, *GENERATE, "--temp", "1"),
+        "did you mean --temperature?",
+    ),
+    Attack(
+        "attention --png into /proc",
+        with_run(lambda run: None, "attention", "abc", "--model", "{run}", "--png", "/proc/minigpt-x.png"),
+        "cannot write /proc/minigpt-x.png",
+    ),
+    Attack(
+        "convert to-hf into /proc",
+        with_run(lambda run: None, "convert", "to-hf", "{run}", "/proc/minigpt-x"),
+        "/proc/minigpt-x",
     ),
 ]
 
