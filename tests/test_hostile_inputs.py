@@ -352,6 +352,40 @@ GENERATE = ("generate", "-m", "{run}", "-n", "3", "x")
 BILLION_LAYERS = edit_config(lambda c: c["model"].update(n_layer=10**9))
 
 
+def trained_then(tamper: Callable[[Path], Any], *extra: str) -> Callable[[Path], list[str]]:
+    """A run trained for 2 steps here, `tamper`ed, then `train --resume` on it."""
+
+    def build(tmp: Path) -> list[str]:
+        run = tmp / "out"
+        proc = minigpt(tmp, train_with("--max-iters", "2")(tmp))
+        assert proc.returncode == 0, proc.stderr
+        tamper(run)
+        return ["train", "--resume", str(run), "--max-iters", "4", *extra]
+
+    return build
+
+
+def edit_state(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    """Rewrite state.safetensors with `change` applied to its tensors (torch is fine in the test)."""
+
+    def tamper(run: Path) -> None:
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+
+        with safe_open(str(run / "state.safetensors"), framework="pt") as f:
+            meta = f.metadata()
+        tensors = load_file(str(run / "state.safetensors"))
+        change(tensors)
+        save_file(tensors, str(run / "state.safetensors"), metadata=meta)
+
+    return tamper
+
+
+def short_moment(tensors: dict[str, Any]) -> None:
+    key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/exp_avg"))
+    tensors[key] = tensors[key][:1].clone()
+
+
 def b64(token: bytes) -> str:
     return base64.b64encode(token).decode()
 
@@ -554,6 +588,23 @@ ATTACKS = [
         "convert to-hf into /proc",
         with_run(lambda run: None, "convert", "to-hf", "{run}", "/proc/minigpt-x"),
         "/proc/minigpt-x",
+    ),
+    Attack(
+        "state.safetensors with a short AdamW moment (segfaulted inside libtorch)",
+        trained_then(edit_state(short_moment)),
+        "does not fit its parameter",
+    ),
+    Attack(
+        "state.safetensors with a moment for no parameter",
+        trained_then(
+            edit_state(lambda t: t.update({"optim/transformer.nope/exp_avg": t["rng/torch"].float()}))
+        ),
+        "belongs to no parameter",
+    ),
+    Attack(
+        "state.safetensors with a bad rng tensor",
+        trained_then(edit_state(lambda t: t.update({"rng/torch": t["rng/torch"][:10].clone()}))),
+        "random number generator state",
     ),
 ]
 
