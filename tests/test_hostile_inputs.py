@@ -606,6 +606,24 @@ ATTACKS = [
         trained_then(edit_state(lambda t: t.update({"rng/torch": t["rng/torch"][:10].clone()}))),
         "random number generator state",
     ),
+    Attack("train --lr nan", train_with("--lr", "nan"), "lr must be a finite number, got nan"),
+    Attack(
+        "train --weight-decay inf",
+        train_with("--weight-decay", "inf"),
+        "weight_decay must be a finite number",
+    ),
+    Attack("train --grad-clip nan", train_with("--grad-clip", "nan"), "grad_clip must be a finite number"),
+    Attack("train --seed -1", train_with("--seed", "-1"), "seed"),
+    Attack(
+        "config.json with a tampered train section (lr as text)",
+        trained_then(edit_config(lambda c: c["train"].update(lr="abc"))),
+        "lr must be a finite number, got 'abc'",
+    ),
+    Attack(
+        "config.json whose train section is a list",
+        trained_then(edit_config(lambda c: c.update(train=[1]))),
+        "not a JSON object",
+    ),
 ]
 
 
