@@ -386,7 +386,7 @@ def test_page_and_its_files_are_served_offline(server: Server) -> None:
 # --- load: concurrency, the queue limit, disconnects, memory ---------------------------------------------
 
 
-def test_32_concurrent_streams_finish_with_their_token_counts(client: openai.OpenAI) -> None:
+def test_32_concurrent_streams_finish_with_their_token_counts(server: Server, client: openai.OpenAI) -> None:
     def stream(i: int) -> tuple[int, str]:
         chunks = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20 + i, seed=i, stream=True,
                                            stream_options={"include_usage": True})  # fmt: skip
@@ -396,10 +396,17 @@ def test_32_concurrent_streams_finish_with_their_token_counts(client: openai.Ope
             used = c.usage.completion_tokens if c.usage else used
         return used, text
 
+    def counts() -> tuple[int, int]:
+        model = request(server.url + "/health")[1]["models"][0]
+        return model["forward_passes"], model["rows_forwarded"]
+
+    passes, rows = counts()
     with ThreadPoolExecutor(32) as pool:
         results = list(pool.map(stream, range(32)))
     for i, (used, text) in enumerate(results):
         assert used == len(text) == 20 + i  # one character per token, no end-of-text in a char model
+    passes_after, rows_after = counts()
+    assert (rows_after - rows) / (passes_after - passes) > 2  # they shared forward passes
 
 
 def open_stream(server: Server, max_tokens: int = 256) -> socket.socket:

@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from minigpt.errors import MinigptError
-from minigpt.serve.batcher import Job, QueueFull, TokenLogprob, Update
+from minigpt.serve.batcher import Job, QueueFull, TokenLogprob, Update, notify_each
 from minigpt.serve.models import ServedModel
 from minigpt.serve.protocol import (
     ApiError,
@@ -120,16 +120,20 @@ async def run_info(model: str, request: Request) -> dict[str, Any]:
 
 
 def _channel(job: Job) -> asyncio.Queue[Update]:
-    """A queue on this event loop that receives the job's updates from the decoding thread."""
+    """A queue that receives the job's updates (put on this event loop by `_deliverer`'s callback)."""
     queue: asyncio.Queue[Update] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def post(update: Update) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
-            loop.call_soon_threadsafe(queue.put_nowait, update)
-
-    job.notify = post
+    job.notify = queue.put_nowait
     return queue
+
+
+def _deliverer(loop: asyncio.AbstractEventLoop) -> Callable[[list[tuple[Job, Update]]], None]:
+    """The batcher's `deliver`: hands a round's updates to their jobs on the event loop, in one wake-up."""
+
+    def deliver(updates: list[tuple[Job, Update]]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
+            loop.call_soon_threadsafe(notify_each, updates)
+
+    return deliver
 
 
 async def _updates(queue: asyncio.Queue[Update]) -> AsyncIterator[Update]:
@@ -253,6 +257,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for m in models:
+            m.batcher.deliver = _deliverer(asyncio.get_running_loop())
             m.batcher.start()
         try:
             yield
@@ -281,7 +286,9 @@ def create_app(
 async def _health(request: Request) -> dict[str, Any]:
     models = [
         {"id": m.id, "backend": m.engine.name, "device": m.engine.device, "dtype": m.engine.dtype,
-         "active_rows": m.batcher.active_rows, "waiting": m.batcher.waiting}
+         "active_rows": m.batcher.active_rows, "waiting": m.batcher.waiting,
+         "forward_passes": m.batcher.forwards, "rows_forwarded": m.batcher.rows_forwarded,
+         "rows_per_forward": round(m.batcher.rows_forwarded / max(1, m.batcher.forwards), 2)}
         for m in _state(request).models.values()
     ]  # fmt: skip
     return {"status": "ok", "models": models}

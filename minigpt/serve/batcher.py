@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from minigpt.errors import MinigptError
 from minigpt.kvcache import KVCache
 from minigpt.tokenizer import Tokenizer
 
-__all__ = ["Batcher", "Job", "Piece", "QueueFull", "TokenLogprob", "Update"]
+__all__ = ["Batcher", "Job", "Piece", "QueueFull", "TokenLogprob", "Update", "notify_each"]
 
 log = logging.getLogger("minigpt.serve")
 
@@ -48,7 +49,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Update:
-    """What one decoding step produced for a job, posted to the job's `notify`."""
+    """What one decoding round produced for a job, handed to the job's `notify`."""
 
     pieces: list[Piece]
     done: bool = False
@@ -88,6 +89,7 @@ class Job:
         self.choices = [Choice(stop) for _ in range(n)]
         self.steps = 0
         self.cancelled = False
+        self.submitted = 0.0
         self.rng: Any = None  # the engine's generator, made on admission
 
     @property
@@ -126,6 +128,10 @@ class Batcher:
     at different positions interleave step by step and none waits for another to finish. A finished or
     cancelled request leaves its group at the next round; at most `max_rows` rows decode at once, and at
     most `max_waiting` requests wait for room beyond them (`submit` raises QueueFull past that).
+
+    Waiting requests are admitted once the oldest has waited `admit_wait` seconds (or they fill the free
+    rows), so requests sent together start together. Each round's updates go out in one call of
+    `deliver` (the server's wakes its event loop once per round, not once per request).
     """
 
     def __init__(
@@ -136,15 +142,21 @@ class Batcher:
         max_rows: int = 32,
         max_waiting: int = 64,
         slide: int | None = None,
+        admit_wait: float = 0.0,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_rows = max_rows
         self.max_waiting = max_waiting
         self.slide = resolve_slide(slide, engine.block_size)
+        self.admit_wait = admit_wait
+        self.deliver: Callable[[list[tuple[Job, Update]]], None] = notify_each
         self.active_rows = 0
+        self.forwards = 0  # forward passes run, and the rows they carried: how well requests batch
+        self.rows_forwarded = 0
         self.groups: list[_Group] = []
         self._waiting: deque[Job] = deque()
+        self._outbox: list[tuple[Job, Update]] = []
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -166,6 +178,7 @@ class Batcher:
                     f"the server is busy: {self.active_rows} rows are decoding and {len(self._waiting)} "
                     f"requests are waiting; retry later"
                 )
+            job.submitted = time.monotonic()
             self._waiting.append(job)
             self._wake.notify()
 
@@ -204,8 +217,8 @@ class Batcher:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not (self._stopping or self._waiting or self.groups):
-                    self._wake.wait()
+                while not (self._stopping or self.groups or self._ready()):
+                    self._wake.wait(self._until_ready())
                 if self._stopping:
                     return
             try:
@@ -227,9 +240,27 @@ class Batcher:
             self.groups = self._merge([g for g in self.groups if g.jobs])
             for group in self.groups:
                 group.logits = self._forward(group)
+        outbox, self._outbox = self._outbox, []
+        if outbox:
+            self.deliver(outbox)
+
+    def _ready(self) -> bool:
+        """Whether waiting jobs should be admitted now: the oldest has waited long enough, or they fill
+        every free row anyway (call with the lock held)."""
+        if not self._waiting:
+            return False
+        waited = time.monotonic() - self._waiting[0].submitted >= self.admit_wait
+        return waited or sum(j.n for j in self._waiting) >= self.max_rows - self.active_rows
+
+    def _until_ready(self) -> float | None:
+        if not self._waiting:
+            return None
+        return max(0.0, self._waiting[0].submitted + self.admit_wait - time.monotonic())
 
     def _admit(self) -> None:
         with self._wake:
+            if not self._ready():
+                return
             while self._waiting and self.active_rows + self._waiting[0].n <= self.max_rows:
                 job = self._waiting.popleft()
                 self.active_rows += job.n
@@ -273,7 +304,7 @@ class Batcher:
                 pieces.append(Piece(i, text, choice.stream.finish_reason, choice.pending))
                 choice.pending = []
         if pieces or job.done:
-            job.notify(Update(pieces, done=job.done))
+            self._outbox.append((job, Update(pieces, done=job.done)))
 
     def _retire(self, group: _Group) -> None:
         """Take finished and cancelled jobs out of the group, their rows out of its cache."""
@@ -316,6 +347,8 @@ class Batcher:
         return _Group(jobs, windows, _gather(self.engine, [(g.cache, 0, g.cache.batch) for g in parts]))
 
     def _forward(self, group: _Group) -> Any:
+        self.forwards += 1
+        self.rows_forwarded += len(group.windows)
         if group.cache is not None:
             return self.engine.forward([[w[-1]] for w in group.windows], group.cache)
         group.cache = self.engine.new_cache(len(group.windows))
@@ -328,8 +361,8 @@ class Batcher:
             jobs = [job for g in self.groups for job in g.jobs] + list(self._waiting)
             self.groups, self.active_rows = [], 0
             self._waiting.clear()
-        for job in jobs:
-            job.notify(Update([], done=True, error=message))
+        self._outbox = []
+        self.deliver([(job, Update([], done=True, error=message)) for job in jobs])
 
     @contextlib.contextmanager
     def _inference(self) -> Iterator[None]:
@@ -341,6 +374,12 @@ class Batcher:
 
         with torch.inference_mode():
             yield
+
+
+def notify_each(updates: list[tuple[Job, Update]]) -> None:
+    """Hand each update to its job's `notify` (the default `deliver`: on the decoding thread itself)."""
+    for job, update in updates:
+        job.notify(update)
 
 
 def _gather(engine: Engine, parts: list[tuple[KVCache[Any], int, int]]) -> KVCache[Any]:

@@ -18,7 +18,11 @@ from minigpt.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from minigpt.model import GPT
 
-__all__ = ["ServedModel", "load_models"]
+__all__ = ["ADMIT_WAIT", "ServedModel", "load_models"]
+
+# how long a new request waits for others to arrive, so that requests sent together are prefilled and
+# decoded as one batch (bench/bench_serve.py)
+ADMIT_WAIT = 0.005
 
 
 @dataclass
@@ -81,7 +85,14 @@ class ServedModel:
 
 
 def load_models(
-    paths: Sequence[Path], backend: str, device: str, dtype: str, *, max_rows: int, max_waiting: int
+    paths: Sequence[Path],
+    backend: str,
+    device: str,
+    dtype: str,
+    *,
+    max_rows: int,
+    max_waiting: int,
+    admit_wait: float = ADMIT_WAIT,
 ) -> list[ServedModel]:
     """Load each run's engine (choose_backend's pick, as `minigpt generate` makes it); ids are folder names."""
     from minigpt.engines import choose_backend, load_engine
@@ -96,6 +107,8 @@ def load_models(
         engine, tokenizer = load_engine(
             run.path, choose_backend(backend, device, dtype, weights=run.weights_path), device, dtype
         )
-        batcher = Batcher(engine, tokenizer, max_rows=max_rows, max_waiting=max_waiting)
+        batcher = Batcher(
+            engine, tokenizer, max_rows=max_rows, max_waiting=max_waiting, admit_wait=admit_wait
+        )
         served.append(ServedModel(name, run, engine, tokenizer, batcher))
     return served
