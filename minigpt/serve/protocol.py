@@ -123,7 +123,7 @@ class AttentionRequest(_Strict):
     """POST /v1/attention: what each head attends to from one position of `text` (`minigpt attention`)."""
 
     model: str | None = None
-    text: str
+    text: str = Field(min_length=1)
     position: int = -1
 
 
