@@ -979,3 +979,79 @@ def demo(
 
 def main() -> None:
     app()
+
+
+@app.command()
+def serve(
+    run: Annotated[
+        Path | None, typer.Argument(help="Run directory to serve (default: the newest under checkpoints/).")
+    ] = None,
+    model: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--model", "-m", help="Another run to serve (repeatable); a request picks one by folder name."
+        ),
+    ] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on: 127.0.0.1 keeps the server to this machine; 0.0.0.0 opens it to "
+            "the network (then use --api-key behind a TLS proxy)."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free one).")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MINIGPT_API_KEY",
+            show_envvar=True,
+            help="Require `Authorization: Bearer KEY` on every /v1 route.",
+        ),
+    ] = None,
+    backend: Annotated[
+        BackendName, typer.Option(help="Engine, as for generate: auto is numpy on the CPU in float32.")
+    ] = BackendName.auto,
+    device: Annotated[DeviceName, typer.Option(help="Where to run (the torch engine).")] = DeviceName.auto,
+    dtype: Annotated[DtypeName, typer.Option(help="Weights and KV cache type (the torch engine).")] = (
+        DtypeName.auto
+    ),
+    max_batch: Annotated[
+        int, typer.Option(min=1, help="Rows (samples of all requests) decoded together at most; caps n.")
+    ] = 32,
+    queue: Annotated[
+        int, typer.Option(min=0, help="Requests that may wait for free rows; past that, 429 (busy).")
+    ] = 64,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, help="The largest max_tokens a request may ask for.")
+    ] = 1024,
+) -> None:
+    """Serve runs over an OpenAI-compatible API (/v1/completions, /v1/models) with a web page at /.
+
+    Examples: `minigpt serve`, `minigpt serve checkpoints/a --model checkpoints/b --port 8080`,
+    then `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
+    """
+    import os
+
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets them, before torch or NumPy load
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise MinigptError(
+            "minigpt serve needs FastAPI and uvicorn: pip install 'minigpt[serve]' "
+            "(pip install -e '.[serve]' in a checkout)"
+        ) from None
+    from minigpt.rundir import RunDir
+    from minigpt.serve.models import load_models
+    from minigpt.serve.protocol import Limits
+    from minigpt.serve.server import run_server
+
+    paths = ([run] if run is not None else []) + list(model or [])
+    if not paths:
+        paths = [RunDir.latest().path]
+        typer.echo(f"using {paths[0]}", err=True)
+    models = load_models(
+        paths, backend.value, device.value, dtype.value, max_rows=max_batch, max_waiting=queue
+    )
+    run_server(models, host, port, api_key or None, Limits(max_tokens=max_tokens, max_n=max_batch))
