@@ -130,6 +130,9 @@ class Dataset:
     val_bytes: int  # UTF-8 bytes of the validation text
     train_bytes: int
     cache_path: Path  # the training token file
+    # each input file: absolute path, role (train or val), size and sha256, recorded so a resume can tell
+    # whether the text changed and find it again after the run moved
+    inputs: tuple[dict[str, Any], ...] = ()
 
     @property
     def val_bytes_per_token(self) -> float:
@@ -699,7 +702,35 @@ def prepare_data(
         train, val = stream[:n_train], stream[n_train:]
         val_bytes = _count_bytes(val, lengths)
         train_bytes = int(train_meta["text_bytes"]) - val_bytes
-    return Dataset(tokenizer, train, val, val_bytes, train_bytes, train_bin)
+    inputs = tuple(_input_record(src, "train") for src in train_src) + tuple(
+        _input_record(s, "val") for s in val_src
+    )
+    return Dataset(tokenizer, train, val, val_bytes, train_bytes, train_bin, inputs)
+
+
+def _input_record(src: _Source, role: str) -> dict[str, Any]:
+    return {"path": str(src.path.resolve()), "role": role, "bytes": src.size, "sha256": src.digest}
+
+
+def changed_inputs(saved: Any, now: Sequence[dict[str, Any]]) -> str | None:
+    """What differs between the inputs a run recorded and the ones found now (by content, not by path),
+    in words; None when the same text is there (a run saved before inputs were recorded counts as same)."""
+    if not isinstance(saved, list) or not saved:
+        return None
+
+    def contents(records: Sequence[Any]) -> list[tuple[str, str]]:
+        return sorted((str(r.get("role")), str(r.get("sha256"))) for r in records if isinstance(r, dict))
+
+    if contents(saved) == contents(now):
+        return None
+    old = {r.get("sha256"): r for r in saved if isinstance(r, dict)}
+    new = {r["sha256"]: r for r in now}
+    gone = [Path(str(r.get("path"))).name for h, r in old.items() if h not in new]
+    added = [Path(r["path"]).name for h, r in new.items() if h not in old]
+    parts = ([f"changed or missing: {', '.join(gone)}"] if gone else []) + (
+        [f"new: {', '.join(added)}"] if added else []
+    )
+    return "; ".join(parts) or "the files' roles differ"
 
 
 def _check_long_enough(config: DataConfig, block_size: int, n_train: int, n_val: int) -> None:

@@ -593,3 +593,18 @@ def test_default_tokenizer_is_bpe_512(tmp_path: Path) -> None:
     from minigpt.tokenizer import DEFAULT_BPE_VOCAB_SIZE
 
     assert DEFAULT_BPE_VOCAB_SIZE == 512
+
+
+def test_inputs_are_recorded_by_content_and_changes_are_named(tmp_path: Path) -> None:
+    from minigpt.data import changed_inputs
+
+    (tmp_path / "a.txt").write_text("hello world, " * 400)
+    data = prepare_data(DataConfig(paths=(tmp_path / "a.txt",), tokenizer="char"), 8, progress=False)
+    (record,) = data.inputs
+    assert record["path"] == str((tmp_path / "a.txt").resolve()) and record["role"] == "train"
+    assert len(record["sha256"]) == 64 and record["bytes"] == (tmp_path / "a.txt").stat().st_size
+    moved = [{**record, "path": "/elsewhere/a.txt"}]
+    assert changed_inputs(moved, data.inputs) is None  # the same text at another place
+    assert changed_inputs([], data.inputs) is None  # runs saved before inputs were recorded
+    edited = [{**record, "sha256": "0" * 64}]
+    assert changed_inputs(edited, data.inputs) == "changed or missing: a.txt; new: a.txt"
