@@ -1,14 +1,13 @@
-"""Serving throughput: aggregate tokens/s of N concurrent streaming clients against `minigpt serve`.
+"""Serving throughput: aggregate tokens/s of N concurrent streaming clients against `minigpt serve`."""
 
-Prints a markdown table. The model is bench_generate.py's (6 layers, 6 heads, 384 wide, block 256, 65
-characters, random weights), served by `python -m minigpt serve` on loopback (the NumPy engine, as by
-default on the CPU). Each client sends `--requests` streamed completions of `--tokens` tokens one after
-another (the same empty prompt, seeds differing); all start together. The same runs with `--max-batch 1`
-(one row decoding at a time, the others queued) show what batching gains.
-
-    python bench/bench_serve.py                       # ~4 minutes on 2 slow cores
-    python bench/bench_serve.py --clients 1 8 --requests 2
-"""
+# Prints a markdown table. The model is bench_generate.py's (6 layers, 6 heads, 384 wide, block 256, 65
+# characters, random weights), served by `python -m minigpt serve` on loopback (the NumPy engine, as by
+# default on the CPU). Each client sends --requests streamed completions of --tokens tokens one after
+# another (the same empty prompt, seeds differing); all start together. The same loads against a server
+# with --max-batch 1 (one row decoding at a time, the others queued) show what batching gains.
+#
+#     python bench/bench_serve.py                       # about a minute on 2 cores
+#     python bench/bench_serve.py --clients 1 8 --requests 2
 
 from __future__ import annotations
 

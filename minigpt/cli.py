@@ -989,7 +989,10 @@ def serve(
     model: Annotated[
         list[Path] | None,
         typer.Option(
-            "--model", "-m", help="Another run to serve (repeatable); a request picks one by folder name."
+            "--model",
+            "-m",
+            metavar="RUN",
+            help="Another run to serve (repeatable); a request picks one by folder name.",
         ),
     ] = None,
     host: Annotated[

@@ -1,5 +1,4 @@
-"""`minigpt serve`: the batcher against the decode loop, then a real server process driven by the `openai`
-client and raw HTTP on loopback: completions, streams, errors, auth, the page's endpoints and load."""
+"""`minigpt serve`: its batcher against the decode loop, then a real server driven by `openai` and raw HTTP."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class _Group:
     tokens: list[int] = field(default_factory=list)
 
     def key(self) -> tuple[bool, int]:
-        """Groups with one key can share their next forward: prefills of one length, or steps at one position."""
+        """Groups with one key can share their next forward: prefills of one length, or steps at one place."""
         if self.cache is None:
             return True, len(self.windows[0])
         return False, self.cache.pos
@@ -122,10 +122,10 @@ class Batcher:
 
     An engine's KV cache holds one position for all its rows (learned positions, no padding mask), so rows
     can only be stepped together while they sit at the same position. Requests are therefore grouped: those
-    admitted together with prompts of one length are prefilled as one batch, and a group whose position
-    meets another's (a new prompt as long as a running group is far) is merged into it by stacking their
-    caches. Each round samples every group's next tokens, then runs one forward pass per group, so groups
-    at different positions interleave step by step and none waits for another to finish. A finished or
+    admitted together with prompts of one length are prefilled as one batch, and groups that reach one
+    position (a new prompt as long as a running group's text so far) are merged by stacking their caches.
+    Each round samples every group's next tokens, then runs one forward pass per group, so groups at
+    different positions interleave step by step and none waits for another to finish. A finished or
     cancelled request leaves its group at the next round; at most `max_rows` rows decode at once, and at
     most `max_waiting` requests wait for room beyond them (`submit` raises QueueFull past that).
 
@@ -192,7 +192,7 @@ class Batcher:
         return 0
 
     def cancel(self, job: Job) -> None:
-        """Stop a job (its client left): a waiting job leaves the queue now, an active one at the next step."""
+        """Stop a job (its client left): a waiting one leaves the queue now, an active one next round."""
         job.cancelled = True
         with self._wake:
             with contextlib.suppress(ValueError):

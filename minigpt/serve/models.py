@@ -94,7 +94,7 @@ def load_models(
     max_waiting: int,
     admit_wait: float = ADMIT_WAIT,
 ) -> list[ServedModel]:
-    """Load each run's engine (choose_backend's pick, as `minigpt generate` makes it); ids are folder names."""
+    """Each run's engine (choose_backend's pick, as for `minigpt generate`) and batcher; ids: folder names."""
     from minigpt.engines import choose_backend, load_engine
 
     served: list[ServedModel] = []

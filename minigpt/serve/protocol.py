@@ -1,4 +1,4 @@
-"""OpenAI's completions protocol as this server speaks it: request fields, limits, response and error bodies."""
+"""OpenAI's completions protocol as served here: request fields, limits, response and error bodies."""
 
 from __future__ import annotations
 
@@ -23,8 +23,12 @@ __all__ = [
     "Limits",
     "chunk_body",
     "completion_body",
+    "encode_checked",
     "error_body",
+    "head",
+    "logprobs_body",
     "make_job",
+    "usage",
 ]
 
 MAX_STOPS = 4  # OpenAI's limit

@@ -3,7 +3,9 @@
 
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg"; // the SVG namespace's name, not a request
-const state = { text: "", promptChars: 0, tokens: [], rows: new Map(), selected: null, pinned: false, abort: null };
+// the text drawn as tokens, its attention rows by position (promises), the token whose row is shown, whether
+// a click keeps it there, and the running completion's AbortController
+const state = { text: "", rows: new Map(), selected: null, pinned: false, abort: null };
 let apiKey = localStorage.getItem("minigpt-api-key") || "";
 
 function say(message) {
@@ -14,7 +16,8 @@ function say(message) {
 async function api(path, body, signal) {
   const headers = { "Content-Type": "application/json" };
   if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
-  const init = body === undefined ? { headers, signal } : { method: "POST", headers, body: JSON.stringify(body), signal };
+  const init = { headers, signal };
+  if (body !== undefined) Object.assign(init, { method: "POST", body: JSON.stringify(body) });
   const response = await fetch(path, init);
   if (response.status === 401) {
     $("keybox").hidden = false;
@@ -72,8 +75,8 @@ async function generate(event) {
   if (state.abort) return state.abort.abort();
   const body = request();
   const output = $("output");
-  const written = document.createElement("span");
-  const prompt = Object.assign(document.createElement("span"), { className: "prompt", textContent: body.prompt });
+  const written = element("span", "");
+  const prompt = element("span", body.prompt, "prompt");
   output.replaceChildren(prompt, written);
   output.dataset.chunks = "0";
   clearAttention();
@@ -126,7 +129,6 @@ async function showTokens(prompt, completion) {
   } catch (error) {
     return say(error.message);
   }
-  state.tokens = data.tokens;
   state.rows.set(data.position, Promise.resolve(data));
   const layers = [...Array(data.n_layer).keys()].map((l) => new Option(`${l}`, l));
   $("layer").replaceChildren(...layers);
@@ -134,7 +136,7 @@ async function showTokens(prompt, completion) {
   const shown = data.tokens.join("");
   let offset = state.text.length - shown.length; // characters of dropped tokens come first
   const spans = data.tokens.map((token, i) => {
-    const span = Object.assign(document.createElement("span"), { textContent: token, className: "tok" });
+    const span = element("span", token, "tok");
     if (offset < prompt.length) span.classList.add("prompt");
     offset += token.length;
     span.dataset.pos = i;
@@ -142,7 +144,7 @@ async function showTokens(prompt, completion) {
     span.addEventListener("click", () => select(i, true));
     return span;
   });
-  const outside = element("span", state.text.slice(0, state.text.length - shown.length), "outside prompt");
+  const outside = element("span", state.text.slice(0, state.text.length - shown.length), "outside");
   outside.title = `${data.dropped} tokens before the model's window of ${data.tokens.length}`;
   $("output").replaceChildren(outside, ...spans);
   select(data.tokens.length - 1);
@@ -152,7 +154,9 @@ async function select(position, pin = false) {
   state.pinned = pin || state.pinned;
   if (pin && state.selected === position) state.pinned = false; // a second click lets hovering go on
   state.selected = position;
-  document.querySelectorAll("#output .tok").forEach((s) => s.classList.toggle("selected", Number(s.dataset.pos) === position));
+  for (const span of document.querySelectorAll("#output .tok")) {
+    span.classList.toggle("selected", Number(span.dataset.pos) === position);
+  }
   try {
     drawHeads(await attention(position));
   } catch (error) {
@@ -164,17 +168,18 @@ function drawHeads(data) {
   if (data.position !== state.selected) return; // a later hover has already asked for another token
   const layer = Number($("layer").value);
   $("att-title").textContent =
-    `from token ${data.position} (${JSON.stringify(data.tokens[data.position])}), layer ${layer}: darker = more weight`;
+    `from token ${data.position} (${JSON.stringify(data.tokens[data.position])}), layer ${layer}: ` +
+    "darker = more weight";
   const rows = data.weights[layer].map((weights, h) => {
-    const text = Object.assign(document.createElement("div"), { className: "text" });
+    const text = element("div", "", "text");
     text.append(...weights.map((w, p) => {
-      const span = Object.assign(document.createElement("span"), { textContent: data.tokens[p], title: `${(100 * w).toFixed(1)}%` });
-      span.style.background = `rgba(194, 65, 12, ${Math.sqrt(w).toFixed(3)})`; // sqrt: small weights stay visible
-      if (p === data.position) span.className = "query";
+      const span = element("span", data.tokens[p], p === data.position ? "query" : "");
+      span.title = `${(100 * w).toFixed(1)}%`;
+      span.style.background = `rgba(194, 65, 12, ${Math.sqrt(w).toFixed(3)})`; // sqrt: small weights show
       return span;
     }));
-    const row = Object.assign(document.createElement("div"), { className: "head" });
-    row.append(Object.assign(document.createElement("b"), { textContent: `h${h}` }), text);
+    const row = element("div", "", "head");
+    row.append(element("b", `h${h}`), text);
     return row;
   });
   $("heads").replaceChildren(...rows);
@@ -191,7 +196,8 @@ async function loadRun() {
     steps: s.steps ?? "–", "best val loss": s.best_val_loss?.toFixed(4) ?? "–",
     "bits per byte": s.best_val_bpb?.toFixed(3) ?? "–", recipe: s.settings || "–",
   };
-  $("summary").replaceChildren(...Object.entries(facts).flatMap(([k, v]) => [element("dt", k), element("dd", String(v))]));
+  const pairs = Object.entries(facts).map(([k, v]) => [element("dt", k), element("dd", String(v))]);
+  $("summary").replaceChildren(...pairs.flat());
   drawCurve(run.metrics);
   drawParams(run.params);
 }
@@ -208,8 +214,10 @@ function svg(tag, attributes, text) {
 }
 
 function drawCurve(metrics) {
-  const train = metrics.filter((r) => r.kind === "train" && Number.isFinite(r.loss)).map((r) => [r.step, r.loss]);
-  const val = metrics.filter((r) => r.kind === "eval" && Number.isFinite(r.val_loss)).map((r) => [r.step, r.val_loss]);
+  const points = (kind, key) =>
+    metrics.filter((r) => r.kind === kind && Number.isFinite(r[key])).map((r) => [r.step, r[key]]);
+  const train = points("train", "loss");
+  const val = points("eval", "val_loss");
   const all = train.concat(val);
   const box = $("curve");
   if (!all.length) return box.replaceChildren(svg("text", { x: 10, y: 20 }, "no metrics.jsonl in this run"));
@@ -219,7 +227,8 @@ function drawCurve(metrics) {
   const hi = Math.max(...all.map((p) => p[1]));
   const x = (step) => left + ((w - left - 8) * step) / maxStep;
   const y = (loss) => 8 + ((h - bottom - 8) * (hi - loss)) / (hi - lo || 1);
-  const line = (points, cls) => svg("polyline", { class: cls, points: points.map(([s, l]) => `${x(s)},${y(l)}`).join(" ") });
+  const line = (pairs, cls) =>
+    svg("polyline", { class: cls, points: pairs.map(([s, l]) => `${x(s)},${y(l)}`).join(" ") });
   box.replaceChildren(
     svg("line", { class: "axis", x1: left, y1: h - bottom, x2: w, y2: h - bottom }),
     svg("line", { class: "axis", x1: left, y1: 0, x2: left, y2: h - bottom }),
