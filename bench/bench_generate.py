@@ -28,9 +28,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from minigpt.config import GPTConfig  # noqa: E402
+from minigpt.decode import Generation, default_slide, encode_prompt  # noqa: E402
+from minigpt.engines.torch import TorchEngine, make_generator  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
 from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.sampling import Generation, default_slide, encode_prompt, make_generator  # noqa: E402
 from minigpt.tokenizer import CharTokenizer  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -45,9 +46,10 @@ def tokenizer() -> CharTokenizer:
 
 def engine(model: GPT, tok: CharTokenizer, n: int) -> tuple[float, float]:
     """(seconds, time to first token) of an engine, as `minigpt generate` runs it, batch 1."""
-    gen = Generation(model, tok, encode_prompt(tok, ""), max_new_tokens=n, temperature=1.0, seed=0)
-    for _ in gen.events():
-        pass
+    gen = Generation(
+        TorchEngine(model), tok, encode_prompt(tok, ""), max_new_tokens=n, temperature=1.0, seed=0
+    )
+    gen.run()
     return gen.seconds, gen.time_to_first_token
 
 
@@ -73,14 +75,13 @@ import json, os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `minigpt generate` sets it
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from minigpt.generation import Generation, encode_prompt
-from minigpt.numpy_engine import NumpyEngine
-engine, tok, _ = NumpyEngine.load(Path(sys.argv[2]))
+from minigpt.decode import Generation, encode_prompt
+from minigpt.engines import load_engine
+engine, tok = load_engine(Path(sys.argv[2]), "numpy")
 times = []
 for n in (20, int(sys.argv[3])):  # the first run warms up
     gen = Generation(engine, tok, encode_prompt(tok, ""), max_new_tokens=n, temperature=1.0, seed=0)
-    for _ in gen.events():
-        pass
+    gen.run()
     times = [gen.seconds, gen.time_to_first_token]
 print(json.dumps(times), "torch" in sys.modules)
 """

@@ -1,10 +1,11 @@
-"""Attention patterns through a separate, explicit replay of the model, and their terminal and PNG views."""
+"""Attention patterns as the model's own attention computes them, and their terminal and PNG views."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,8 @@ __all__ = [
     "token_label",
     "token_labels",
     "top_attended",
+    "Inspection",
+    "inspect_text",
     "write_png",
 ]
 
@@ -77,11 +80,6 @@ def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     return [token_label(tokenizer.decode_bytes([i])) for i in ids]
 
 
-def _token_text(tokenizer: Tokenizer, i: int) -> str:
-    """The token's text for scripts: exact where it is valid UTF-8, \\xNN for the bytes that are not."""
-    return tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace")
-
-
 def resolve_index(value: int, size: int, what: str, plural: str) -> int:
     """Map value (negative counts from the end) into range(size), or raise a one-line UsageError."""
     if -size <= value < size:
@@ -102,49 +100,42 @@ class AttentionMaps:
     logits: torch.Tensor  # (T, vocab_size), what the model's forward gives with all_logits=True
 
 
-def _replay(model: GPT, ids: Sequence[int], keep: Callable[[int, torch.Tensor], None]) -> torch.Tensor:
-    """Run the model block by block with attention written out, handing each layer's (H, T, T) weights to keep.
+@contextlib.contextmanager
+def _inference(model: GPT) -> Iterator[None]:
+    """Eval mode (no dropout: inspection is inference) and no gradients, the model's mode restored after."""
+    import torch
 
-    The model's own forward uses fused SDPA, which never materialises the weights; this path recomputes
-    softmax(QKᵀ/√d) explicitly from the same modules, so the forward stays as fast as it was. Dropout is off
-    (inspection is inference), whatever mode the model is in. Returns the logits (T, V).
-    """
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(training)
+
+
+def _probabilities(model: GPT, ids: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each layer's (H, T, T) attention probabilities over ids, from GPT.forward itself, and the logits (T, V)."""
     import torch
 
     config = model.config
-    T = len(ids)
-    if T == 0:
+    if not ids:
         raise UsageError("there are no tokens to look at: give some text")
-    if T > config.block_size:
-        raise UsageError(f"{T} tokens is longer than the model's block_size {config.block_size}")
-    device = model.transformer.wte.weight.device
-    idx = torch.tensor([list(ids)], dtype=torch.long, device=device)
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    with torch.no_grad():
-        pos = torch.arange(T, device=device)
-        x = model.transformer.wte(idx) + model.transformer.wpe(pos)
-        for layer, block in enumerate(model.transformer.h):
-            attn = block.attn
-            q, k, v = attn.qkv(block.ln_1(x))
-            scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(k.size(-1))
-            weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-            keep(layer, weights[0])
-            y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(1, T, config.n_embd)
-            x = x + attn.c_proj(y)
-            # the MLP's dropout is the only stochastic part left: apply the MLP's layers by hand too
-            mlp = block.mlp
-            x = x + mlp.c_proj(mlp.gelu(mlp.c_fc(block.ln_2(x))))
-        logits = model.lm_head(model.transformer.ln_f(x))
-    return logits[0]
+    if len(ids) > config.block_size:
+        raise UsageError(f"{len(ids)} tokens is longer than the model's block_size {config.block_size}")
+    idx = torch.tensor([list(ids)], dtype=torch.long, device=model.transformer.wte.weight.device)
+    layers: list[torch.Tensor] = []
+    with _inference(model):
+        logits, _ = model(idx, all_logits=True, attention=layers)
+    return [w[0] for w in layers], logits[0]
 
 
 def attention_maps(model: GPT, ids: Sequence[int]) -> AttentionMaps:
     """All layers' and heads' full T x T patterns (memory grows as n_layer * n_head * T²)."""
     import torch
 
-    layers: list[torch.Tensor] = []
-    logits = _replay(model, ids, lambda _layer, w: layers.append(w.cpu()))
-    return AttentionMaps(weights=torch.stack(layers), logits=logits.float().cpu())
+    layers, logits = _probabilities(model, ids)
+    return AttentionMaps(weights=torch.stack(layers).cpu(), logits=logits.float().cpu())
 
 
 def attention_row(model: GPT, ids: Sequence[int], position: int = -1) -> torch.Tensor:
@@ -155,9 +146,8 @@ def attention_row(model: GPT, ids: Sequence[int], position: int = -1) -> torch.T
     import torch
 
     position = resolve_index(position, len(ids), "position", "tokens") if ids else 0
-    rows: list[torch.Tensor] = []
-    _replay(model, ids[: position + 1], lambda _layer, w: rows.append(w[:, -1, :].cpu()))
-    return torch.stack(rows)
+    layers, _ = _probabilities(model, ids[: position + 1])
+    return torch.stack([w[:, -1, :] for w in layers]).cpu()
 
 
 def top_attended(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
@@ -168,6 +158,85 @@ def top_attended(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
     # a stable sort keeps ties in position order, so output does not depend on the topk kernel
     order = torch.sort(row, descending=True, stable=True).indices[:k]
     return [(int(i), float(row[i])) for i in order]
+
+
+# --------------------------------------------------------------------------- `minigpt attention`
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What `minigpt attention` shows for one text: one position's row over every layer and head, or one
+    layer's full grids (`layer` set), with the tokens they are over."""
+
+    ids: list[int]
+    labels: list[str]
+    tokens: list[str]  # each token's text, \xNN for bytes that are not UTF-8 on their own
+    dropped: int  # tokens cut from the front to fit block_size
+    position: int
+    n_layer: int
+    n_head: int
+    layer: int | None
+    head: int | None  # with a layer: the one head asked for
+    weights: torch.Tensor  # (L, H, position + 1) without a layer, else (H, T, T) of that layer
+
+    def to_json(self, model: str) -> dict[str, object]:
+        out: dict[str, object] = {
+            "model": model, "ids": self.ids, "tokens": self.tokens, "dropped": self.dropped,
+            "position": self.position, "n_layer": self.n_layer, "n_head": self.n_head,
+        }  # fmt: skip
+        if self.layer is None:
+            out["weights"] = [[[round(w, 6) for w in r] for r in hs] for hs in self.weights.tolist()]
+            return out
+        grids = [[[round(w, 6) for w in r] for r in self.weights[h].tolist()] for h in self.heads]
+        out.update(layer=self.layer, weights=grids if self.head is None else grids[0])
+        if self.head is not None:
+            out["head"] = self.head
+        return out
+
+    @property
+    def heads(self) -> list[int]:
+        return list(range(self.n_head)) if self.head is None else [self.head]
+
+    def views(self, model: str, width: int, top: int) -> list[RenderableType]:
+        if self.layer is None:
+            title = (
+                f"Attention from position {self.position} ({self.labels[self.position]}) over positions "
+                f"0..{self.position}, in %: {self.n_layer} layers × {self.n_head} heads of {model}"
+            )
+            return [position_view(self.weights, self.labels, title, width, top=top)]
+        return [
+            grid_view(self.weights[h], self.labels,
+                      f"Layer {self.layer}, head {h} of {model}: row = position, column = the position it "
+                      f"attends to", width)
+            for h in self.heads
+        ]  # fmt: skip
+
+
+def inspect_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    text: str,
+    position: int | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+) -> Inspection:
+    """The attention `minigpt attention` shows for `text` (its last block_size tokens)."""
+    if head is not None and layer is None:
+        raise UsageError("--head needs --layer: give both, e.g. --layer 0 --head 1")
+    if not text:
+        raise UsageError("TEXT is empty: give some text to look at")
+    config = model.config
+    ids = tokenizer.encode(text)
+    dropped = max(0, len(ids) - config.block_size)
+    ids = ids[dropped:]
+    pos = resolve_index(-1 if position is None else position, len(ids), "position", "tokens")
+    li = None if layer is None else resolve_index(layer, config.n_layer, "layer", "layers")
+    hi = None if head is None else resolve_index(head, config.n_head, "head", "heads")
+    ids = ids[: pos + 1]  # causal: tokens after pos change nothing at or before it
+    weights = attention_row(model, ids) if li is None else attention_maps(model, ids).weights[li]
+    tokens = [tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace") for i in ids]
+    labels = token_labels(tokenizer, ids)
+    return Inspection(ids, labels, tokens, dropped, pos, config.n_layer, config.n_head, li, hi, weights)
 
 
 # --------------------------------------------------------------------------- generate --explain
@@ -216,15 +285,23 @@ def explain_last(model: GPT, ids: Sequence[int], tokenizer: Tokenizer, top: int 
     return out
 
 
-def format_explain(focus: Sequence[HeadFocus]) -> str:
-    """One line such as `L1 h0: ⏎@12 61% e@3 20% │ h1: ...`: position and weight of each top token."""
-    if not focus:
-        return ""
+def format_explain(focus: Sequence[HeadFocus], width: int | None = None, indent: int = 0) -> str:
+    """Lines such as `L1 h0: ⏎@12 61% e@3 20% │ h1: ...`: position and weight of each head's top tokens,
+    broken between heads (never inside one) so that, after `indent` columns, each fits in `width`."""
+    from rich.cells import cell_len
+
     parts = []
     for i, f in enumerate(focus):
         tokens = " ".join(f"{a.label}@{a.position} {a.weight:.0%}" for a in f.top)
         parts.append(f"{f'L{f.layer} ' if i == 0 else ''}h{f.head}: {tokens}")
-    return " │ ".join(parts)
+    lines = [""]
+    for part in parts:
+        joined = f"{lines[-1]} │ {part}" if lines[-1] else part
+        if width is None or indent + cell_len(joined) <= width or not lines[-1]:
+            lines[-1] = joined
+        else:
+            lines.append(part)
+    return ("\n" + " " * indent).join(lines)
 
 
 # --------------------------------------------------------------------------- terminal views

@@ -24,6 +24,8 @@ from minigpt.presets import PRESETS
 from minigpt.rundir import DEFAULT_ROOT
 from minigpt.trainconfig import WARMUP_FRACTION, option_help
 
+SEED_MAX = 2**63 - 1  # torch and NumPy both take seeds in 0..2**63-1
+
 
 def _closest(word: str, choices: list[str]) -> str | None:
     """The choice `word` most likely meant: one it abbreviates, else the nearest spelling."""
@@ -664,84 +666,38 @@ def attention(
     """
     from rich.console import Console
 
-    from minigpt.attention import (
-        DISPLAY_TOKENS,
-        attention_maps,
-        attention_row,
-        grid_view,
-        position_view,
-        resolve_index,
-        token_labels,
-        write_png,
-    )
+    from minigpt.attention import DISPLAY_TOKENS, attention_maps, inspect_text, write_png
+    from minigpt.engines import load_engine
     from minigpt.rundir import RunDir
 
-    if head is not None and layer is None:
-        raise MinigptError("--head needs --layer: give both, e.g. --layer 0 --head 1", exit_code=2)
-    if not text:
-        raise MinigptError("TEXT is empty: give some text to look at", exit_code=2)
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using model {model} (the latest run; pass --model DIR for another)", err=True)
-    gpt, tokenizer, _ = RunDir(model).load_model()
-    config = gpt.config
-    ids = tokenizer.encode(text)
-    dropped = max(0, len(ids) - config.block_size)
-    if dropped:
-        ids = ids[dropped:]
+    engine, tokenizer = load_engine(model, "torch", "cpu", "float32")
+    seen = inspect_text(engine.model, tokenizer, text, position, layer, head)
+    if seen.dropped:
         typer.echo(
-            f"note: the text is {len(ids) + dropped} tokens, more than the model's block_size "
-            f"{config.block_size}: keeping the last {len(ids)}",
+            f"note: the text is {len(seen.ids) + seen.dropped} tokens, more than the model's block_size "
+            f"{engine.block_size}: keeping the last {engine.block_size}",
             err=True,
         )
-    pos = resolve_index(-1 if position is None else position, len(ids), "position", "tokens")
-    li = None if layer is None else resolve_index(layer, config.n_layer, "layer", "layers")
-    heads = (
-        list(range(config.n_head)) if head is None else [resolve_index(head, config.n_head, "head", "heads")]
-    )
-    ids = ids[: pos + 1]  # causal: tokens after pos change nothing at or before it
-    labels = token_labels(tokenizer, ids)
-    if len(ids) > DISPLAY_TOKENS and not as_json:
-        typer.echo(
-            f"note: showing the last {DISPLAY_TOKENS} of {len(ids)} positions (--json has them all)", err=True
-        )
-    console = Console()
-    out: dict[str, Any] = {
-        "model": str(model),
-        "ids": ids,
-        "tokens": [tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace") for i in ids],
-        "dropped": dropped,
-        "position": pos,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-    }
-    if li is None:
-        row = attention_row(gpt, ids)  # (L, H, pos + 1)
-        out["weights"] = [[[round(w, 6) for w in r] for r in hs] for hs in row.tolist()]
-        title = (
-            f"Attention from position {pos} ({labels[pos]}) over positions 0..{pos}, in %: "
-            f"{config.n_layer} layers × {config.n_head} heads of {model}"
-        )
-        if not as_json:
-            console.print(position_view(row, labels, title, console.width, top=top))
-    else:
-        grid = attention_maps(gpt, ids).weights[li]  # (H, T, T)
-        out["layer"] = li
-        weights = [[[round(w, 6) for w in r] for r in grid[h].tolist()] for h in heads]
-        if head is None:
-            out["weights"] = weights
-        else:
-            out["head"], out["weights"] = heads[0], weights[0]
-        for h in [] if as_json else heads:
-            title = f"Layer {li}, head {h} of {model}: row = position, column = the position it attends to"
-            console.print(grid_view(grid[h], labels, title, console.width))
     if as_json:
         # one compact line: T x T weights indented one number per line would run to millions of lines
-        sys.stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
+        sys.stdout.write(json.dumps(seen.to_json(str(model)), separators=(",", ":")) + "\n")
+    else:
+        if len(seen.ids) > DISPLAY_TOKENS:
+            typer.echo(
+                f"note: showing the last {DISPLAY_TOKENS} of {len(seen.ids)} positions (--json has them all)",
+                err=True,
+            )
+        console = Console()
+        for view in seen.views(str(model), console.width, top):
+            console.print(view)
     if png is not None:
-        maps = attention_maps(gpt, ids).weights
-        layers = range(config.n_layer) if li is None else [li]
-        write_png(png, [(f"layer {a} head {h}", maps[a, h]) for a in layers for h in heads], labels)
+        maps = attention_maps(engine.model, seen.ids).weights
+        layers = range(seen.n_layer) if seen.layer is None else [seen.layer]
+        tiles = [(f"layer {a} head {h}", maps[a, h]) for a in layers for h in seen.heads]
+        write_png(png, tiles, seen.labels)
         typer.echo(f"wrote {png}", err=True)
 
 
@@ -837,9 +793,6 @@ class DtypeName(str, Enum):
     float16 = "float16"
 
 
-SAMPLE_SEPARATOR = "\n---------------\n"
-
-
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     """The prompt text from the argument, --prompt-file, or standard input ('-')."""
     if prompt is not None and prompt_file is not None:
@@ -885,7 +838,7 @@ def generate(
     ] = None,
     prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")] = None,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per sample.")
+        int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate per sample.")
     ] = 200,
     temperature: Annotated[
         float,
@@ -902,13 +855,18 @@ def generate(
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(help="Random seed: the same seed gives the same text (default: a random one, shown)."),
+        typer.Option(
+            min=0,
+            max=SEED_MAX,
+            help="Random seed: the same seed gives the same text (default: a random one, shown; unused at -t 0).",
+        ),
     ] = None,
     num_samples: Annotated[
         int,
         typer.Option(
             "--num-samples",
             "-s",
+            min=1,
             help="Samples drawn as one batch from one prefill, printed one after another.",
         ),
     ] = 1,
@@ -967,7 +925,7 @@ def generate(
     """Continue a prompt with a trained model: text on stdout, everything else on stderr.
 
     Examples: `minigpt generate "ROMEO:"`, `minigpt generate -n 500 -t 0.9 --top-p 0.95 --seed 1 "Once"`,
-    `cat prompt.txt | minigpt generate - --stop "\\n\\n" > out.txt`.
+    `cat prompt.txt | minigpt generate - --stop $'\\n\\n' > out.txt` (in bash, $'...' makes \\n a newline).
     """
     import os
     import secrets
@@ -977,21 +935,11 @@ def generate(
     # never spin pay a wake-up per region (108 vs 195 tokens/s idle); a short spin keeps most of both
     # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    from minigpt.generation import (
-        Generation,
-        TextStream,
-        as_engine,
-        check_sampling,
-        choose_backend,
-        encode_prompt,
-        resolve_slide,
-    )
+    from minigpt.decode import Generation, TextStream, check_sampling, encode_prompt, write_text
+    from minigpt.engines import choose_backend, load_engine
+    from minigpt.memory import check_fits, inference_bytes
     from minigpt.rundir import RunDir
 
-    if max_new_tokens < 1:
-        raise MinigptError(f"--max-new-tokens must be at least 1, got {max_new_tokens}", exit_code=2)
-    if num_samples < 1:
-        raise MinigptError(f"--num-samples must be at least 1, got {num_samples}", exit_code=2)
     if slide is not None and slide < 1:
         raise MinigptError(f"--slide must be at least 1, got {slide}", exit_code=2)
     check_sampling(temperature, top_k, top_p)
@@ -1003,94 +951,34 @@ def generate(
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
-    weights = RunDir(model).weights_path
-    engine_name = choose_backend(backend.value, device.value, dtype.value, explain=explain, weights=weights)
+    engine_name = choose_backend(
+        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path
+    )
     if engine_name == "numpy":
         # a decode step is a few matrix-vector products, memory-bound: a second BLAS thread gains little
         # idle and, spinning against other work on a shared CPU, costs up to ten times (bench_generate.py)
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        from minigpt.numpy_engine import NumpyEngine
-
-        engine, tokenizer, _ = NumpyEngine.load(model)
-        gpt = None
-        device_name, dtype_name = "cpu", "float32"
-    else:
-        from minigpt.device import resolve_device, resolve_dtype
-
-        torch_device = resolve_device(device.value)
-        torch_dtype = resolve_dtype(dtype.value, torch_device)
-        gpt, tokenizer, _ = RunDir(model).load_model(str(torch_device))
-        gpt.to(torch_dtype)
-        engine = as_engine(gpt)
-        device_name, dtype_name = str(torch_device), str(torch_dtype).removeprefix("torch.")
-    block_size = engine.block_size
-    slide = resolve_slide(slide, block_size)
+    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value)
+    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
+        needed = inference_bytes(RunDir(model).model_config(), num_samples)
+        check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")
     ids = encode_prompt(tokenizer, text)
-    if len(ids) > block_size:
+    if len(ids) > engine.block_size:
         typer.echo(
-            f"warning: the prompt is {len(ids):,} tokens, longer than the model's context of {block_size}: "
-            f"keeping its last {block_size}",
+            f"warning: the prompt is {len(ids):,} tokens, longer than the model's context of "
+            f"{engine.block_size}: keeping its last {engine.block_size}",
             err=True,
         )
-    if seed is None:
-        seed = secrets.randbits(31)
     gen = Generation(
         engine, tokenizer, ids, max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, stop=stops, slide=slide,
+        top_k=top_k, top_p=top_p, seed=secrets.randbits(31) if seed is None else seed, stop=stops, slide=slide,
     )  # fmt: skip
-    if stream is None:
-        stream = not as_json and sys.stdout.isatty()
-    out = sys.stdout
-    shown = 0  # the sample being streamed; later ones wait in `pending` until it is done
-    pending = [""] * num_samples
-    finished = [False] * num_samples
     try:
-        for event in gen.events():
-            if not stream:
-                continue
-            if event.sample == shown:
-                out.write(event.text)
-            else:
-                pending[event.sample] += event.text
-            finished[event.sample] |= event.done
-            while shown < num_samples and finished[shown]:
-                shown += 1
-                if shown < num_samples:
-                    out.write(SAMPLE_SEPARATOR + pending[shown])
-            out.flush()
-        samples = gen.samples
         if as_json:
-            _emit_json(
-                {
-                    "model": str(model),
-                    "prompt_tokens": len(ids),
-                    "seed": seed,
-                    "temperature": temperature,
-                    "top_k": top_k,
-                    "top_p": top_p,
-                    "backend": engine_name,
-                    "device": device_name,
-                    "dtype": dtype_name,
-                    "time_to_first_token_s": round(gen.time_to_first_token, 4),
-                    "seconds": round(gen.seconds, 4),
-                    "tokens_per_second": round(gen.tokens_per_second, 2),
-                    "samples": [
-                        {
-                            "text": s.text,
-                            "completion_tokens": len(s.token_ids),
-                            "tokens_per_second": round(s.tokens_per_second, 2),
-                            "finish_reason": s.finish_reason,
-                        }
-                        for s in samples
-                    ],
-                }
-            )
+            gen.run()
+            _emit_json({"model": str(model), **gen.to_json()})
             return
-        if not stream:
-            out.write(SAMPLE_SEPARATOR.join(s.text for s in samples))
-        if out.isatty():
-            out.write("\n")  # keep the shell prompt off the last line; redirected output stays exact
-        out.flush()
+        write_text(gen, sys.stdout, stream=sys.stdout.isatty() if stream is None else stream)
     except KeyboardInterrupt:
         typer.echo("\ninterrupted", err=True)
         raise typer.Exit(130) from None
@@ -1098,20 +986,18 @@ def generate(
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    if explain and gpt is not None:  # choose_backend sends --explain to torch
-        _explain_tokens(gpt, tokenizer, ids, samples)
-    total = sum(len(s.token_ids) for s in samples)
-    typer.echo(
-        f"{total:,} tokens in {gen.seconds:.2f} s ({gen.tokens_per_second:,.1f} tokens/s, first after "
-        f"{gen.time_to_first_token * 1000:.0f} ms, {engine_name} on {device_name}), seed {seed}",
-        err=True,
-    )
+    if explain:  # choose_backend sends --explain to torch
+        _explain_tokens(engine.model, tokenizer, ids, gen.samples)
+    typer.echo(gen.summary(), err=True)
 
 
 def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: list[Any]) -> None:
     """For every generated token, the earlier tokens each last-layer head attended to most (stderr)."""
+    import shutil
+
     from minigpt.attention import explain_last, format_explain, token_label
 
+    width = shutil.get_terminal_size().columns
     for n, sample in enumerate(samples):
         if len(samples) > 1:
             typer.echo(f"sample {n + 1}:", err=True)
@@ -1119,7 +1005,8 @@ def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: 
         for token in sample.token_ids:
             focus = explain_last(model, context, tokenizer, top=3)
             typer.echo(
-                f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus)}", err=True
+                f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus, width, 11)}",
+                err=True,
             )
             context.append(token)
 
@@ -1137,26 +1024,97 @@ def demo(
 
     The same three steps as `minigpt train FILE`, `minigpt generate` and `minigpt params RUN`.
     """
-    from minigpt.data import DataConfig, default_cache_dir
-    from minigpt.demo import DEMO_PROMPT, write_demo_text
-    from minigpt.train import TrainConfig, parse_duration
-    from minigpt.train import train as run_training
+    from minigpt.demo import DEMO_PROMPT, generate_demo_text, show_demo_params, train_demo
+    from minigpt.panel import TrainingPanel
+    from minigpt.train import parse_duration
 
-    budget = parse_duration(max_time)
-    corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")
-    typer.echo(f"== 1/3 training on Python's reference documentation ({corpus}) for {max_time}", err=True)
-    result = run_training(
-        TrainConfig(max_time=budget, seed=seed), DataConfig(paths=(corpus,)), out=out, overwrite=True
-    )
+    result = train_demo(out, parse_duration(max_time), seed, TrainingPanel())
     if result.interrupted:
         raise typer.Exit(130)
     typer.echo(f"\n== 2/3 generating {tokens} tokens from {out} after the prompt {DEMO_PROMPT!r}", err=True)
-    generate(prompt=DEMO_PROMPT, model=out, max_new_tokens=tokens, seed=seed, temperature=0.8)
-    if not sys.stdout.isatty():
-        typer.echo()  # generate ends a terminal's text with a newline; keep the table off it in a file too
+    generate_demo_text(out, tokens, seed, sys.stdout)
     typer.echo(f"\n== 3/3 parameters of {out}", err=True)
-    params(run=out)
+    show_demo_params(out)
 
 
 def main() -> None:
     app()
+
+
+@app.command()
+def serve(
+    run: Annotated[
+        Path | None, typer.Argument(help="Run directory to serve (default: the newest under checkpoints/).")
+    ] = None,
+    model: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--model",
+            "-m",
+            metavar="RUN",
+            help="Another run to serve (repeatable); a request picks one by folder name.",
+        ),
+    ] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on: 127.0.0.1 keeps the server to this machine; 0.0.0.0 opens it to "
+            "the network (then use --api-key behind a TLS proxy)."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free one).")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MINIGPT_API_KEY",
+            show_envvar=True,
+            help="Require `Authorization: Bearer KEY` on every /v1 route.",
+        ),
+    ] = None,
+    backend: Annotated[
+        BackendName, typer.Option(help="Engine, as for generate: auto is numpy on the CPU in float32.")
+    ] = BackendName.auto,
+    device: Annotated[DeviceName, typer.Option(help="Where to run (the torch engine).")] = DeviceName.auto,
+    dtype: Annotated[DtypeName, typer.Option(help="Weights and KV cache type (the torch engine).")] = (
+        DtypeName.auto
+    ),
+    max_batch: Annotated[
+        int, typer.Option(min=1, help="Rows (samples of all requests) decoded together at most; caps n.")
+    ] = 32,
+    queue: Annotated[
+        int, typer.Option(min=0, help="Requests that may wait for free rows; past that, 429 (busy).")
+    ] = 64,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, help="The largest max_tokens a request may ask for.")
+    ] = 1024,
+) -> None:
+    """Serve runs over an OpenAI-compatible API (/v1/completions, /v1/models) with a web page at /.
+
+    Examples: `minigpt serve`, `minigpt serve checkpoints/a --model checkpoints/b --port 8080`,
+    then `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
+    """
+    import os
+
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets them, before torch or NumPy load
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise MinigptError(
+            "minigpt serve needs FastAPI and uvicorn: pip install 'minigpt[serve]' "
+            "(pip install -e '.[serve]' in a checkout)"
+        ) from None
+    from minigpt.rundir import RunDir
+    from minigpt.serve.models import load_models
+    from minigpt.serve.protocol import Limits
+    from minigpt.serve.server import run_server
+
+    paths = ([run] if run is not None else []) + list(model or [])
+    if not paths:
+        paths = [RunDir.latest().path]
+        typer.echo(f"using {paths[0]}", err=True)
+    models = load_models(
+        paths, backend.value, device.value, dtype.value, max_rows=max_batch, max_waiting=queue
+    )
+    run_server(models, host, port, api_key or None, Limits(max_tokens=max_tokens, max_n=max_batch))

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from minigpt.config import GPTConfig
@@ -16,13 +16,21 @@ from minigpt.files import (
     atomic_write_bytes,
     atomic_write_json,
     load_tensors,
+    make_dir,
+    read_bounded,
     read_json,
     safetensors_shapes,
     save_tensors,
 )
 from minigpt.rundir import FORMAT as RUN_FORMAT
 from minigpt.rundir import RunDir
-from minigpt.tokenizer import ENDOFTEXT, GPT2_SPLIT_PATTERN, NAMED_ENCODINGS
+from minigpt.tokenizer import (
+    ENDOFTEXT,
+    GPT2_SPLIT_PATTERN,
+    NAMED_ENCODINGS,
+    naming,
+    shorten,
+)
 from minigpt.weights import build_model, model_tensors
 
 if TYPE_CHECKING:
@@ -257,18 +265,9 @@ def weight_files(src: Path) -> list[Path]:
     """The safetensors files of a HF model directory (one file or a sharded index); refuse pickles."""
     single, index = src / HF_WEIGHTS, src / HF_INDEX
     if single.is_file():
-        return [single]
+        return [_contained(src, single)]
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise MinigptError(f"{index} is corrupt ({e})") from None
-        files = [src / n for n in names]
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            raise MinigptError(f"{src} lacks the shard(s) {_short(absent)} that {HF_INDEX} lists")
-        return files
+        return _shards(src, index)
     if any((src / n).is_file() for n in PICKLE_WEIGHTS):
         raise MinigptError(
             f"{src} has only pickled weights ({PICKLE_WEIGHTS[0]}), which minigpt never loads (unpickling "
@@ -280,6 +279,50 @@ def weight_files(src: Path) -> list[Path]:
             f"{src} has TensorFlow/Flax weights only: re-save them as {HF_WEIGHTS} with transformers"
         )
     raise MinigptError(f"{src} has no {HF_WEIGHTS}: save the model with save_pretrained")
+
+
+def _shards(src: Path, index: Path) -> list[Path]:
+    """The shard files model.safetensors.index.json lists, each a file inside src."""
+    data = read_json(_contained(src, index))
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise MinigptError(f"{index} is corrupt (no weight_map from tensor names to shard files)")
+    names = list(weight_map.values())
+    outside = [n for n in names if not _plain_relative(n)]
+    if outside:
+        raise MinigptError(
+            f"{index} lists the shard {shorten(outside[0])}, which is not a path inside {src}: "
+            f"a shard index may only name files in its own directory"
+        )
+    files = [src / n for n in sorted(set(names))]
+    absent = [f.name for f in files if not f.is_file()]
+    if absent:
+        raise MinigptError(f"{src} lacks the shard(s) {_short(absent)} that {HF_INDEX} lists")
+    return [_contained(src, f) for f in files]
+
+
+def _plain_relative(name: Any) -> bool:
+    """A relative path with no '..' (nor NUL, which no path can hold)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return False
+    path = PurePosixPath(name)
+    return not path.is_absolute() and ".." not in path.parts
+
+
+def _contained(src: Path, path: Path) -> Path:
+    """path, if it resolves (through symlinks) inside src, else a MinigptError. Inside a Hugging Face
+    hub cache snapshot (models--X/snapshots/REV) the files link to ../../blobs/, which counts as inside.
+    """
+    try:
+        real, root = path.resolve(), src.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise MinigptError(f"cannot resolve {path}: {e}") from None
+    roots = [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
+    if not any(real.is_relative_to(r) for r in roots):
+        raise MinigptError(
+            f"{path} links to {real}, outside {src}: a model directory may only use its own files"
+        )
+    return path
 
 
 def _hf_shapes(files: list[Path]) -> dict[str, list[int]]:
@@ -401,13 +444,17 @@ def _read_dir_tokenizer(src: Path) -> TiktokenTokenizer | None:
     try:
         if vocab_path.is_file() and merges_path.is_file():
             source = vocab_path
-            vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-            lines = merges_path.read_text(encoding="utf-8").splitlines()
-            merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+            vocab = read_json(_contained(src, vocab_path))
+            text = read_bounded(_contained(src, merges_path)).decode("utf-8")
+            merges = [
+                tuple(line.split(" "))
+                for line in text.splitlines()
+                if line and not line.startswith("#version")
+            ]
             added: dict[str, int] = {}
         elif fast_path.is_file():
             source = fast_path
-            data = json.loads(fast_path.read_text(encoding="utf-8"))
+            data = read_json(_contained(src, fast_path))
             model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
             byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
             if model.get("type") != "BPE" or not byte_level or pre.get("add_prefix_space"):
@@ -422,16 +469,19 @@ def _read_dir_tokenizer(src: Path) -> TiktokenTokenizer | None:
             added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         else:
             return None
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, KeyError) as e:
+    except (UnicodeDecodeError, AttributeError, TypeError, KeyError) as e:
         raise MinigptError(f"{src}: unreadable tokenizer files ({e}); pass --tokenizer NAME|FILE") from None
-    if not isinstance(vocab, dict) or any(len(m) != 2 for m in merges):
+    if not isinstance(vocab, dict) or not all(
+        len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges
+    ):
         raise MinigptError(f"{source} is not a GPT-2 style BPE vocabulary; pass --tokenizer NAME|FILE")
     ranks, specials = ranks_from_vocab_merges(vocab, merges, source)  # type: ignore[arg-type]
     specials.update(added)
     r50k = NAMED_ENCODINGS["r50k_base"]
-    if _ranks_sha256(ranks) == r50k.sha256 and specials == r50k.specials:
-        return TiktokenTokenizer(r50k.name, r50k.pattern, ranks, r50k.specials)
-    return TiktokenTokenizer(src.name or "hf-bpe", GPT2_SPLIT_PATTERN, ranks, specials)
+    with naming(source, "pass --tokenizer NAME|FILE"):
+        if _ranks_sha256(ranks) == r50k.sha256 and specials == r50k.specials:
+            return TiktokenTokenizer(r50k.name, r50k.pattern, ranks, r50k.specials)
+        return TiktokenTokenizer(src.name or "hf-bpe", GPT2_SPLIT_PATTERN, ranks, specials)
 
 
 def _ranks_sha256(ranks: dict[bytes, int]) -> str:
@@ -465,9 +515,9 @@ def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: P
             return _named(tokenizer)
         return TiktokenTokenizer.from_file(tokenizer)
     if (src / MINIGPT_TOKENIZER).is_file():  # written by `convert to-hf` for tokenizers transformers lacks
-        from minigpt.tokenizer import tokenizer_from_json
+        from minigpt.tokenizer import load_tokenizer_file
 
-        return tokenizer_from_json(read_json(src / MINIGPT_TOKENIZER))
+        return load_tokenizer_file(_contained(src, src / MINIGPT_TOKENIZER))
     own = _read_dir_tokenizer(src)
     return own if own is not None else _named("r50k_base")
 
@@ -582,7 +632,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     hf = hf_config(config, tok.eot_id)
     _check_out(out, run, overwrite)
     tok_files = hf_tokenizer_files(tok, config.block_size)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     _clear(out, _STALE_HF_FILES)
     # metadata format "pt" is what transformers checks before loading a safetensors file
     save_tensors(out / HF_WEIGHTS, to_hf_tensors(model_tensors(model)), metadata={"format": "pt"})

@@ -8,6 +8,8 @@ import hashlib
 import json
 import math
 import os
+import re
+import socket
 import sys
 import time
 from collections import deque
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import read_bounded
 from minigpt.tokenizer import (
     DEFAULT_BPE_VOCAB_SIZE,
     CharTokenizer,
@@ -27,7 +30,7 @@ from minigpt.tokenizer import (
     build_tokenizer,
     check_bpe_vocab_size,
     default_threads,
-    tokenizer_from_json,
+    load_tokenizer_file,
     tokenizer_kind,
 )
 
@@ -40,6 +43,13 @@ PIECE_CHARS = 1 << 20  # characters per tokenizer call when encoding (one thread
 TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (it buffers 64 of them)
 SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
 ERRORS_CHOICES = ("strict", "replace", "ignore")
+MAX_META_BYTES = 1 << 20  # a token cache entry's JSON is a few hundred bytes
+# Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), so
+# only their text is searched for one (a search costs ~5 ms per MB)
+_SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# the temp files _Staging writes: .<final name>.<pid>@<host>.tmp
+_TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d{1,9})@(?P<host>[^@/]*)\.tmp")
 
 
 @dataclass(frozen=True)
@@ -70,10 +80,7 @@ class DataConfig:
             isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction < 1
         ):
             raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {self.val_fraction!r}")
-        try:
-            codecs.lookup(self.encoding)
-        except LookupError:
-            raise UsageError(f"unknown --encoding {self.encoding!r}; try utf-8, utf-16 or latin-1") from None
+        _check_encoding(self.encoding)
         if self.errors not in ERRORS_CHOICES:
             raise UsageError(
                 f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
@@ -88,6 +95,23 @@ class DataConfig:
     def cache_root(self) -> Path:
         """The cache directory in effect."""
         return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+
+def _check_encoding(encoding: str) -> None:
+    """A UsageError unless encoding names a codec that decodes bytes to text (codecs also holds
+    bytes-to-bytes ones such as base64 and zlib, and 'undefined', which refuses everything)."""
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        raise UsageError(f"unknown --encoding {encoding!r}; try utf-8, utf-16 or latin-1") from None
+    try:
+        text = codecs.getincrementaldecoder(encoding)().decode(b"", final=True)
+    except (UnicodeError, TypeError, ValueError):  # 'undefined', rot13 (str to str), uu
+        text = None
+    if not isinstance(text, str):
+        raise UsageError(
+            f"--encoding {encoding!r} does not decode bytes to text; try utf-8, utf-16 or latin-1"
+        )
 
 
 def default_cache_dir() -> Path:
@@ -106,6 +130,9 @@ class Dataset:
     val_bytes: int  # UTF-8 bytes of the validation text
     train_bytes: int
     cache_path: Path  # the training token file
+    # each input file: absolute path, role (train or val), size and sha256, recorded so a resume can tell
+    # whether the text changed and find it again after the run moved
+    inputs: tuple[dict[str, Any], ...] = ()
 
     @property
     def val_bytes_per_token(self) -> float:
@@ -133,27 +160,34 @@ class _Source:
 def _collect_files(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
-        if p.is_dir():
-            found = sorted(
-                f
-                for f in p.rglob("*.txt")
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
-            if not found:
-                raise MinigptError(
-                    f"{p} is a directory with no .txt files; pass text files or a folder of .txt files"
-                )
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        elif p.exists():
-            raise MinigptError(f"{p} is not a regular file; pass text files or directories of .txt files")
-        else:
-            raise MinigptError(f"{p}: no such file or directory")
+        try:
+            files.extend(_files_at(p))
+        except OSError as e:  # e.g. a name too long for the filesystem
+            raise MinigptError(f"cannot access {p}: {e.strerror}") from None
     unique: dict[Path, Path] = {}
     for f in files:
         unique.setdefault(f.resolve(), f)
     return list(unique.values())
+
+
+def _files_at(p: Path) -> list[Path]:
+    """The text file p, or the .txt files under the directory p (hidden ones left out)."""
+    if p.is_dir():
+        found = sorted(
+            f
+            for f in p.rglob("*.txt")
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
+        if not found:
+            raise MinigptError(
+                f"{p} is a directory with no .txt files; pass text files or a folder of .txt files"
+            )
+        return found
+    if p.is_file():
+        return [p]
+    if p.exists():
+        raise MinigptError(f"{p} is not a regular file; pass text files or directories of .txt files")
+    raise MinigptError(f"{p}: no such file or directory")
 
 
 def _ascii_compatible(encoding: str) -> bool:
@@ -188,6 +222,7 @@ def _hash_source(path: Path, encoding: str, advance: Callable[[int], None]) -> _
 def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int], None]) -> Iterator[str]:
     """The decoded text of one file, block by block, checking it is real text as it goes."""
     decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
+    check_surrogates = not codecs.lookup(encoding).name.startswith(_SURROGATE_FREE_CODECS)
     offset = 0  # bytes of the file fed to the decoder so far
     nonblank = False
     with open(src.path, "rb") as f:
@@ -205,6 +240,8 @@ def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int]
                     f"pass the right --encoding, or replace undecodable bytes with --encoding-errors replace"
                 ) from None
             offset += len(block)
+            if check_surrogates:
+                text = _without_surrogates(text, src.path, encoding, errors)
             if text:
                 if "\x00" in text:
                     raise _binary_error(src.path)
@@ -217,8 +254,24 @@ def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int]
         raise MinigptError(f"{src.path} contains only whitespace: there is no text to train on")
 
 
+def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> str:
+    """Text with its lone surrogates (not text: no tokenizer can encode one) treated as undecodable bytes
+    are under `errors`: an error, U+FFFD or dropped."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return text
+    if errors == "strict":
+        raise MinigptError(
+            f"{path}: decoding it as {encoding} gives a lone surrogate (U+{ord(found.group()):04X}), "
+            f"which is not text; fix the file, pass the right --encoding, or replace such characters with "
+            f"--encoding-errors replace"
+        )
+    return _SURROGATE.sub("\ufffd" if errors == "replace" else "", text)
+
+
 def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "strict") -> str:
     """The whole text of files (or folders of .txt files), checked as training input is; files joined by newlines."""
+    _check_encoding(encoding)
     parts = []
     for path in _collect_files(Path(p) for p in paths):
         src = _hash_source(path, encoding, lambda n: None)
@@ -283,7 +336,7 @@ class _Staging:
             if not d.exists():
                 d.mkdir()
                 self.created.append(d)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        tmp = final.with_name(f".{final.name}.{os.getpid()}@{_host()}.tmp")
         self.moves.append((tmp, final))
         return tmp
 
@@ -303,6 +356,35 @@ class _Staging:
         for d in reversed(self.created):
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+def _remove_stale_temps(directory: Path) -> None:
+    """Delete the temp files of _Staging writers on this machine that were killed (kill -9, or SIGTERM
+    while tokenizing). A file whose writer process is alive is never touched, nor one from another machine
+    sharing the cache (an NFS home under multi-node torchrun), whose process table we cannot see.
+    """
+    for tmp in directory.glob(".*.tmp"):
+        m = _TEMP_NAME.fullmatch(tmp.name)
+        if m and m["host"] == _host() and not _process_alive(int(m["pid"])):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _host() -> str:
+    """This machine's name as temp file names carry it (a name may hold any byte but NUL)."""
+    return re.sub(r"[@/\\]", "_", socket.gethostname())
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) would terminate the process on Windows: assume alive, keep the file
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
 
 
 class _PrepProgress:
@@ -370,8 +452,8 @@ def _get_tokenizer(
     )
     path = config.cache_root / "tokenizers" / f"{key}.json"
     if path.is_file():
-        with contextlib.suppress(OSError, ValueError, MinigptError):
-            tok = tokenizer_from_json(json.loads(path.read_text(encoding="utf-8")))
+        with contextlib.suppress(MinigptError):  # a damaged entry is built again
+            tok = load_tokenizer_file(path)
             report.note(f"reusing the {tok.describe()} tokenizer built earlier from this text ({path})")
             return tok
     total = sum(s.size for s in sources)
@@ -386,15 +468,47 @@ def _get_tokenizer(
     return tok
 
 
-def _read_meta(meta_path: Path, bin_path: Path) -> dict[str, Any] | None:
+def _read_meta(meta_path: Path, bin_path: Path, vocab_size: int) -> dict[str, Any] | None:
+    """A cache entry's meta if its token file is intact, else None (the entry is then rebuilt): the
+    file's blake2b is the one recorded when it was written and every id is below vocab_size.
+    """
+    dtype = _token_dtype(vocab_size)
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        dtype = np.dtype(meta["dtype"])
-        if meta["format"] == CACHE_FORMAT and bin_path.stat().st_size == int(meta["tokens"]) * dtype.itemsize:
-            return meta
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
+        if not _meta_fits(meta, bin_path, dtype):
+            return None
+        digest, top = _scan_tokens(bin_path, dtype)
+    except (OSError, MinigptError, ValueError, RecursionError):  # unreadable, not JSON, or absurdly nested
+        return None
+    return meta if digest == meta["blake2b"] and top < vocab_size else None
+
+
+def _meta_fits(meta: Any, bin_path: Path, dtype: np.dtype) -> bool:
+    """The meta has every field, well typed, and the token file is a regular file of the size it says."""
+    if not isinstance(meta, dict):
+        return False
+    tokens = meta.get("tokens")
+    counts = (tokens, meta.get("text_bytes"))
+    return (
+        meta.get("format") == CACHE_FORMAT
+        and meta.get("dtype") == dtype.name
+        and isinstance(meta.get("blake2b"), str)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts)
+        and bin_path.is_file()  # never open a FIFO planted in the cache
+        and bin_path.stat().st_size == tokens * dtype.itemsize
+    )
+
+
+def _scan_tokens(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """blake2b of a token file and its largest id, in one pass of bounded memory."""
+    h = hashlib.blake2b(digest_size=16)
+    top = -1
+    with open(path, "rb") as f:
+        while block := f.read(READ_BYTES):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=dtype, count=len(block) // dtype.itemsize)
+            top = max(top, int(ids.max(initial=0)))
+    return h.hexdigest(), top
 
 
 def _encode_stream(
@@ -478,21 +592,27 @@ def _get_tokens(
     )
     bin_path = config.cache_root / "tokens" / f"{key}.bin"
     meta_path = bin_path.with_suffix(".json")
-    meta = _read_meta(meta_path, bin_path)
+    meta = _read_meta(meta_path, bin_path, tokenizer.vocab_size)
     if meta is not None:
         report.note(f"reusing cached {label} tokens: {meta['tokens']:,} tokens ({bin_path})")
         return bin_path, meta
+    if meta_path.exists() or bin_path.exists():
+        report.note(
+            f"cached {label} tokens {bin_path} fail their check (damaged, incomplete or from an older "
+            f"minigpt): tokenizing again"
+        )
     total = sum(s.size for s in sources)
     start = time.perf_counter()
+    tmp = staging.temp_for(bin_path)
     with report.bar(f"tokenizing {label} text", total) as advance:
-        tokens, text_bytes = _encode_stream(
-            sources, tokenizer, config, staging.temp_for(bin_path), advance, label
-        )
+        tokens, text_bytes = _encode_stream(sources, tokenizer, config, tmp, advance, label)
     seconds = time.perf_counter() - start
+    dtype = _token_dtype(tokenizer.vocab_size)
     meta = {
         "format": CACHE_FORMAT,
         "tokens": tokens,
-        "dtype": _token_dtype(tokenizer.vocab_size).name,
+        "dtype": dtype.name,
+        "blake2b": _scan_tokens(tmp, dtype)[0],
         "text_bytes": text_bytes,
         "tokenizer": tokenizer.describe(),
         "inputs": [str(s.path) for s in sources],
@@ -542,6 +662,8 @@ def prepare_data(
         train_src = [_hash_source(f, config.encoding, adv) for f in train_files]
         val_src = [_hash_source(f, config.encoding, adv) for f in val_files]
 
+    for part in ("tokenizers", "tokens"):
+        _remove_stale_temps(config.cache_root / part)
     staging = _Staging()
     try:
         if tokenizer is None:
@@ -580,7 +702,35 @@ def prepare_data(
         train, val = stream[:n_train], stream[n_train:]
         val_bytes = _count_bytes(val, lengths)
         train_bytes = int(train_meta["text_bytes"]) - val_bytes
-    return Dataset(tokenizer, train, val, val_bytes, train_bytes, train_bin)
+    inputs = tuple(_input_record(src, "train") for src in train_src) + tuple(
+        _input_record(s, "val") for s in val_src
+    )
+    return Dataset(tokenizer, train, val, val_bytes, train_bytes, train_bin, inputs)
+
+
+def _input_record(src: _Source, role: str) -> dict[str, Any]:
+    return {"path": str(src.path.resolve()), "role": role, "bytes": src.size, "sha256": src.digest}
+
+
+def changed_inputs(saved: Any, now: Sequence[dict[str, Any]]) -> str | None:
+    """What differs between the inputs a run recorded and the ones found now (by content, not by path),
+    in words; None when the same text is there (a run saved before inputs were recorded counts as same)."""
+    if not isinstance(saved, list) or not saved:
+        return None
+
+    def contents(records: Sequence[Any]) -> list[tuple[str, str]]:
+        return sorted((str(r.get("role")), str(r.get("sha256"))) for r in records if isinstance(r, dict))
+
+    if contents(saved) == contents(now):
+        return None
+    old = {r.get("sha256"): r for r in saved if isinstance(r, dict)}
+    new = {r["sha256"]: r for r in now}
+    gone = [Path(str(r.get("path"))).name for h, r in old.items() if h not in new]
+    added = [Path(r["path"]).name for h, r in new.items() if h not in old]
+    parts = ([f"changed or missing: {', '.join(gone)}"] if gone else []) + (
+        [f"new: {', '.join(added)}"] if added else []
+    )
+    return "; ".join(parts) or "the files' roles differ"
 
 
 def _check_long_enough(config: DataConfig, block_size: int, n_train: int, n_val: int) -> None:

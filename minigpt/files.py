@@ -63,6 +63,15 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def make_dir(path: Path) -> Path:
+    """Create a folder (and its parents) or say in one line why it cannot be."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinigptError(f"cannot create the folder {path} ({e.strerror or e})") from None
+    return Path(path)
+
+
 def _umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it, so set it straight back
     os.umask(mask)
@@ -135,14 +144,31 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
-    """A regular file's bytes, refusing one larger than `limit` before reading it."""
-    size = regular_file(path).stat().st_size
-    if size > limit:
-        raise MinigptError(f"{path} is {size:,} bytes, more than the {limit:,} a minigpt file can be")
+    """A regular file's bytes, refusing one larger than `limit`. The checks apply to the file actually
+    opened (non-blocking, so a FIFO swapped in after a look cannot hang us), and at most limit + 1 bytes
+    are read whatever the file grows to."""
+    regular_file(path)
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise MinigptError(f"cannot read {path} ({e.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise MinigptError(f"{path} is not a regular file (a FIFO, device or socket): expected a file")
+        if info.st_size > limit:
+            raise MinigptError(
+                f"{path} is {info.st_size:,} bytes, more than the {limit:,} a minigpt file can be"
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise MinigptError(f"cannot read {path} ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise MinigptError(f"{path} grew past the {limit:,} bytes a minigpt file can be while it was read")
+    return data
 
 
 def read_json(path: Path) -> Any:

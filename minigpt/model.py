@@ -1,20 +1,48 @@
-"""The GPT-2 style decoder-only transformer: embeddings, pre-norm blocks, LM head (no I/O here)."""
+"""The GPT-2 style decoder-only transformer: embeddings, pre-norm blocks, LM head (no I/O here).
+
+The modules hold the parameters under GPT-2's names; the computation is written once, as functions over
+the `ModelWeights` tree that `GPT.weights()` reads from them. `GPT.forward` runs it for training, prefill,
+single-token decoding through a KV cache and attention maps alike; a caller that steps many times
+(a decoder) reads the tree once and passes it in, sparing every step the nn.Module attribute lookups.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from minigpt.config import GPTConfig
-from minigpt.errors import UsageError
+from minigpt.kvcache import KVCache, first_position
+from minigpt.weights import (
+    AttentionWeights,
+    BlockWeights,
+    LinearWeights,
+    MLPWeights,
+    ModelWeights,
+    NormWeights,
+    weights_by_name,
+)
 
-__all__ = ["GPT", "GPTConfig", "KVCacheLike"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "KVCache",
+    "attend",
+    "block",
+    "causal_mask",
+    "linear",
+    "mlp",
+    "norm",
+    "qkv",
+    "transformer",
+]
+
+Cache = KVCache[torch.Tensor]
 
 
 @contextlib.contextmanager
@@ -35,84 +63,38 @@ def _skip_init() -> Iterator[None]:
         GPT.reset_parameters = saved_gpt  # type: ignore[method-assign]
 
 
-class KVCacheLike(Protocol):
-    """What attention needs from a key/value cache (the sampling engine owns the real one)."""
-
-    pos: int
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, H, T, hd) at positions pos..pos+T and return all keys/values so far."""
-        ...
-
-    def advance(self, n: int) -> None:
-        """Move pos forward by n once every layer has stored its keys and values."""
-        ...
+def _norm(config: GPTConfig) -> nn.Module:
+    """The normalisation every block and the final layer use (GPT-2: LayerNorm)."""
+    return nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig, layer: int) -> None:
+    """Parameters of multi-head causal self-attention (computed by `attend`)."""
+
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.layer = layer
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x (B, T, C) to per-head queries, keys and values, each (B, H, T, hd)."""
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        shape = (B, T, self.n_head, C // self.n_head)
-        return (q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2))
-
-    def forward(self, x: torch.Tensor, kv_cache: KVCacheLike | None = None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x)
-        past = 0
-        if kv_cache is not None:
-            past = kv_cache.pos
-            k, v = kv_cache.update(self.layer, k, v)
-        dropout_p = self.dropout if self.training else 0.0
-        if past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
-        elif T == 1:
-            # one new query may look at every cached key: no mask needed
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        else:
-            # SDPA's is_causal aligns the mask top-left, wrong when queries start at `past`
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
+    """Parameters of the feed-forward layer (computed by `mlp`)."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's gelu_new, so imported weights match exactly
         self.c_proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Parameters of a pre-norm transformer block (computed by `block`)."""
 
-    def __init__(self, config: GPTConfig, layer: int) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
-        self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.ln_1 = _norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = _norm(config)
         self.mlp = MLP(config)
-
-    def forward(self, x: torch.Tensor, kv_cache: KVCacheLike | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache)
-        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -125,9 +107,8 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=_norm(config),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -158,39 +139,154 @@ class GPT(nn.Module):
         """Parameters the module holds, a tied tensor counted once."""
         return sum(p.numel() for p in self.parameters())
 
+    def weights(self) -> ModelWeights[torch.Tensor]:
+        """The parameters as the named tree the forward pass reads (the tensors themselves, not copies).
+
+        It holds the parameter objects of this moment: in-place updates (training steps) show through,
+        parameters replaced afterwards (load_state_dict(assign=True)) do not: read it again then.
+        """
+        return weights_by_name(self.config, dict(self.named_parameters()))
+
+    def new_cache(self, batch: int) -> Cache:
+        """An empty KV cache of `batch` rows for every position, in the model's dtype and on its device."""
+        c = self.config
+        w = self.transformer.wte.weight
+        shape = (c.n_layer, batch, c.n_head, c.block_size, c.head_dim)
+        return KVCache(w.new_zeros(shape), w.new_zeros(shape))
+
     def forward(
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        kv_cache: KVCacheLike | None = None,
+        kv_cache: Cache | None = None,
         all_logits: bool = False,
+        attention: list[torch.Tensor] | None = None,
+        weights: ModelWeights[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return (logits, loss).
+        """Return (logits, loss): training, prefill and single-token decoding all run through here.
 
         With targets (B, T): logits (B, T, V) and the mean cross-entropy (targets of -1 are ignored).
         Without: logits of the last position only, (B, V), unless all_logits asks for (B, T, V).
         With a kv_cache, idx holds only the new tokens, placed after kv_cache.pos cached ones.
+        With an `attention` list, every layer appends its attention probabilities (B, H, T, pos + T).
+        `weights`: this model's `weights()`, read once by a caller that steps many times.
         """
-        B, T = idx.shape
-        start = kv_cache.pos if kv_cache is not None else 0
-        if start + T > self.config.block_size:
-            raise UsageError(
-                f"sequence of {start + T} tokens is longer than the model's block_size "
-                f"{self.config.block_size}"
-            )
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x, kv_cache)
-        if kv_cache is not None:
-            kv_cache.advance(T)
-        x = self.transformer.ln_f(x)
+        w = self.weights() if weights is None else weights
+        dropout = self.config.dropout if self.training else 0.0
+        x = transformer(w, idx, kv_cache, attention, dropout)
         if targets is not None:
-            logits = self.lm_head(x)
+            logits = F.linear(x, w.lm_head)
             loss = F.cross_entropy(
                 logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
             )
             return logits, loss
-        if all_logits:
-            return self.lm_head(x), None
-        return self.lm_head(x[:, -1, :]), None
+        return F.linear(x if all_logits else x[:, -1, :], w.lm_head), None
+
+
+# --- the computation, written once --------------------------------------------------------------------
+
+
+def _dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    return F.dropout(x, p) if p else x  # inference passes p=0: not even a call
+
+
+def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.size(-1),), w.weight, w.bias, w.eps)
+
+
+def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w.weight, w.bias)
+
+
+def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:
+    """(queries, past + queries) booleans, True where the query at position past+i may see the key."""
+    return torch.ones(queries, past + queries, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+def qkv(
+    w: AttentionWeights[torch.Tensor], x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Project x (B, T, C) to per-head queries, keys and values, each a (B, H, T, hd) view."""
+    B, T, C = x.shape
+    q, k, v = linear(w.c_attn, x).view(B, T, 3, w.n_head, C // w.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
+
+
+def attend(
+    w: AttentionWeights[torch.Tensor],
+    x: torch.Tensor,
+    layer: int,
+    cache: Cache | None = None,
+    attention: list[torch.Tensor] | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal self-attention of x (B, T, C) over itself and, with a cache, every position cached before.
+
+    Fused SDPA by default; with an `attention` list it computes softmax(QKᵀ/√d) explicitly and appends
+    the probabilities (B, H, T, past + T), so inspection reads the very attention the model runs.
+    """
+    B, T, C = x.shape
+    q, k, v = qkv(w, x)
+    past = 0
+    if cache is not None:
+        past = cache.pos
+        k, v = cache.update(layer, k, v)
+    if attention is None:
+        y = _fused_attention(q, k, v, past, dropout)
+    else:
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        probs = scores.masked_fill(~causal_mask(T, past, x.device), float("-inf")).softmax(dim=-1)
+        attention.append(probs)
+        y = _dropout(probs, dropout).to(v.dtype) @ v
+    # reshape is a view, not a copy, for a single new token
+    return _dropout(linear(w.c_proj, y.transpose(1, 2).reshape(B, T, C)), dropout)
+
+
+def _fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, dropout: float
+) -> torch.Tensor:
+    T = q.size(2)
+    if past == 0:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
+    if T == 1:  # one new query may look at every cached key: no mask needed
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+    # SDPA's is_causal aligns the mask top-left, wrong when queries start at `past`
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_mask(T, past, q.device), dropout_p=dropout
+    )
+
+
+def mlp(w: MLPWeights[torch.Tensor], x: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
+    # the tanh form is GPT-2's gelu_new, so imported weights give exactly GPT-2's outputs
+    return _dropout(linear(w.c_proj, F.gelu(linear(w.c_fc, x), approximate="tanh")), dropout)
+
+
+def block(
+    w: BlockWeights[torch.Tensor],
+    x: torch.Tensor,
+    layer: int,
+    cache: Cache | None = None,
+    attention: list[torch.Tensor] | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, attention, dropout)
+    return x + mlp(w.mlp, norm(w.ln_2, x), dropout)
+
+
+def transformer(
+    w: ModelWeights[torch.Tensor],
+    idx: torch.Tensor,
+    cache: Cache | None = None,
+    attention: list[torch.Tensor] | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
+    T = idx.size(1)
+    start = first_position(cache, T, w.wpe.size(0))
+    x = _dropout(F.embedding(idx, w.wte) + w.wpe[start : start + T], dropout)
+    for layer, b in enumerate(w.h):
+        x = block(b, x, layer, cache, attention, dropout)
+    if cache is not None:
+        cache.advance(T)
+    return norm(w.ln_f, x)

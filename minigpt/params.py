@@ -53,54 +53,73 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def count_params(config: GPTConfig) -> ParamReport:
-    """Count every parameter of the model `config` describes, without building it."""
-    V, T, L, H, D = config.vocab_size, config.block_size, config.n_layer, config.n_head, config.n_embd
-    hd, F = config.head_dim, config.d_ff
+def _gpt3_rows(config: GPTConfig) -> list[Row]:
+    """The eight parts of the GPT-3 style table (Kaplan et al.'s accounting of a transformer)."""
+    V, L, H, D, hd, F = (
+        config.vocab_size,
+        config.n_layer,
+        config.n_head,
+        config.n_embd,
+        config.head_dim,
+        config.d_ff,
+    )
     layers = f"{_n(L)} layers"
-
-    qkv = D * hd * H * L
-    rows = [
+    head_rows = f"{_n(hd)} × {_n(D)} × {_n(H)} heads × {layers}"
+    return [
         Row("Embedding", f"{_n(V)} × {_n(D)}", V * D),
-        Row("Key", f"{_n(hd)} × {_n(D)} × {_n(H)} heads × {layers}", qkv),
-        Row("Query", f"{_n(hd)} × {_n(D)} × {_n(H)} heads × {layers}", qkv),
-        Row("Value", f"{_n(hd)} × {_n(D)} × {_n(H)} heads × {layers}", qkv),
+        Row("Key", head_rows, D * hd * H * L),
+        Row("Query", head_rows, D * hd * H * L),
+        Row("Value", head_rows, D * hd * H * L),
         Row("Output", f"{_n(hd)} × {_n(H)} heads × {_n(D)} × {layers}", hd * H * D * L),
         Row("Up-projection", f"{_n(D)} × {_n(F)} × {layers}", D * F * L),
         Row("Down-projection", f"{_n(F)} × {_n(D)} × {layers}", F * D * L),
         Row("Unembedding", f"{_n(D)} × {_n(V)}", D * V),
     ]
-    gpt3_total = sum(r.count for r in rows)
 
-    norm_width = 2 * D if config.bias else D  # gain (+ bias) per LayerNorm
-    adjustments = [Row("Position embeddings", f"{_n(T)} × {_n(D)}", T * D)]
-    if config.bias:
-        # c_attn 3D + attn c_proj D + c_fc 4D + mlp c_proj D per layer
-        adjustments.append(
-            Row(
-                "Linear biases",
-                f"(3 × {_n(D)} + {_n(D)} + {_n(F)} + {_n(D)}) × {layers}",
-                (4 * D + F + D) * L,
-            )
-        )
-    norm_kind = "gain + bias" if config.bias else "gain"
-    adjustments.append(
-        Row("LayerNorms", f"(2 × {layers} + 1) × {_n(D)} ({norm_kind})", (2 * L + 1) * norm_width)
-    )
+
+def _adjustments(config: GPTConfig) -> list[Row]:
+    """What the module holds beyond the GPT-3 table: positions, biases, norms, less a tied head."""
+    V, T, L, D, F = config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff
+    layers = f"{_n(L)} layers"
+    rows = [Row("Position embeddings", f"{_n(T)} × {_n(D)}", T * D)]
+    if config.bias:  # c_attn 3D + attn c_proj D + c_fc 4D + mlp c_proj D per layer
+        biases = f"(3 × {_n(D)} + {_n(D)} + {_n(F)} + {_n(D)}) × {layers}"
+        rows.append(Row("Linear biases", biases, (4 * D + F + D) * L))
+    norm_kind, norm_width = ("gain + bias", 2 * D) if config.bias else ("gain", D)
+    rows.append(Row("LayerNorms", f"(2 × {layers} + 1) × {_n(D)} ({norm_kind})", (2 * L + 1) * norm_width))
     if config.tie_embeddings:
-        adjustments.append(Row("Tied unembedding (shares wte)", f"−{_n(D)} × {_n(V)}", -D * V))
-    exact_total = gpt3_total + sum(r.count for r in adjustments)
+        rows.append(Row("Tied unembedding (shares wte)", f"−{_n(D)} × {_n(V)}", -D * V))
+    return rows
 
-    attn_bias = 4 * D * L if config.bias else 0
-    mlp_bias = (F + D) * L if config.bias else 0
-    shares = {
-        "attention": 4 * qkv + attn_bias,
-        "mlp": 2 * D * F * L + mlp_bias,
+
+def _shares(config: GPTConfig) -> dict[str, int]:
+    V, T, L, D, F = config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff
+    bias = config.bias
+    return {
+        "attention": 4 * D * D * L + (4 * D * L if bias else 0),
+        "mlp": 2 * D * F * L + ((F + D) * L if bias else 0),
         "embeddings": V * D + T * D + (0 if config.tie_embeddings else D * V),
-        "layernorm": (2 * L + 1) * norm_width,
+        "layernorm": (2 * L + 1) * (2 * D if bias else D),
     }
-    assert sum(shares.values()) == exact_total
 
+
+FORMULAS = {
+    "memory": "weights: 4 B (fp32) or 2 B (bf16) per parameter; training with AdamW: 16 B per "
+    "parameter (fp32 weights, gradients and two moments), activations not included",
+    "flops": "forward = 2·N + 4·n_layer·n_embd·block_size, training = 3 × forward (PaLM, "
+    "appendix B), N = parameters less position embeddings",
+    "kv_cache": "2 (key, value) × n_layer × n_embd × bytes per element, per token",
+}
+
+
+def count_params(config: GPTConfig) -> ParamReport:
+    """Count every parameter of the model `config` describes, without building it."""
+    T, L, D = config.block_size, config.n_layer, config.n_embd
+    rows, adjustments = _gpt3_rows(config), _adjustments(config)
+    gpt3_total = sum(r.count for r in rows)
+    exact_total = gpt3_total + sum(r.count for r in adjustments)
+    shares = _shares(config)
+    assert sum(shares.values()) == exact_total
     # AdamW in mixed precision keeps fp32 weights, fp32 grads and two fp32 moments: 16 bytes/param
     memory_bytes = {
         "weights_fp32": 4 * exact_total,
@@ -109,9 +128,7 @@ def count_params(config: GPTConfig) -> ParamReport:
     }
     # PaLM appendix B: N excludes position embeddings (a lookup, not a matmul); attention adds
     # 2 matmuls (QK^T, AV) of 2·T·D FLOPs per layer per token at full context
-    n_matmul = exact_total - T * D
-    forward = 2 * n_matmul + 4 * L * D * T
-    flops = {"forward": forward, "training": 3 * forward}
+    forward = 2 * (exact_total - T * D) + 4 * L * D * T
     kv_per_token = 2 * L * D  # one key and one value vector per layer
     kv_cache_bytes = {
         "per_token_bf16": 2 * kv_per_token,
@@ -119,22 +136,8 @@ def count_params(config: GPTConfig) -> ParamReport:
         "full_context_bf16": 2 * kv_per_token * T,
         "full_context_fp32": 4 * kv_per_token * T,
     }
-    formulas = {
-        "memory": "weights: 4 B (fp32) or 2 B (bf16) per parameter; training with AdamW: 16 B per "
-        "parameter (fp32 weights, gradients and two moments), activations not included",
-        "flops": "forward = 2·N + 4·n_layer·n_embd·block_size, training = 3 × forward (PaLM, "
-        "appendix B), N = parameters less position embeddings",
-        "kv_cache": "2 (key, value) × n_layer × n_embd × bytes per element, per token",
-    }
     return ParamReport(
-        config=config,
-        rows=rows,
-        gpt3_total=gpt3_total,
-        adjustments=adjustments,
-        exact_total=exact_total,
-        shares=shares,
-        memory_bytes=memory_bytes,
-        flops_per_token=flops,
-        kv_cache_bytes=kv_cache_bytes,
-        formulas=formulas,
-    )
+        config=config, rows=rows, gpt3_total=gpt3_total, adjustments=adjustments, exact_total=exact_total,
+        shares=shares, memory_bytes=memory_bytes, flops_per_token={"forward": forward, "training": 3 * forward},
+        kv_cache_bytes=kv_cache_bytes, formulas=dict(FORMULAS),
+    )  # fmt: skip

@@ -31,6 +31,7 @@ from minigpt.files import (
     atomic_write_json,
     json_bytes,
     load_tensors,
+    make_dir,
     read_bounded,
     read_json,
     remove_stale_temps,
@@ -121,7 +122,7 @@ class RunDir:
             raise MinigptError(f"{self} does not exist: pass a run directory written by `minigpt train`")
         if self.path.is_file():
             raise MinigptError(f"{self} is a file: pass the run directory that holds it")
-        if not self.config_path.is_file():
+        if not self.config_path.exists():
             raise MinigptError(f"{self} has no {self.CONFIG}: it is not a minigpt run directory")
         data = read_json(self.config_path)
         if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
@@ -137,11 +138,11 @@ class RunDir:
             raise MinigptError(f"{self.config_path}: invalid model config ({e})") from None
 
     def tokenizer(self) -> Tokenizer:
-        from minigpt.tokenizer import tokenizer_from_json
+        from minigpt.tokenizer import load_tokenizer_file
 
-        if not self.tokenizer_path.is_file():
+        if not self.tokenizer_path.exists():
             raise MinigptError(f"{self} has no {self.TOKENIZER}: the run is incomplete")
-        return tokenizer_from_json(read_json(self.tokenizer_path))
+        return load_tokenizer_file(self.tokenizer_path)
 
     def open(self) -> tuple[dict[str, Any], GPTConfig, Tokenizer]:
         """config.json, model config and tokenizer, checked to fit together (no torch)."""
@@ -235,7 +236,7 @@ class RunDir:
         """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights (with
         `weights_metadata` in their header). The weights and config.json land together: both are written in
         full, then renamed into place one right after the other."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_dir(self.path)
         remove_stale_temps(self.path)
         atomic_write_json(self.tokenizer_path, tokenizer.to_json())
         config = {
@@ -289,7 +290,7 @@ class RunDir:
         error. The kernel drops the lock when the process dies, so kill -9 leaves no stale lock."""
         import fcntl
 
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_dir(self.path)
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)  # the folder itself: no lock file to leave
         except OSError as e:

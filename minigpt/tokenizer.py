@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import read_bounded, read_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,6 +43,18 @@ O200K_SPLIT_PATTERN = "|".join(
         r"""\s+""",
     ]
 )
+
+# A tokenizer file names one of these rather than bringing its own regex: an arbitrary pattern can
+# backtrack for minutes per text or panic tiktoken's regex engine, and checking one under a time bound
+# would still miss inputs the probe did not try.
+KNOWN_SPLIT_PATTERNS = {
+    GPT2_SPLIT_PATTERN: "GPT-2",
+    CL100K_SPLIT_PATTERN: "cl100k",
+    GPT4_SPLIT_PATTERN: "GPT-4 (minigpt's bpe)",
+    O200K_SPLIT_PATTERN: "o200k",
+}
+MAX_VOCAB_SIZE = 1 << 21  # 8x o200k's vocabulary: ids past it are damage and would allocate without bound
+MAX_UNUSED_IDS = 1024  # ids below the largest that nothing uses (cl100k and o200k leave about 20)
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/"
 
@@ -113,6 +127,21 @@ def default_threads() -> int:
     return max(1, min(8, n))
 
 
+def shorten(value: Any, limit: int = 40) -> str:
+    """repr of an untrusted value cut to `limit` characters: one short line whatever a file holds."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@contextlib.contextmanager
+def naming(source: str | Path, fix: str) -> Iterator[None]:
+    """Prefix a MinigptError raised inside with the file it is about and append the fix."""
+    try:
+        yield
+    except MinigptError as e:
+        raise MinigptError(f"{source}: {e}; {fix}", e.exit_code) from None
+
+
 class Tokenizer(ABC):
     """Text <-> token ids. Serialises to a small JSON dict that travels inside a checkpoint."""
 
@@ -181,12 +210,9 @@ class CharTokenizer(Tokenizer):
     kind = "char"
 
     def __init__(self, chars: Sequence[str]) -> None:
-        if not chars:
-            raise MinigptError("a char tokenizer needs at least one character")
         self.chars = list(chars)
+        _check_chars(self.chars)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
-        if len(self.stoi) != len(self.chars):
-            raise MinigptError("char tokenizer characters must be distinct")
         self._lookup: np.ndarray | None = None
 
     @classmethod
@@ -290,28 +316,38 @@ class CharTokenizer(Tokenizer):
         return f"char ({self.vocab_size:,} symbols)"
 
 
+def _check_chars(chars: list[Any]) -> None:
+    """Distinct single code points that UTF-8 can encode, so every id decodes to text."""
+    if not chars:
+        raise MinigptError("a char tokenizer needs at least one character")
+    bad = next((c for c in chars if not (isinstance(c, str) and len(c) == 1)), None)
+    if bad is not None:
+        raise MinigptError(f"char tokenizer symbols must be single characters, not {shorten(bad)}")
+    surrogate = next((c for c in chars if 0xD800 <= ord(c) <= 0xDFFF), None)
+    if surrogate is not None:
+        raise MinigptError(
+            f"char tokenizer symbol {surrogate!r} is a lone surrogate (U+{ord(surrogate):04X}), "
+            f"which is not text: no UTF-8 file holds it"
+        )
+    if len(set(chars)) != len(chars):
+        raise MinigptError("char tokenizer characters must be distinct")
+
+
 class _RankedBPE(Tokenizer):
     """A byte-level BPE given by mergeable ranks, a split pattern and special tokens, run by tiktoken."""
 
     def __init__(self, name: str, pattern: str, ranks: dict[bytes, int], specials: dict[str, int]) -> None:
-        missing = [b for b in range(256) if bytes([b]) not in ranks]
-        if missing:
-            # tiktoken would panic on text containing such a byte; a byte-level BPE has all 256
-            raise MinigptError(
-                f"tokenizer {name!r} lacks single-byte token(s) for {len(missing)} byte value(s) "
-                f"(e.g. {missing[0]}): not a byte-level BPE"
-            )
-        taken = set(ranks.values())
-        if len(taken) != len(ranks) or min(taken) < 0:
-            raise MinigptError(f"tokenizer {name!r}: token ranks must be distinct non-negative integers")
-        clash = [s for s, i in specials.items() if i in taken or i < 0]
-        if clash or len(set(specials.values())) != len(specials):
-            raise MinigptError(f"tokenizer {name!r}: special token ids collide with ordinary tokens")
+        check_split_pattern(pattern)
+        _check_ids(ranks, specials)
         self.name = name
         self.pattern = pattern
         self.ranks = ranks
         self.specials = dict(specials)
-        self._enc = _tiktoken_encoding(name, pattern, ranks, self.specials)
+        import tiktoken
+
+        self._enc = tiktoken.Encoding(
+            name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
+        )
 
     @property
     def encoding(self) -> tiktoken.Encoding:
@@ -389,38 +425,69 @@ class _RankedBPE(Tokenizer):
 
     @staticmethod
     def _parse_json(data: dict[str, Any]) -> tuple[str, str, dict[bytes, int], dict[str, int]]:
-        kind = data.get("kind")
         name, pattern, table, specials = (data.get(k) for k in ("name", "pattern", "ranks", "specials"))
-        ok = (
-            isinstance(name, str)
-            and isinstance(pattern, str)
-            and isinstance(table, list)
-            and isinstance(specials, dict)
-            and all(isinstance(k, str) and isinstance(v, int) for k, v in specials.items())
-        )
-        if not ok:
-            raise MinigptError(f"tokenizer.json: a {kind} tokenizer needs name, pattern, ranks and specials")
+        types_ok = isinstance(name, str) and isinstance(pattern, str) and isinstance(specials, dict)
+        if not (types_ok and isinstance(table, list)):
+            raise MinigptError(f"a {data.get('kind')} tokenizer needs name, pattern, ranks and specials")
+        if len(table) > MAX_VOCAB_SIZE:
+            raise MinigptError(
+                f"{len(table):,} ranks are more than a tokenizer may have ({MAX_VOCAB_SIZE:,})"
+            )
         ranks: dict[bytes, int] = {}
         try:
             for rank, token in enumerate(table):
                 if token is not None:
-                    ranks[base64.b64decode(token, validate=True)] = rank
+                    _add_rank(ranks, base64.b64decode(token, validate=True), rank)
         except (binascii.Error, TypeError, ValueError):
-            raise MinigptError(f"tokenizer.json: rank {rank} is not base64 token bytes") from None
+            raise MinigptError(f"rank {rank} is not base64 token bytes") from None
         return name, pattern, ranks, specials
 
 
-def _tiktoken_encoding(
-    name: str, pattern: str, ranks: dict[bytes, int], specials: dict[str, int]
-) -> tiktoken.Encoding:
-    import tiktoken
-
-    try:
-        return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
-    except ValueError as e:  # tiktoken reports a bad regex as ValueError
+def check_split_pattern(pattern: Any) -> None:
+    """Raise a MinigptError unless pattern is one of KNOWN_SPLIT_PATTERNS."""
+    if not (isinstance(pattern, str) and pattern in KNOWN_SPLIT_PATTERNS):
+        known = ", ".join(KNOWN_SPLIT_PATTERNS.values())
         raise MinigptError(
-            f"tokenizer {name!r}: split pattern does not compile ({e})".replace("\n", " ")
-        ) from None
+            f"split pattern {shorten(pattern)} is not one minigpt knows ({known}): "
+            f"a tokenizer file cannot bring its own regex"
+        )
+
+
+def _add_rank(ranks: dict[bytes, int], token: bytes, rank: int) -> None:
+    if token in ranks:
+        raise MinigptError(f"token {token[:20]!r} has two ranks, {ranks[token]} and {rank}")
+    ranks[token] = rank
+
+
+def _is_id(i: Any) -> bool:
+    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_VOCAB_SIZE
+
+
+def _check_ids(ranks: dict[bytes, int], specials: dict[str, int]) -> None:
+    """Ids tiktoken can hold and a model can embed: distinct, in range, dense, all 256 byte tokens."""
+    if not all(isinstance(t, bytes) and t for t in ranks):
+        raise MinigptError("ranked tokens must be non-empty byte strings")
+    if not all(isinstance(s, str) and s for s in specials):
+        raise MinigptError("special token names must be non-empty strings")
+    ids = [*ranks.values(), *specials.values()]
+    bad = [i for i in ids if not _is_id(i)]
+    if bad:
+        raise MinigptError(f"token id {shorten(bad[0])} is not an integer in 0..{MAX_VOCAB_SIZE - 1:,}")
+    if len(set(ids)) != len(ids):
+        raise MinigptError("token ids must be distinct, special tokens' included")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        # tiktoken would panic on text containing such a byte; a byte-level BPE has all 256
+        raise MinigptError(
+            f"lacks single-byte token(s) for {len(missing)} byte value(s) (e.g. {missing[0]}): "
+            f"not a byte-level BPE"
+        )
+    unused = max(ids) + 1 - len(ids)
+    if unused > MAX_UNUSED_IDS:
+        raise MinigptError(
+            f"ids run to {max(ids):,} but only {len(ids):,} tokens exist: {unused:,} unused ids "
+            f"(at most {MAX_UNUSED_IDS:,})"
+        )
 
 
 class BPETokenizer(_RankedBPE):
@@ -446,6 +513,7 @@ class BPETokenizer(_RankedBPE):
         A small text may run out of pairs to merge first; the vocabulary is then smaller.
         """
         check_bpe_vocab_size(vocab_size)
+        check_split_pattern(pattern)
         import rustbpe
 
         seen = False
@@ -499,10 +567,10 @@ class TiktokenTokenizer(_RankedBPE):
             looked.append(str(path))
             if not path.is_file():
                 continue
-            data = path.read_bytes()
+            data = read_bounded(path)
             if hashlib.sha256(data).hexdigest() != spec.sha256:
                 continue  # a stale or partial download: tiktoken would fetch it again
-            return cls(spec.name, spec.pattern, _parse_tiktoken_ranks(data, path), spec.specials)
+            return cls(spec.name, spec.pattern, _parse_tiktoken_ranks(data), spec.specials)
         where = (
             ", ".join(dict.fromkeys(str(Path(p).parent) for p in looked))
             or "nowhere: TIKTOKEN_CACHE_DIR is empty"
@@ -519,20 +587,18 @@ class TiktokenTokenizer(_RankedBPE):
         other file gets GPT-2's split pattern (unless `pattern` is given) and <|endoftext|> after the ranks.
         """
         path = Path(path)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise MinigptError(f"{path}: no such .tiktoken file; choose from {TOKENIZER_CHOICES}") from None
-        except IsADirectoryError:
-            raise MinigptError(f"{path} is a directory, not a .tiktoken ranks file") from None
-        except OSError as e:
-            raise MinigptError(f"cannot read {path}: {e.strerror}") from None
-        ranks = _parse_tiktoken_ranks(data, path)
-        digest = hashlib.sha256(data).hexdigest()
-        known = next((e for e in NAMED_ENCODINGS.values() if e.sha256 == digest and e.name != "gpt2"), None)
-        if known is not None:
-            return cls(known.name, pattern or known.pattern, ranks, known.specials)
-        return cls(path.stem, pattern or GPT2_SPLIT_PATTERN, ranks, {ENDOFTEXT: max(ranks.values()) + 1})
+        if not path.exists():
+            raise MinigptError(f"{path}: no such .tiktoken file; choose from {TOKENIZER_CHOICES}")
+        data = read_bounded(path)
+        with naming(path, "pass a .tiktoken ranks file"):
+            ranks = _parse_tiktoken_ranks(data)
+            digest = hashlib.sha256(data).hexdigest()
+            known = next(
+                (e for e in NAMED_ENCODINGS.values() if e.sha256 == digest and e.name != "gpt2"), None
+            )
+            if known is not None:
+                return cls(known.name, pattern or known.pattern, ranks, known.specials)
+            return cls(path.stem, pattern or GPT2_SPLIT_PATTERN, ranks, {ENDOFTEXT: max(ranks.values()) + 1})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TiktokenTokenizer:
@@ -555,46 +621,62 @@ def _cache_candidates(spec: NamedEncoding) -> list[Path]:
     return [Path(d) / n for d in dirs if d for n in names]
 
 
-def _parse_tiktoken_ranks(data: bytes, path: Path) -> dict[bytes, int]:
+def _parse_tiktoken_ranks(data: bytes) -> dict[bytes, int]:
     # our own reader: tiktoken.load would also copy a local file into its cache directory
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
+            b64, number = line.split()
+            token, rank = base64.b64decode(b64, validate=True), int(number)
         except (ValueError, binascii.Error):
-            raise MinigptError(
-                f"{path}:{lineno}: not a .tiktoken ranks file (each line must be 'base64-token rank')"
-            ) from None
+            raise MinigptError(f"line {lineno} is not 'base64-token rank'") from None
+        _add_rank(ranks, token, rank)
+        if len(ranks) > MAX_VOCAB_SIZE:
+            raise MinigptError(f"more ranks than a tokenizer may have ({MAX_VOCAB_SIZE:,})")
     if not ranks:
-        raise MinigptError(f"{path} is empty: not a .tiktoken ranks file")
+        raise MinigptError("the file is empty")
     return ranks
 
 
-def tokenizer_from_json(data: dict[str, Any]) -> Tokenizer:
-    """Rebuild a tokenizer from what `Tokenizer.to_json` wrote."""
-    kind = data.get("kind") if isinstance(data, dict) else None
-    if kind == "char":
-        chars = data.get("chars")
-        if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
-            raise MinigptError("tokenizer.json: a char tokenizer needs a list of single characters")
-        return CharTokenizer(chars)
-    if kind == "bpe":
-        return BPETokenizer.from_json(data)
-    if kind == "tiktoken":
-        return TiktokenTokenizer.from_json(data)
-    raise MinigptError(f"tokenizer.json: unknown tokenizer kind {kind!r}")
+def tokenizer_from_json(data: Any, source: str | Path = "tokenizer.json") -> Tokenizer:
+    """Rebuild a tokenizer from what `Tokenizer.to_json` wrote, checked through: anything else is a
+    one-line MinigptError naming `source`.
+    """
+    with naming(source, "the file is damaged or was not written by minigpt"):
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind == "char":
+            chars = data.get("chars")
+            if not isinstance(chars, list):
+                raise MinigptError("a char tokenizer needs a list of characters")
+            return CharTokenizer(chars)
+        if kind == "bpe":
+            return BPETokenizer.from_json(data)
+        if kind == "tiktoken":
+            return TiktokenTokenizer.from_json(data)
+        raise MinigptError(f"unknown tokenizer kind {shorten(kind)}")
+
+
+def load_tokenizer_file(path: Path) -> Tokenizer:
+    """The tokenizer a minigpt tokenizer.json holds, read with a size bound and checked through."""
+    return tokenizer_from_json(read_json(path), path)
 
 
 def tokenizer_kind(spec: str) -> str:
     """'char', 'bpe' or 'tiktoken' for a --tokenizer value (a UsageError for anything else)."""
     if spec in ("char", "bpe"):
         return spec
-    if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or Path(spec).is_file():
+    if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or _is_file(spec):
         return "tiktoken"
     raise UsageError(f"unknown --tokenizer {spec!r}; choose {TOKENIZER_CHOICES}")
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except OSError:  # e.g. a name too long for the filesystem: no file by that name
+        return False
 
 
 def build_tokenizer(

@@ -74,6 +74,7 @@ class TrainConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         self._check_counts()
         self._check_rates()
         if self.preset is not None:
@@ -129,6 +130,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        if not isinstance(data, dict):
+            raise UsageError("the train settings are not a JSON object")
         known = {f.name for f in fields(cls)}
         data = {"schedule": "cosine", **data}  # runs saved before schedules existed decayed by cosine
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -152,6 +155,32 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 shape[name] = getattr(self, name)
         return GPTConfig(vocab_size=vocab_size, dropout=self.dropout, bias=self.bias, **shape)
+
+
+_KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "text"}
+
+
+def _check_field_types(config: Any) -> None:
+    """Every field holds its declared type (read from config.json, a field may hold anything), numbers
+    are finite (a NaN compares false with every bound, so range checks alone let it through), and seeds
+    and counts fit the 64-bit integers torch takes."""
+    for f in fields(config):
+        value, kind = getattr(config, f.name), str(f.type)
+        if value is None and "None" in kind:
+            continue
+        if kind.startswith("bool"):
+            ok = isinstance(value, bool)
+        elif kind.startswith("int"):
+            ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63
+        elif kind.startswith("float"):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            wanted = next(w for k, w in _KIND_WORDS.items() if kind.startswith(k))
+            raise UsageError(f"{f.name} must be {wanted}, got {value!r}")
+    if not 0 <= config.seed < 2**63:
+        raise UsageError(f"seed must be in 0..2**63-1, got {config.seed}")
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)

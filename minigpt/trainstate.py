@@ -63,8 +63,25 @@ class Trainables:
             out["rng/cuda"] = torch.cuda.get_rng_state()
         return out
 
+    def check(self, tensors: dict[str, torch.Tensor], source: Any) -> None:
+        """Refuse a state file whose optimizer moments, sampler or RNG state do not fit this model and
+        optimizer, before any of it is loaded: the fused AdamW kernel would run past a short moment and
+        crash the process rather than raise."""
+        params = dict(self.model.named_parameters())
+        for key, value in tensors.items():
+            if key.startswith("optim/"):
+                name, _, slot = key.removeprefix("optim/").rpartition("/")
+                _check_moment(key, value, params.get(name), slot, source)
+            elif not key.startswith(("model/", "sampler/", "rng/")):
+                raise MinigptError(f"{source}: unexpected tensor {key!r}; is this a minigpt training state?")
+        rng = tensors.get("rng/torch")
+        like = torch.get_rng_state()
+        if rng is None or rng.dtype != like.dtype or rng.shape != like.shape:
+            raise MinigptError(f"{source}: the saved random number generator state is missing or damaged")
+
     def restore(self, tensors: dict[str, torch.Tensor], source: Any) -> None:
         """Put back everything tensors() captured (`source` names the file in errors)."""
+        self.check(tensors, source)
         weights = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
         restored = build_model(self.model.config, weights, source, "cpu")
         with torch.no_grad():
@@ -84,6 +101,24 @@ class Trainables:
         torch.set_rng_state(tensors["rng/torch"])
         if "rng/cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng/cuda"])
+
+
+def _check_moment(key: str, value: torch.Tensor, param: torch.Tensor | None, slot: str, source: Any) -> None:
+    if param is None:
+        raise MinigptError(f"{source}: optimizer state {key!r} belongs to no parameter of this model")
+    if slot == "step":
+        ok = (
+            value.numel() == 1
+            and value.is_floating_point()
+            and bool(torch.isfinite(value).all() and value >= 0)
+        )
+    else:
+        ok = value.shape == param.shape and value.is_floating_point()
+    if not ok:
+        raise MinigptError(
+            f"{source}: optimizer state {key!r} has shape {list(value.shape)} ({value.dtype}), which does not "
+            f"fit its parameter of shape {list(param.shape)}; the file is damaged: restore it or start a new run"
+        )
 
 
 def save_checkpoint(
@@ -107,6 +142,13 @@ def load_checkpoint(rundir: RunDir, parts: Trainables) -> TrainState:
     tensors, meta = rundir.load_state()
     parts.restore(tensors, rundir.state_path)
     try:
-        return TrainState(**json.loads(meta["state"]))
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        state = TrainState(**json.loads(meta["state"]))
+    except (KeyError, TypeError, json.JSONDecodeError, RecursionError) as e:
         raise MinigptError(f"{rundir.state_path} has an unreadable training state ({e})") from None
+    counts = (state.step, state.tokens, state.best_step + 1, state.world_size - 1)
+    numbers = (state.elapsed, state.best_val_loss, state.time_budget_from)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts) or not all(
+        isinstance(x, int | float) and x >= 0 for x in numbers
+    ):
+        raise MinigptError(f"{rundir.state_path} has an impossible training state (step, tokens or times)")
+    return state

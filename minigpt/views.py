@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from minigpt.files import to_json
-from minigpt.params import ParamReport
+from minigpt.params import ParamReport, Row
 from minigpt.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -34,6 +34,20 @@ def human_count(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def _rows_table(
+    title: str, first: str, rows: list[Row], total_name: str, total: int, signed: bool = False
+) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column(first)
+    table.add_column("Formula", style="dim")
+    table.add_column("Parameters", justify="right")
+    for row in rows:
+        table.add_row(row.name, row.formula, f"{row.count:+,}" if signed else f"{row.count:,}")
+    table.add_section()
+    table.add_row(Text(total_name, style="bold"), "", Text(f"{total:,}", style="bold"))
+    return table
+
+
 def params_view(report: ParamReport, title: str, stored_total: int | None = None) -> Group:
     """The GPT-3 style table, the reconciliation with the module, and derived costs."""
     c = report.config
@@ -42,23 +56,14 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
         f"d_ff={c.d_ff} vocab_size={c.vocab_size:,} block_size={c.block_size:,} "
         f"bias={c.bias} tied={c.tie_embeddings}"
     )
-    table = Table(title=f"Parameters of {title}", caption=shape, title_justify="left")
-    table.add_column("Part")
-    table.add_column("Formula", style="dim")
-    table.add_column("Parameters", justify="right")
-    for row in report.rows:
-        table.add_row(row.name, row.formula, f"{row.count:,}")
-    table.add_section()
-    table.add_row(Text("Total (GPT-3 style)", style="bold"), "", Text(f"{report.gpt3_total:,}", style="bold"))
-
-    recon = Table(title="Reconciliation with the module minigpt builds", title_justify="left")
-    recon.add_column("Adjustment")
-    recon.add_column("Formula", style="dim")
-    recon.add_column("Parameters", justify="right")
-    for row in report.adjustments:
-        recon.add_row(row.name, row.formula, f"{row.count:+,}")
-    recon.add_section()
-    recon.add_row(Text("Exact total", style="bold"), "", Text(f"{report.exact_total:,}", style="bold"))
+    table = _rows_table(
+        f"Parameters of {title}", "Part", report.rows, "Total (GPT-3 style)", report.gpt3_total
+    )
+    table.caption = shape
+    recon = _rows_table(
+        "Reconciliation with the module minigpt builds", "Adjustment", report.adjustments, "Exact total",
+        report.exact_total, signed=True,
+    )  # fmt: skip
     if stored_total is not None:
         ok = stored_total == report.exact_total
         mark = Text("✓ matches" if ok else "✗ differs", style="green" if ok else "bold red")

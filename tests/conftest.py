@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -14,6 +15,13 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 
 # keep tests reproducible and light on the 2-core machines
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The same examples on every run and machine, so a failure CI finds reproduces anywhere (print_blob adds
+# the @reproduce_failure line); HYPOTHESIS_PROFILE=default explores new random examples instead.
+settings.register_profile(
+    "ci", derandomize=True, database=None, max_examples=200, deadline=None, print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Attention patterns: the explicit replay against SDPA and the model's logits, labels, and the CLI views."""
+"""Attention patterns: the explicit probabilities against SDPA and the model's logits, labels, and the CLI views."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minigpt.attention import (
     attention_maps,
@@ -25,7 +26,7 @@ from minigpt.attention import (
 from minigpt.cli import app
 from minigpt.config import GPTConfig
 from minigpt.errors import UsageError
-from minigpt.model import GPT
+from minigpt.model import GPT, attend, block, linear, norm, qkv
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer, Tokenizer
 
@@ -86,36 +87,29 @@ def test_patterns_are_causal_distributions(bias: bool) -> None:
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_weights_times_values_reproduce_sdpa_output(bias: bool) -> None:
-    """The replayed weights @ V through c_proj equal what each attention module (SDPA) gives in forward."""
+    """The shown weights @ V through c_proj equal what each layer's fused attention (SDPA) gives in forward."""
     model = tiny_model(50, bias=bias)
     ids = torch.randint(0, 50, (24,)).tolist()
-    inputs: dict[int, torch.Tensor] = {}
-    outputs: dict[int, torch.Tensor] = {}
-
-    def capture(layer: int) -> Any:
-        def hook(module: Any, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-            inputs[layer], outputs[layer] = args[0], out
-
-        return hook
-
-    hooks = [block.attn.register_forward_hook(capture(i)) for i, block in enumerate(model.transformer.h)]
-    with torch.no_grad():
-        model(torch.tensor([ids]))
-    for h in hooks:
-        h.remove()
     weights = attention_maps(model, ids).weights
-    for i, block in enumerate(model.transformer.h):
-        _, _, v = block.attn.qkv(inputs[i])
-        y = (weights[i].unsqueeze(0) @ v).transpose(1, 2).reshape(1, 24, 32)
-        torch.testing.assert_close(block.attn.c_proj(y), outputs[i], atol=1e-5, rtol=1e-4)
+    w = model.weights()
+    with torch.no_grad():
+        x = F.embedding(torch.tensor([ids]), w.wte) + w.wpe[:24]
+        for i, b in enumerate(w.h):
+            inputs = norm(b.ln_1, x)
+            _, _, v = qkv(b.attn, inputs)
+            y = (weights[i].unsqueeze(0) @ v).transpose(1, 2).reshape(1, 24, 32)
+            torch.testing.assert_close(
+                linear(b.attn.c_proj, y), attend(b.attn, inputs, i), atol=1e-5, rtol=1e-4
+            )
+            x = block(b, x, i)
 
 
-def test_replay_reproduces_logits_and_leaves_the_model_alone() -> None:
+def test_maps_reproduce_logits_and_leave_the_model_alone() -> None:
     model = tiny_model(50, dropout=0.3)
     ids = torch.randint(0, 50, (30,)).tolist()
     with torch.no_grad():
         ref, _ = model(torch.tensor([ids]), all_logits=True)
-    model.train()  # dropout on: the replay must still be deterministic inference
+    model.train()  # dropout on: the maps must still be deterministic inference
     maps = attention_maps(model, ids)
     assert model.training
     torch.testing.assert_close(maps.logits, ref[0], atol=1e-5, rtol=1e-4)
@@ -212,6 +206,10 @@ def test_explain_last_matches_the_last_layer_row() -> None:
     assert "\n" not in line and line.startswith("L1 h0: ") and " │ h3: " in line
     a = focus[0].top[0]
     assert f"{a.label}@{a.position} {a.weight:.0%}" in line
+    wrapped = format_explain(focus, width=60, indent=11)
+    lines = wrapped.split("\n")
+    assert len(lines) > 1 and all(11 + len(x.lstrip()) <= 60 for x in lines)
+    assert [x.strip() for x in " │ ".join(x.strip() for x in lines).split(" │ ")] == line.split(" │ ")
 
 
 def test_explain_last_crops_to_block_size_and_keeps_positions() -> None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +175,31 @@ def test_encoding_option_and_replacement(tmp_path: Path) -> None:
     assert "\ufffd" in ds.tokenizer.chars
 
 
+@pytest.mark.parametrize("encoding", ["bogus", "base64", "hex", "zlib", "rot13", "uu", "undefined"])
+def test_encoding_must_decode_bytes_to_text(encoding: str) -> None:
+    with pytest.raises(UsageError, match=f"--encoding '{encoding}'") as e:
+        DataConfig(paths=(Path("a.txt"),), encoding=encoding)
+    assert "\n" not in str(e.value) and "utf-8" in str(e.value)
+
+
+@pytest.mark.parametrize("encoding, raw", [("unicode_escape", b"\\ud800"), ("utf-7", b"+2AA-")])
+def test_lone_surrogates_a_decoder_yields_follow_encoding_errors(
+    tmp_path: Path, encoding: str, raw: bytes
+) -> None:
+    path = write(tmp_path / "a.txt", b"plain words and " * 40 + raw + b" more words" * 40)
+    with pytest.raises(MinigptError, match=f"{path}: decoding it as {encoding} gives a lone surrogate") as e:
+        prepare_data(config(tmp_path, path, encoding=encoding), 8, progress=False)
+    assert_one_line_and_nothing_written(e, tmp_path)
+    replaced = prepare_data(config(tmp_path, path, encoding=encoding, errors="replace"), 8, progress=False)
+    assert "\ufffd" in replaced.tokenizer.chars
+    dropped = prepare_data(config(tmp_path, path, encoding=encoding, errors="ignore"), 8, progress=False)
+    assert set(dropped.tokenizer.chars) == set("plain words and more")
+    bpe = prepare_data(
+        config(tmp_path, path, encoding=encoding, errors="replace", tokenizer="bpe"), 8, progress=False
+    )
+    assert bpe.tokenizer.decode(np.concatenate([bpe.train, bpe.val]).tolist()).count("\ufffd") == 1
+
+
 # ---------------------------------------------------------------------------------------------- cache
 
 
@@ -217,6 +248,91 @@ def test_damaged_cache_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> No
         f.truncate(100)  # e.g. a crash or a full disk
     again = prepare_data(cfg, 16, progress=False)
     assert counted["encode"] == 2 and np.array_equal(np.concatenate([again.train, again.val]), expected)
+
+
+def cache_entry(tmp_path: Path) -> tuple[Path, Path]:
+    (bin_path,) = (tmp_path / "cache" / "tokens").glob("*.bin")
+    return bin_path, bin_path.with_suffix(".json")
+
+
+def test_same_size_garbage_cache_is_rebuilt(
+    tmp_path: Path, counted: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    expected = prepare_data(cfg, 16, progress=False).tokenizer.encode(make_text(2000))
+    bin_path, _ = cache_entry(tmp_path)
+    bin_path.write_bytes(np.random.default_rng(0).bytes(bin_path.stat().st_size))
+    again = prepare_data(cfg, 16)
+    assert counted["encode"] == 2 and np.concatenate([again.train, again.val]).tolist() == expected
+    assert f"cached training tokens {bin_path} fail their check" in capsys.readouterr().err
+
+
+def test_cache_with_ids_past_the_vocabulary_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> None:
+    """Even with a checksum that matches (written by hand), ids the tokenizer lacks are never used."""
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    vocab = prepare_data(cfg, 16, progress=False).tokenizer.vocab_size
+    bin_path, meta_path = cache_entry(tmp_path)
+    tokens = np.fromfile(bin_path, dtype=np.uint16)
+    tokens[5] = vocab
+    tokens.tofile(bin_path)
+    meta = json.loads(meta_path.read_text())
+    meta["blake2b"] = hashlib.blake2b(bin_path.read_bytes(), digest_size=16).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    again = prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2 and int(np.concatenate([again.train, again.val]).max()) < vocab
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"tokens": "many"},
+        {"tokens": True},
+        {"dtype": "object"},
+        {"text_bytes": 0},
+        {"blake2b": None},
+        {"format": 0},
+    ],
+)
+def test_cache_meta_with_bad_fields_is_rebuilt(
+    tmp_path: Path, counted: dict[str, int], damage: dict[str, object]
+) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    prepare_data(cfg, 16, progress=False)
+    _, meta_path = cache_entry(tmp_path)
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | damage))
+    prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2
+
+
+@pytest.mark.parametrize("planted", ["bin", "meta"])
+def test_fifo_in_the_cache_is_never_opened(tmp_path: Path, counted: dict[str, int], planted: str) -> None:
+    cfg = config(tmp_path, write(tmp_path / "a.txt", make_text(2000)))
+    prepare_data(cfg, 16, progress=False)
+    bin_path, meta_path = cache_entry(tmp_path)
+    if planted == "bin":  # with a meta whose size check a FIFO (size 0) passes
+        meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"tokens": 0}))
+    fifo = bin_path if planted == "bin" else meta_path
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it for reading would block until a writer came
+    prepare_data(cfg, 16, progress=False)
+    assert counted["encode"] == 2 and fifo.is_file()
+
+
+def test_stale_temp_files_of_dead_writers_on_this_machine_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tokens = tmp_path / "cache" / "tokens"
+    host = socket.gethostname()
+    names = {
+        "dead": f".abc.bin.{dead.pid}@{host}.tmp",
+        "alive": f".abc.bin.{os.getpid()}@{host}.tmp",  # a concurrent writer: this process
+        "elsewhere": f".abc.json.{dead.pid}@another-host.tmp",  # can't tell: may be running
+        "not ours": ".notes.tmp",
+    }
+    for name in names.values():
+        write(tokens / name, "partial")
+    prepare_data(config(tmp_path, write(tmp_path / "a.txt", make_text(2000))), 16, progress=False)
+    assert sorted(p.name for p in tokens.glob(".*")) == sorted(v for k, v in names.items() if k != "dead")
 
 
 def test_progress_messages_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -477,3 +593,18 @@ def test_default_tokenizer_is_bpe_512(tmp_path: Path) -> None:
     from minigpt.tokenizer import DEFAULT_BPE_VOCAB_SIZE
 
     assert DEFAULT_BPE_VOCAB_SIZE == 512
+
+
+def test_inputs_are_recorded_by_content_and_changes_are_named(tmp_path: Path) -> None:
+    from minigpt.data import changed_inputs
+
+    (tmp_path / "a.txt").write_text("hello world, " * 400)
+    data = prepare_data(DataConfig(paths=(tmp_path / "a.txt",), tokenizer="char"), 8, progress=False)
+    (record,) = data.inputs
+    assert record["path"] == str((tmp_path / "a.txt").resolve()) and record["role"] == "train"
+    assert len(record["sha256"]) == 64 and record["bytes"] == (tmp_path / "a.txt").stat().st_size
+    moved = [{**record, "path": "/elsewhere/a.txt"}]
+    assert changed_inputs(moved, data.inputs) is None  # the same text at another place
+    assert changed_inputs([], data.inputs) is None  # runs saved before inputs were recorded
+    edited = [{**record, "sha256": "0" * 64}]
+    assert changed_inputs(edited, data.inputs) == "changed or missing: a.txt; new: a.txt"

@@ -27,3 +27,5 @@ def test_demo_trains_generates_and_counts(runner, tmp_path: Path) -> None:
     assert (out / RunDir.WEIGHTS).is_file()
     assert "1/3 training" in result.stderr and "2/3 generating" in result.stderr
     assert "Total (GPT-3 style)" in result.stdout and "✓ matches" in result.stdout
+    assert "tokens/s" in result.stderr and "trained on pydoc_topics.txt" in result.stdout
+    assert "step" in result.stderr  # the training progress shows, as under `minigpt train`

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sampling import SCRIPT, ByteTokenizer, bigram_model
+from test_decode import SCRIPT, ByteTokenizer, bigram_model
 
-from minigpt.cli import SAMPLE_SEPARATOR, app
+from minigpt.cli import app
 from minigpt.config import GPTConfig
+from minigpt.decode import SAMPLE_SEPARATOR
 from minigpt.model import GPT
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
@@ -151,7 +152,8 @@ def test_prompt_sources_agree(runner, run_dir: Path, tmp_path: Path) -> None:
 def test_default_model_is_the_latest_run(runner, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     old, new = make_run(tmp_path / "checkpoints" / "old"), make_run(tmp_path / "checkpoints" / "new")
-    os.utime(old / RunDir.WEIGHTS, (1, 1))
+    for f in old.iterdir():  # the newest run is the one that changed last, whichever file changed
+        os.utime(f, (1, 1))
     result = gen(runner, "a", "-n", "5")
     ok(result)
     assert f"using {Path('checkpoints') / new.name}" in result.stderr
@@ -305,3 +307,17 @@ def test_explain_shows_attended_tokens_per_generated_token(runner, run_dir: Path
     lines = [line for line in result.stderr.splitlines() if "←" in line]
     assert len(lines) == 5 and all("L1 h0:" in line and "%" in line for line in lines)
     assert len(text) == 5  # explanations go to stderr only
+
+
+def test_greedy_shows_no_seed_and_seeds_are_range_checked(runner, run_dir: Path) -> None:
+    """-t 0 ignores the seed, so neither the summary nor --json claims one; seeds outside 0..2**63-1 and
+    a batch whose KV cache cannot fit are one-line errors before anything is generated."""
+    result = gen(runner, "-m", str(run_dir), "-t", "0", "-n", "3", "a")
+    assert ok(result) and result.stderr.rstrip().endswith(", greedy") and "seed" not in result.stderr
+    data = json.loads(ok(gen(runner, "-m", str(run_dir), "-t", "0", "-n", "3", "--json", "a")))
+    assert data["seed"] is None
+    data = json.loads(ok(gen(runner, "-m", str(run_dir), "--seed", "5", "-n", "3", "--json", "a")))
+    assert data["seed"] == 5
+    for seed in ("-1", str(2**63)):
+        one_line_error(gen(runner, "-m", str(run_dir), "--seed", seed, "a"), 2, "--seed")
+    one_line_error(gen(runner, "-m", str(run_dir), "-s", "1000000000000", "a"), 1, "lower --num-samples")

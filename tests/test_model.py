@@ -7,23 +7,24 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
-from minigpt.model import GPT
+from minigpt.model import GPT, attend, qkv
 
 TINY = GPTConfig(vocab_size=53, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
 
-def manual_attention(attn, x: torch.Tensor) -> torch.Tensor:
+def manual_attention(w, x: torch.Tensor) -> torch.Tensor:
     """Plain matmul-softmax causal attention, the textbook reference for SDPA."""
     B, T, C = x.shape
-    q, k, v = attn.qkv(x)
+    q, k, v = qkv(w, x)
     att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
     att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     y = (att @ v).transpose(1, 2).reshape(B, T, C)
-    return attn.c_proj(y)
+    return F.linear(y, w.c_proj.weight, w.c_proj.bias)
 
 
 def test_forward_shapes() -> None:
@@ -55,9 +56,13 @@ def test_causality() -> None:
 def test_sdpa_matches_manual_attention(bias: bool) -> None:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=53, block_size=16, n_layer=1, n_head=4, n_embd=32, bias=bias)
-    attn = GPT(config).transformer.h[0].attn.eval()
+    attn = GPT(config).weights().h[0].attn
     x = torch.randn(2, 16, 32)
-    torch.testing.assert_close(attn(x), manual_attention(attn, x))
+    with torch.no_grad():
+        torch.testing.assert_close(attend(attn, x, 0), manual_attention(attn, x))
+        probs: list[torch.Tensor] = []
+        torch.testing.assert_close(attend(attn, x, 0, attention=probs), manual_attention(attn, x))
+        assert probs[0].shape == (2, 4, 16, 16)
 
 
 def test_loss_at_init_is_near_uniform() -> None:

@@ -1,33 +1,39 @@
-"""The generation engine against references: a full-recompute loop, known distributions, byte-exact text."""
+"""The decode loop and the text it streams, on both engines: window policy, KV cache, UTF-8, stop strings."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from minigpt.config import GPTConfig
-from minigpt.errors import MinigptError, UsageError
-from minigpt.model import GPT
-from minigpt.sampling import (
-    DecodeStep,
+from minigpt.decode import (
+    SAMPLE_SEPARATOR,
+    Engine,
     Generation,
-    KVCache,
+    Sampling,
     TextStream,
     check_sampling,
-    decode_tokens,
+    decode,
     default_slide,
     encode_prompt,
     generate,
     generate_uncached,
-    make_generator,
     resolve_slide,
-    sample_next,
     window_drop,
+    write_text,
 )
+from minigpt.engines.numpy import NumpyEngine
+from minigpt.engines.torch import TorchEngine
+from minigpt.errors import MinigptError, UsageError
+from minigpt.kvcache import KVCache
+from minigpt.model import GPT
 from minigpt.tokenizer import CharTokenizer, Tokenizer
+from minigpt.weights import model_tensors
 
 TINY = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
@@ -102,8 +108,13 @@ def tiny_model(seed: int = 0, config: GPTConfig = TINY, scale: float = 50.0) -> 
     return model
 
 
-def cached(model: GPT, idx: torch.Tensor, n: int, **kw: Any) -> torch.Tensor:
-    return torch.stack(list(decode_tokens(model, idx, n, **kw)), dim=1)
+def numpy_twin(model: GPT) -> NumpyEngine:
+    """The NumPy engine over the very weights of `model`, named as a run's weights file names them."""
+    return NumpyEngine(model.config, {k: v.detach().float().numpy() for k, v in model_tensors(model).items()})
+
+
+# the engines, by backend name: every loop test runs on both
+ENGINES: dict[str, Callable[[GPT], Engine]] = {"torch": TorchEngine, "numpy": numpy_twin}
 
 
 def nanogpt_loop(model: GPT, idx: torch.Tensor, n: int) -> torch.Tensor:
@@ -116,90 +127,15 @@ def nanogpt_loop(model: GPT, idx: torch.Tensor, n: int) -> torch.Tensor:
     return idx
 
 
-# --- KV cache -------------------------------------------------------------------------------------------
+def rows(steps: list[list[int]]) -> list[list[int]]:
+    """Per-step tokens of every row (what the loops give) as one token list per row."""
+    return [list(row) for row in zip(*steps, strict=True)]
 
 
-def test_kv_cache_writes_in_place_and_returns_views() -> None:
-    cache = KVCache(n_layer=2, batch=3, n_head=2, block_size=8, head_dim=4)
-    k, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
-    k_all, v_all = cache.update(1, k, v)
-    assert k_all.shape == (3, 2, 5, 4) and k_all.data_ptr() == cache.k[1].data_ptr()
-    torch.testing.assert_close(k_all, k)
-    torch.testing.assert_close(v_all, v)
-    assert cache.pos == 0  # only GPT.forward advances, once for all layers
-    cache.advance(5)
-    k2 = torch.randn(3, 2, 1, 4)
-    k_all, _ = cache.update(1, k2, k2)
-    torch.testing.assert_close(k_all, torch.cat([k, k2], dim=2))
-    with pytest.raises(UsageError, match="overflow"):
-        cache.update(0, torch.randn(3, 2, 4, 4), torch.randn(3, 2, 4, 4))
-    cache.reset()
-    assert cache.pos == 0
+GREEDY = Sampling(temperature=0.0)
 
 
-def test_kv_cache_broadcasts_a_one_row_prefill() -> None:
-    cache = KVCache(n_layer=1, batch=4, n_head=2, block_size=8, head_dim=4)
-    k = torch.randn(1, 2, 3, 4)
-    k_all, _ = cache.update(0, k, k)
-    assert k_all.shape == (1, 2, 3, 4)
-    torch.testing.assert_close(cache.k[0, :, :, :3], k.expand(4, -1, -1, -1))
-    cache.advance(3)
-    with pytest.raises(UsageError, match="rows"):
-        cache.update(0, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
-
-
-def test_kv_cache_follows_the_model_dtype() -> None:
-    model = tiny_model().to(torch.bfloat16)
-    cache = KVCache.for_model(model, 2)
-    assert cache.k.dtype == torch.bfloat16 and cache.k.shape == (2, 2, 2, 16, 16)
-
-
-def test_cached_forward_matches_full_forward() -> None:
-    model = tiny_model(scale=1.0)
-    idx = torch.randint(0, TINY.vocab_size, (2, 12))
-    full, _ = model(idx, all_logits=True)
-    cache = KVCache.for_model(model, 2)
-    first, _ = model(idx[:, :7], kv_cache=cache, all_logits=True)
-    second, _ = model(idx[:, 7:9], kv_cache=cache, all_logits=True)  # several new tokens at once
-    steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(9, 12)]
-    torch.testing.assert_close(torch.cat([first, second, torch.stack(steps, 1)], 1), full)
-
-
-@pytest.mark.parametrize(("bias", "tied"), [(True, True), (False, False)])
-def test_decode_step_matches_gpt_forward(bias: bool, tied: bool) -> None:
-    config = GPTConfig(
-        vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_embeddings=tied
-    )
-    model = tiny_model(config=config, scale=10.0)  # activations of order 1: GELU's tanh form shows
-    idx = torch.randint(0, config.vocab_size, (3, 10))
-    want_cache, got_cache = KVCache.for_model(model, 3), KVCache.for_model(model, 3)
-    model(idx[:, :6], kv_cache=want_cache)
-    model(idx[:, :6], kv_cache=got_cache)
-    step = DecodeStep(model)
-    for t in range(6, 10):
-        want, _ = model(idx[:, t : t + 1], kv_cache=want_cache)
-        torch.testing.assert_close(step(idx[:, t], got_cache), want)
-    assert got_cache.pos == want_cache.pos == 10
-    torch.testing.assert_close(got_cache.k, want_cache.k)
-    torch.testing.assert_close(got_cache.v, want_cache.v)
-    assert DecodeStep.supports(model) and not DecodeStep.supports(model.train())
-
-
-def test_any_model_with_the_cache_protocol_decodes_the_same() -> None:
-    class Subclass(GPT):  # not exactly GPT: the engine steps through GPT.forward instead of DecodeStep
-        pass
-
-    model = tiny_model(9)
-    other = Subclass(TINY).eval()
-    other.load_state_dict(model.state_dict())
-    assert not DecodeStep.supports(other)
-    idx = torch.randint(0, TINY.vocab_size, (2, 5))
-    n = 2 * TINY.block_size
-    want = generate_uncached(model, idx, n)
-    assert torch.equal(cached(other, idx, n), want) and torch.equal(cached(model, idx, n), want)
-
-
-# --- windowing ------------------------------------------------------------------------------------------
+# --- the windowing policy -------------------------------------------------------------------------------
 
 
 def test_window_policy() -> None:
@@ -211,109 +147,113 @@ def test_window_policy() -> None:
     assert window_drop(16, 16, 4) == 0 and window_drop(17, 16, 4) == 4
 
 
-@pytest.mark.parametrize("slide", [1, None, 5, 16])
-@pytest.mark.parametrize("prompt_len", [3, 16, 21])
-def test_cached_equals_uncached_greedy(slide: int | None, prompt_len: int) -> None:
-    model = tiny_model(1)
-    torch.manual_seed(2)
-    idx = torch.randint(0, TINY.vocab_size, (3, prompt_len))  # batch > 1, different prompts
-    n = 3 * TINY.block_size + 5  # inside one block, then several slides past it
-    want = generate_uncached(model, idx, n, slide=slide)
-    got = cached(model, idx, n, slide=slide)
-    assert want.shape == (3, n)
-    assert torch.equal(got, want)
-    assert all(len(set(row[-TINY.block_size :])) > 3 for row in want.tolist())  # a non-trivial check
-
-
-def test_slide_one_is_nanogpts_crop_loop() -> None:
+@pytest.mark.parametrize("backend", ENGINES)
+def test_slide_one_is_nanogpts_crop_loop(backend: str) -> None:
     model = tiny_model(3)
-    idx = torch.randint(0, TINY.vocab_size, (2, 5))
+    prompts = torch.randint(0, TINY.vocab_size, (2, 5))
     n = 2 * TINY.block_size
-    want = nanogpt_loop(model, idx, n)[:, 5:]
-    assert torch.equal(cached(model, idx, n, slide=1), want)
-    assert torch.equal(generate_uncached(model, idx, n, slide=1), want)
+    want = nanogpt_loop(model, prompts, n)[:, 5:].tolist()
+    engine = ENGINES[backend](model)
+    assert rows(list(decode(engine, prompts.tolist(), n, slide=1, sampling=GREEDY))) == want
+    assert rows(generate_uncached(engine, prompts.tolist(), n, slide=1, sampling=GREEDY)) == want
 
 
-def test_slide_changes_what_the_model_sees_only_past_the_block() -> None:
-    model = tiny_model(4)
-    idx = torch.randint(0, TINY.vocab_size, (1, 4))
+@pytest.mark.parametrize("backend", ENGINES)
+def test_slide_changes_what_the_model_sees_only_past_the_block(backend: str) -> None:
+    engine = ENGINES[backend](tiny_model(4))
+    prompt = [[3, 1, 4, 1]]
     n = 3 * TINY.block_size
-    a, b = cached(model, idx, n, slide=1), cached(model, idx, n, slide=8)
+    a = list(decode(engine, prompt, n, slide=1, sampling=GREEDY))
+    b = list(decode(engine, prompt, n, slide=8, sampling=GREEDY))
     inside = TINY.block_size - 4 + 1  # tokens predicted before any slide
-    assert torch.equal(a[:, :inside], b[:, :inside])
-    assert not torch.equal(a, b)
+    assert a[:inside] == b[:inside] and a != b
 
 
-def test_num_samples_share_one_prefill() -> None:
-    model = tiny_model(5)
-    idx = torch.randint(0, TINY.vocab_size, (1, 6))
+@pytest.mark.parametrize("backend", ENGINES)
+def test_num_samples_share_one_prefill(backend: str) -> None:
+    engine = ENGINES[backend](tiny_model(5))
+    prompt = [[2, 7, 1, 8, 2, 8]]
     n = 2 * TINY.block_size
-    kw = dict(temperature=1.0, top_k=20, top_p=0.9)
-    want = generate_uncached(model, idx, n, num_samples=4, generator=make_generator(7), **kw)
-    got = cached(model, idx, n, num_samples=4, generator=make_generator(7), **kw)
-    assert got.shape == (4, n) and torch.equal(got, want)
-    assert len({tuple(row) for row in got.tolist()}) > 1  # the rows really are different samples
+    sampling = Sampling(temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    want = generate_uncached(engine, prompt, n, num_samples=4, sampling=sampling)
+    got = list(decode(engine, prompt, n, num_samples=4, sampling=sampling))
+    assert got == want and len(got) == n and len(got[0]) == 4
+    assert len({tuple(row) for row in rows(got)}) > 1  # the rows really are different samples
 
 
-# --- sampling -------------------------------------------------------------------------------------------
+def test_a_gpt_subclass_decodes_the_same() -> None:
+    class Subclass(GPT):
+        pass
+
+    model = tiny_model(9)
+    other = Subclass(TINY).eval()
+    other.load_state_dict(model.state_dict())
+    prompts = torch.randint(0, TINY.vocab_size, (2, 5)).tolist()
+    n = 2 * TINY.block_size
+    want = generate_uncached(TorchEngine(model), prompts, n, sampling=GREEDY)
+    assert list(decode(TorchEngine(other), prompts, n, sampling=GREEDY)) == want
+    assert list(decode(TorchEngine(model), prompts, n, sampling=GREEDY)) == want
 
 
-def draws(logits: list[float], n: int = 4000, seed: int = 0, **kw: Any) -> set[int]:
-    """The support of sample_next: which ids n draws from `logits` ever produce."""
-    batch = torch.tensor(logits).log().expand(n, -1)
-    return set(sample_next(batch, generator=make_generator(seed), **kw).tolist())
+def test_decode_checks_its_prompts() -> None:
+    engine = TorchEngine(tiny_model())
+    for prompts, num_samples, message in [
+        ([[1, 2], [3, 4]], 2, "needs one prompt"),
+        ([[1, 2], [3]], 1, "one length"),
+        ([[]], 1, "at least one token"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            next(decode(engine, prompts, 5, num_samples=num_samples))
 
 
-def test_top_k_and_top_p_keep_the_right_tokens() -> None:
-    probs = [0.05, 0.5, 0.15, 0.3]  # ranked: 1, 3, 2, 0
-    assert draws(probs) == {0, 1, 2, 3}
-    assert draws(probs, top_k=2) == {1, 3}
-    assert draws(probs, top_k=3) == {1, 2, 3}
-    assert draws(probs, top_p=0.5) == {1}  # token 1 alone reaches 0.5
-    assert draws(probs, top_p=0.7) == {1, 3}
-    assert draws(probs, top_p=0.81) == {1, 2, 3}
-    assert draws(probs, top_p=1.0) == {0, 1, 2, 3}
-    assert draws(probs, top_k=2, top_p=0.99) == {1, 3}  # they compose: top-k first, then top-p
-    assert draws(probs, top_k=3, top_p=0.6) == {1, 3}
+# --- the KV cache ---------------------------------------------------------------------------------------
+
+ARRAYS: dict[str, Callable[..., Any]] = {
+    "torch": lambda *shape: torch.randn(*shape),
+    "numpy": lambda *shape: np.random.default_rng(0).standard_normal(shape).astype(np.float32),
+}
 
 
-def test_sample_frequencies_follow_the_renormalised_distribution() -> None:
-    logits = torch.tensor([0.05, 0.5, 0.15, 0.3]).log().expand(20000, -1)
-    got = sample_next(logits, top_k=2, generator=make_generator(1))
-    share = (got == 1).float().mean().item()
-    assert abs(share - 0.5 / 0.8) < 0.02
+def _shares(a: Any, b: Any) -> bool:
+    return np.shares_memory(a, b) if isinstance(a, np.ndarray) else a.data_ptr() == b.data_ptr()
 
 
-def test_temperature_sharpens_and_zero_is_argmax() -> None:
-    logits = torch.randn(50, 10)
-    g = make_generator(0)
-    state = g.get_state()
-    assert torch.equal(sample_next(logits, 0.0, generator=g), logits.argmax(-1))
-    assert torch.equal(g.get_state(), state)  # greedy never touches the generator
-    cold = sample_next(logits.expand(50, 50, 10).reshape(-1, 10), 0.05, generator=g)
-    assert (cold == logits.argmax(-1).repeat(50)).float().mean() > 0.9
+@pytest.mark.parametrize("kind", ARRAYS)
+def test_kv_cache_writes_in_place_and_returns_views(kind: str) -> None:
+    new = ARRAYS[kind]
+    cache = KVCache(new(2, 3, 2, 8, 4) * 0, new(2, 3, 2, 8, 4) * 0)
+    k, v = new(3, 2, 5, 4), new(3, 2, 5, 4)
+    k_all, v_all = cache.update(1, k, v)
+    assert tuple(k_all.shape) == (3, 2, 5, 4) and _shares(k_all, cache.k[1])
+    np.testing.assert_array_equal(np.asarray(k_all), np.asarray(k))
+    np.testing.assert_array_equal(np.asarray(v_all), np.asarray(v))
+    assert cache.pos == 0  # only the forward pass advances, once for all layers
+    cache.advance(5)
+    k2 = new(3, 2, 1, 4)
+    k_all, _ = cache.update(1, k2, k2)
+    np.testing.assert_array_equal(np.asarray(k_all), np.concatenate([np.asarray(k), np.asarray(k2)], axis=2))
+    with pytest.raises(UsageError, match="overflow"):
+        cache.update(0, new(3, 2, 4, 4), new(3, 2, 4, 4))
+    cache.reset()
+    assert cache.pos == 0
 
 
-def test_top_k_one_equals_greedy() -> None:
-    model = tiny_model(6)
-    idx = torch.randint(0, TINY.vocab_size, (2, 5))
-    greedy = cached(model, idx, 40, temperature=0.0)
-    for seed in (0, 1):
-        assert torch.equal(
-            cached(model, idx, 40, temperature=1.5, top_k=1, generator=make_generator(seed)), greedy
-        )
+@pytest.mark.parametrize("kind", ARRAYS)
+def test_kv_cache_broadcasts_a_one_row_prefill(kind: str) -> None:
+    new = ARRAYS[kind]
+    cache = KVCache(new(1, 4, 2, 8, 4) * 0, new(1, 4, 2, 8, 4) * 0)
+    k = new(1, 2, 3, 4)
+    k_all, _ = cache.update(0, k, k)
+    assert tuple(k_all.shape) == (1, 2, 3, 4)
+    np.testing.assert_array_equal(
+        np.asarray(cache.k[0, :, :, :3]), np.broadcast_to(np.asarray(k), (4, 2, 3, 4))
+    )
+    cache.advance(3)
+    with pytest.raises(UsageError, match="rows"):
+        cache.update(0, new(1, 2, 1, 4), new(1, 2, 1, 4))
 
 
-def test_seeds_reproduce_and_temperature_zero_ignores_them() -> None:
-    model = tiny_model(7)
-    idx = torch.randint(0, TINY.vocab_size, (1, 5))
-
-    def run(seed: int, temperature: float) -> torch.Tensor:
-        return cached(model, idx, 40, num_samples=2, temperature=temperature, generator=make_generator(seed))
-
-    assert torch.equal(run(1, 1.0), run(1, 1.0))
-    assert not torch.equal(run(1, 1.0), run(2, 1.0))
-    assert torch.equal(run(1, 0.0), run(2, 0.0))
+# --- sampling settings ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -418,11 +358,12 @@ def run_events(gen: Generation) -> list[str]:
     return texts
 
 
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("n", [33, 34, 35, 36, 37])  # ends on every byte of the 4-byte emoji
-def test_streamed_text_equals_final_text_with_multibyte_tokens(n: int) -> None:
+def test_streamed_text_equals_final_text_with_multibyte_tokens(backend: str, n: int) -> None:
     tokenizer = ByteTokenizer()
-    model = bigram_model()  # block_size 8: the window slides many times
-    gen = Generation(model, tokenizer, tokenizer.encode("a"), max_new_tokens=n, temperature=1.0, seed=3)
+    engine = ENGINES[backend](bigram_model())  # block_size 8: the window slides many times
+    gen = Generation(engine, tokenizer, tokenizer.encode("a"), max_new_tokens=n, temperature=1.0, seed=3)
     streamed = run_events(gen)
     [sample] = gen.samples
     assert streamed == [sample.text]
@@ -433,9 +374,8 @@ def test_streamed_text_equals_final_text_with_multibyte_tokens(n: int) -> None:
 
 def test_end_of_text_stops_a_sample() -> None:
     tokenizer = ByteTokenizer()
-    gen = Generation(
-        bigram_model(then_eot=True), tokenizer, [tokenizer.eot_id], max_new_tokens=50, temperature=0.0
-    )
+    engine = TorchEngine(bigram_model(then_eot=True))
+    gen = Generation(engine, tokenizer, [tokenizer.eot_id], max_new_tokens=50, temperature=0.0)
     run_events(gen)
     [sample] = gen.samples
     assert sample.text == SCRIPT and sample.finish_reason == "end_of_text"
@@ -443,12 +383,12 @@ def test_end_of_text_stops_a_sample() -> None:
 
 
 def test_stop_string_ends_each_sample_at_its_first_match() -> None:
-    model = tiny_model(8)
+    engine = TorchEngine(tiny_model(8))
     tokenizer = CharTokenizer([chr(ord("a") + i) for i in range(TINY.vocab_size - 1)] + ["\n"])
     options = dict(max_new_tokens=60, num_samples=3, temperature=1.0, seed=5)
-    free = generate(model, tokenizer, "abc", **options)
+    free = generate(engine, tokenizer, "abc", **options)
     stop = free[0].text[10:12]
-    stopped = Generation(model, tokenizer, tokenizer.encode("abc"), stop=[stop], **options)
+    stopped = Generation(engine, tokenizer, tokenizer.encode("abc"), stop=[stop], **options)
     streamed = run_events(stopped)
     for before, after, text in zip(free, stopped.samples, streamed, strict=True):
         if stop in before.text:
@@ -461,7 +401,10 @@ def test_stop_string_ends_each_sample_at_its_first_match() -> None:
 
 
 def test_generation_checks_its_arguments() -> None:
-    model, tokenizer = tiny_model(), CharTokenizer([chr(65 + i) for i in range(TINY.vocab_size)])
+    engine, tokenizer = (
+        TorchEngine(tiny_model()),
+        CharTokenizer([chr(65 + i) for i in range(TINY.vocab_size)]),
+    )
     for kw, message in [
         (dict(max_new_tokens=0), "max-new-tokens"),
         (dict(max_new_tokens=5, num_samples=0), "num-samples"),
@@ -470,4 +413,28 @@ def test_generation_checks_its_arguments() -> None:
         (dict(max_new_tokens=5, stop=[""]), "stop"),
     ]:
         with pytest.raises(UsageError, match=message):
-            Generation(model, tokenizer, [0], **kw)
+            Generation(engine, tokenizer, [0], **kw)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_written_text_is_the_same_streamed_or_not_and_json_describes_it() -> None:
+    engine = TorchEngine(tiny_model(8))
+    tokenizer = CharTokenizer([chr(ord("a") + i) for i in range(TINY.vocab_size - 1)] + ["\n"])
+    options = dict(max_new_tokens=40, num_samples=3, temperature=1.0, seed=5)
+    stop = generate(engine, tokenizer, "abc", **options)[1].text[5:7]  # sample 1 ends before sample 0
+    outputs = []
+    for out, stream in [(io.StringIO(), True), (io.StringIO(), False), (Terminal(), True)]:
+        gen = Generation(engine, tokenizer, tokenizer.encode("abc"), stop=[stop], **options)
+        write_text(gen, out, stream)
+        outputs.append(out.getvalue())
+    texts = [s.text for s in gen.samples]
+    assert outputs[0] == outputs[1] == SAMPLE_SEPARATOR.join(texts) and outputs[2] == outputs[0] + "\n"
+    data = gen.to_json()
+    assert data["backend"] == "torch" and data["device"] == "cpu" and data["dtype"] == "float32"
+    assert data["prompt_tokens"] == 3 and data["seed"] == 5 and data["samples"][1]["finish_reason"] == "stop"
+    assert [s["text"] for s in data["samples"]] == texts
+    assert "seed 5" in gen.summary() and "torch on cpu" in gen.summary()

@@ -1,0 +1,150 @@
+"""Serving throughput: aggregate tokens/s of N concurrent streaming clients against `minigpt serve`."""
+
+# Prints a markdown table. The model is bench_generate.py's (6 layers, 6 heads, 384 wide, block 256, 65
+# characters, random weights), served by `python -m minigpt serve` on loopback (the NumPy engine, as by
+# default on the CPU). Each client sends --requests streamed completions of --tokens tokens one after
+# another (the same empty prompt, seeds differing); all start together. The same loads against a server
+# with --max-batch 1 (one row decoding at a time, the others queued) show what batching gains.
+#
+#     python bench/bench_serve.py                       # about a minute on 2 cores
+#     python bench/bench_serve.py --clients 1 8 --requests 2
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from bench_generate import CONFIG, ROOT, tokenizer  # also puts this checkout first on sys.path
+
+from minigpt.model import GPT
+from minigpt.rundir import RunDir
+
+
+def start_server(run_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`minigpt serve RUN --port 0 ARGS` in its own process, as a user starts it; (process, host:port)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env["PYTHONPATH"] = str(ROOT)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "minigpt", "serve", str(run_dir), "--port", "0", *args],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(r"serving on http://(\S+?)/ ", log.read_text())
+        if found:
+            return proc, found.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise SystemExit(f"the server did not start:\n{log.read_text()}")
+
+
+def stream(address: str, tokens: int, seed: int) -> tuple[int, float]:
+    """One streamed completion read as a client reads it: (tokens generated, seconds to the first chunk)."""
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = {"prompt": "", "max_tokens": tokens, "seed": seed, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200, response.read()
+    first, used = 0.0, 0
+    for line in response:
+        if not line.startswith(b"data: {"):
+            continue
+        first = first or time.perf_counter() - t0
+        usage = json.loads(line[6:]).get("usage")
+        used = usage["completion_tokens"] if usage else used
+    conn.close()
+    return used, first
+
+
+def rows_per_forward(address: str) -> float:
+    """The server's mean rows per forward pass since it started (its /health)."""
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/health")
+    return json.loads(conn.getresponse().read())["models"][0]["rows_per_forward"]
+
+
+def load(address: str, clients: int, requests: int, tokens: int) -> tuple[float, float]:
+    """(aggregate tokens/s, median time to first token) of `clients` threads sending `requests` each."""
+    results: list[tuple[int, float]] = []
+    start = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        start.wait()
+        for r in range(requests):
+            results.append(stream(address, tokens, seed=c * 1000 + r))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    assert all(used == tokens for used, _ in results)
+    return sum(used for used, _ in results) / seconds, statistics.median(ttft for _, ttft in results)
+
+
+def measure(
+    run_dir: Path, clients: int, args: argparse.Namespace, *options: str
+) -> tuple[float, float, float]:
+    """(tokens/s, time to first token, rows per forward) of a fresh server under one load."""
+    proc, address = start_server(run_dir, run_dir.parent / "serve.log", *options)
+    try:
+        load(address, 1, 1, 16)  # warm up: first-call allocations
+        tps, ttft = load(address, clients, args.requests, args.tokens)
+        return tps, ttft, rows_per_forward(address)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16], help="concurrent clients")
+    ap.add_argument("--requests", type=int, default=3, help="streamed requests per client (default 3)")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens per request (default 128)")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "bench"
+        RunDir(run_dir).save(GPT(CONFIG), tokenizer(), extra={})
+        for label, options in (
+            ("batched (default)", ()),
+            ("one row at a time (`--max-batch 1`)", ("--max-batch", "1")),
+        ):
+            for n in args.clients:
+                rows.append((label, n, *measure(run_dir, n, args, *options)))
+                print(f"{label}, {n} clients: {rows[-1][2]:.1f} tokens/s", file=sys.stderr)
+    print(
+        f"\n{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
+        f"vocab {CONFIG.vocab_size}; {args.requests} streamed requests of {args.tokens} tokens per client; "
+        f"NumPy engine, one BLAS thread; load average {os.getloadavg()[0]:.1f} after\n"
+    )
+    print("| server | clients | aggregate tokens/s | median time to first token | rows per forward pass |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for label, n, tps, ttft, rows_per in rows:
+        print(f"| {label} | {n} | {tps:,.1f} | {ttft * 1000:,.0f} ms | {rows_per:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The generation engines (torch, NumPy), which one `minigpt generate` runs, and loading a run into one.
+
+Importing this package imports neither torch nor an engine: `load_engine` imports only the one it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minigpt.errors import MinigptError, UsageError
+from minigpt.files import safetensors_header
+from minigpt.rundir import RunDir
+
+if TYPE_CHECKING:
+    from minigpt.decode import Engine
+    from minigpt.tokenizer import Tokenizer
+
+__all__ = ["BACKENDS", "NUMPY_DTYPES", "accelerator_visible", "choose_backend", "load_engine"]
+
+BACKENDS = ("auto", "torch", "numpy")
+NUMPY_DTYPES = ("F32", "F16", "F64")  # safetensors dtypes NumPy can hold; bf16 needs torch
+
+
+def accelerator_visible() -> bool:
+    """Whether torch may find a GPU here, judged without importing it: Apple silicon (MPS), or the device
+    nodes of NVIDIA, AMD (ROCm) or WSL GPU drivers, unless CUDA_VISIBLE_DEVICES hides them all."""
+    if sys.platform == "darwin":
+        return platform.machine() == "arm64"
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg"))
+
+
+def choose_backend(
+    backend: str, device: str, dtype: str, *, explain: bool = False, weights: Path | None = None
+) -> str:
+    """'numpy' or 'torch' for `minigpt generate`. auto: NumPy for float32 on the CPU (no accelerator
+    visible, or --device cpu), which starts in a fraction of a second; torch for GPUs, other dtypes,
+    --explain (it reads torch's attention) and weights NumPy cannot hold."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return "torch"
+    needs_torch = None
+    if device in ("cuda", "mps"):
+        needs_torch = f"--device {device}"
+    elif dtype not in ("auto", "float32"):
+        needs_torch = f"--dtype {dtype}"
+    elif explain:
+        needs_torch = "--explain"
+    if backend == "numpy":
+        if needs_torch:
+            raise UsageError(
+                f"--backend numpy runs float32 on the CPU: drop {needs_torch} or use --backend torch"
+            )
+        return "numpy"
+    if needs_torch or (device == "auto" and accelerator_visible()):
+        return "torch"
+    if weights is not None and weights.is_file():
+        try:
+            dtypes = {v["dtype"] for v in safetensors_header(weights).values()}
+        except MinigptError:
+            return "numpy"  # its loader names the damage
+        if not dtypes <= set(NUMPY_DTYPES):
+            return "torch"
+    return "numpy"
+
+
+def load_engine(
+    run_dir: Path, backend: str, device: str = "auto", dtype: str = "auto"
+) -> tuple[Engine, Tokenizer]:
+    """The engine (best weights, eval mode) and tokenizer of a run directory, for backend 'torch' (on
+    `device` in `dtype`, 'auto' resolved as minigpt.device does) or 'numpy' (the CPU in float32)."""
+    run = RunDir(run_dir)
+    if backend == "torch":
+        from minigpt.device import resolve_device, resolve_dtype
+        from minigpt.engines.torch import TorchEngine
+
+        torch_device = resolve_device(device)
+        model, tokenizer, _ = run.load_model(str(torch_device))
+        return TorchEngine(model.to(resolve_dtype(dtype, torch_device))), tokenizer
+    if backend != "numpy":
+        raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
+    from minigpt.engines.numpy import NumpyEngine
+
+    _, config, tokenizer = run.open()
+    unreadable = sorted(run.weight_dtypes() - set(NUMPY_DTYPES))
+    if unreadable:
+        raise MinigptError(
+            f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
+        )
+    return NumpyEngine(config, run.load_weights(config, framework="np")), tokenizer

@@ -1,0 +1,294 @@
+"""The FastAPI application: OpenAI-compatible routes, the attention and run views, the page and its files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from minigpt.errors import MinigptError
+from minigpt.serve.batcher import Job, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.models import ServedModel
+from minigpt.serve.protocol import (
+    ApiError,
+    AttentionRequest,
+    CompletionRequest,
+    Limits,
+    chunk_body,
+    completion_body,
+    error_body,
+    head,
+    make_job,
+    usage,
+)
+
+__all__ = ["create_app"]
+
+STATIC = Path(__file__).with_name("static")
+log = logging.getLogger("minigpt.serve")
+
+
+@dataclass
+class State:
+    """What the routes share: the models by id, the request limits and the API key (None: no auth)."""
+
+    models: dict[str, ServedModel]
+    limits: Limits
+    api_key: str | None
+
+    def model(self, name: str | None) -> ServedModel:
+        if name is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            raise ApiError(400, f"model is required: one of {', '.join(self.models)}", "model")
+        if name not in self.models:
+            raise ApiError(404, f"no model {name!r} here: this server has {', '.join(self.models)}", "model")
+        return self.models[name]
+
+
+def _state(request: Request) -> State:
+    return request.app.state.minigpt
+
+
+async def _check_key(request: Request) -> None:
+    key = _state(request).api_key
+    if key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), key.encode()):
+        raise ApiError(
+            401, "missing or wrong API key: send Authorization: Bearer <key>", kind="authentication_error"
+        )
+
+
+api = APIRouter(prefix="/v1", dependencies=[Depends(_check_key)])
+
+
+@api.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    data = [
+        {"id": m.id, "object": "model", "created": int(m.run.modified()), "owned_by": "minigpt",
+         "context_length": m.engine.block_size}
+        for m in _state(request).models.values()
+    ]  # fmt: skip
+    return {"object": "list", "data": data}
+
+
+@api.post("/completions")
+async def completions(req: CompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    served = state.model(req.model)
+    job = make_job(req, served.tokenizer, served.engine.block_size, state.limits)
+    updates = _channel(job)
+    try:
+        served.batcher.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, str(e), kind="rate_limit_error") from None
+    first = head(served.id)
+    if req.stream:
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        return StreamingResponse(
+            _sse(served, job, updates, first, with_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await _complete(served, job, updates, first, request)
+
+
+@api.post("/attention")
+async def attention(req: AttentionRequest, request: Request) -> dict[str, Any]:
+    served = _state(request).model(req.model)
+    # the first call may import torch and load the model: seconds the event loop must not wait
+    return await asyncio.to_thread(served.attention, req.text, req.position)
+
+
+@api.get("/runs/{model}")
+async def run_info(model: str, request: Request) -> dict[str, Any]:
+    return await asyncio.to_thread(_state(request).model(model).run_info)
+
+
+def _channel(job: Job) -> asyncio.Queue[Update]:
+    """A queue that receives the job's updates (put on this event loop by `_deliverer`'s callback)."""
+    queue: asyncio.Queue[Update] = asyncio.Queue()
+    job.notify = queue.put_nowait
+    return queue
+
+
+def _deliverer(loop: asyncio.AbstractEventLoop) -> Callable[[list[tuple[Job, Update]]], None]:
+    """The batcher's `deliver`: hands a round's updates to their jobs on the event loop, in one wake-up."""
+
+    def deliver(updates: list[tuple[Job, Update]]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
+            loop.call_soon_threadsafe(notify_each, updates)
+
+    return deliver
+
+
+async def _updates(queue: asyncio.Queue[Update]) -> AsyncIterator[Update]:
+    while True:
+        update = await queue.get()
+        if update.error is not None:
+            raise ApiError(500, update.error, kind="server_error")
+        yield update
+        if update.done:
+            return
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+async def _sse(
+    served: ServedModel, job: Job, queue: asyncio.Queue[Update], first: dict[str, Any], with_usage: bool
+) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, one choice per chunk, then `data: [DONE]`."""
+    try:
+        async for update in _updates(queue):
+            for piece in update.pieces:
+                yield _event(chunk_body(first, piece, job.logprobs is not None))
+        if with_usage:
+            yield _event({**first, "choices": [], "usage": usage(job)})
+        yield "data: [DONE]\n\n"
+    except ApiError as e:
+        yield _event(error_body(e.message, e.kind))
+    finally:
+        served.batcher.cancel(job)  # the client left mid-stream (or it finished: then nothing to do)
+
+
+async def _complete(
+    served: ServedModel, job: Job, queue: asyncio.Queue[Update], first: dict[str, Any], request: Request
+) -> Response:
+    """The whole completion as one body; a client that hangs up first cancels the job."""
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(job.n)]
+
+    async def collect() -> None:
+        async for update in _updates(queue):
+            for piece in update.pieces:
+                logprobs[piece.index] += piece.logprobs
+
+    work = asyncio.ensure_future(collect())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            served.batcher.cancel(job)
+    if work.cancelled():
+        return Response(status_code=204)  # nobody is there to read it
+    work.result()  # an error update raises here
+    return JSONResponse(completion_body(first, job, logprobs))
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the body has been read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+# --- errors: always OpenAI's JSON shape, never a traceback -----------------------------------------------
+
+
+def _error(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(error_body(message, kind, param), status_code=status, headers=headers)
+
+
+async def _api_error(request: Request, e: Exception) -> Response:
+    assert isinstance(e, ApiError)
+    return _error(e.status, e.message, e.kind, e.param)
+
+
+async def _user_error(request: Request, e: Exception) -> Response:
+    return _error(400, str(e))
+
+
+async def _invalid(request: Request, e: Exception) -> Response:
+    """FastAPI's validation errors as one OpenAI error: the first problem, named by its field."""
+    assert isinstance(e, RequestValidationError)
+    first = e.errors()[0] if e.errors() else {}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type")
+    if kind == "json_invalid":
+        message = "the request body is not valid JSON"
+    elif kind == "extra_forbidden":
+        message = f"unrecognized request argument supplied: {param}"
+    elif not loc and kind != "value_error":
+        message = "the request body must be a JSON object"
+    else:
+        detail = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        message = f"{param}: {detail}" if param else detail
+    return _error(400, message, param=param if kind != "json_invalid" else None)
+
+
+async def _http_error(request: Request, e: Exception) -> Response:
+    assert isinstance(e, HTTPException)
+    return _error(e.status_code, str(e.detail))
+
+
+async def _internal(request: Request, e: Exception) -> Response:
+    return _error(500, "internal server error (see the server log)", "server_error")
+
+
+# --- the application -------------------------------------------------------------------------------------
+
+
+def create_app(
+    models: Sequence[ServedModel], limits: Limits = Limits(), api_key: str | None = None
+) -> FastAPI:
+    """The server for these models; their batchers run while the application does (its lifespan)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for m in models:
+            m.batcher.deliver = _deliverer(asyncio.get_running_loop())
+            m.batcher.start()
+        try:
+            yield
+        finally:
+            for m in models:
+                m.batcher.stop()
+
+    # no /docs: FastAPI's pages load their scripts from a CDN, and the page here must work offline
+    app = FastAPI(title="minigpt serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.minigpt = State({m.id: m for m in models}, limits, api_key)
+    for error, handler in (
+        (ApiError, _api_error),
+        (MinigptError, _user_error),
+        (RequestValidationError, _invalid),
+        (HTTPException, _http_error),
+        (Exception, _internal),
+    ):
+        app.add_exception_handler(error, handler)
+    app.include_router(api)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_api_route("/", lambda: FileResponse(STATIC / "index.html"), include_in_schema=False)
+    app.add_api_route("/health", _health, methods=["GET"])
+    return app
+
+
+async def _health(request: Request) -> dict[str, Any]:
+    models = [
+        {"id": m.id, "backend": m.engine.name, "device": m.engine.device, "dtype": m.engine.dtype,
+         "active_rows": m.batcher.active_rows, "waiting": m.batcher.waiting,
+         "forward_passes": m.batcher.forwards, "rows_forwarded": m.batcher.rows_forwarded,
+         "rows_per_forward": round(m.batcher.rows_forwarded / max(1, m.batcher.forwards), 2)}
+        for m in _state(request).models.values()
+    ]  # fmt: skip
+    return {"status": "ok", "models": models}

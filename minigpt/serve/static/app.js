@@ -1,0 +1,271 @@
+// minigpt serve's page: stream a completion, then show what each head attended to, beside the run's curves.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SVG = "http://www.w3.org/2000/svg"; // the SVG namespace's name, not a request
+// the text drawn as tokens, its attention rows by position (promises), the token whose row is shown, whether
+// a click keeps it there, and the running completion's AbortController
+const state = { text: "", rows: new Map(), selected: null, pinned: false, abort: null };
+let apiKey = localStorage.getItem("minigpt-api-key") || "";
+
+function say(message) {
+  $("status").textContent = message;
+}
+
+// Every call to the API: JSON in and out, the key when there is one, OpenAI's error message on failure.
+async function api(path, body, signal) {
+  const headers = { "Content-Type": "application/json" };
+  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
+  const init = { headers, signal };
+  if (body !== undefined) Object.assign(init, { method: "POST", body: JSON.stringify(body) });
+  const response = await fetch(path, init);
+  if (response.status === 401) {
+    $("keybox").hidden = false;
+    throw new Error("this server wants an API key: type it above");
+  }
+  if (!response.ok) {
+    const error = await response.json().catch(() => ({}));
+    throw new Error(error.error ? error.error.message : response.statusText);
+  }
+  return response;
+}
+
+const model = () => $("model").value;
+
+async function loadModels() {
+  const { data } = await (await api("/v1/models")).json();
+  $("model").replaceChildren(...data.map((m) => new Option(m.id, m.id)));
+  say("");
+  await loadRun();
+}
+
+// --- writing: the completion streams in over server-sent events ---------------------------------------
+
+function request() {
+  const number = (id) => ($(id).value === "" ? undefined : Number($(id).value));
+  const stop = $("stop").value.replace(/\\n/g, "\n").replace(/\\t/g, "\t");
+  return {
+    model: model(), prompt: $("prompt").value, stream: true, max_tokens: number("max_tokens"),
+    temperature: number("temperature"), top_p: number("top_p"), top_k: number("top_k"), seed: number("seed"),
+    stop: stop ? [stop] : undefined,
+  };
+}
+
+// Yields the JSON of each `data:` line of an SSE body until `data: [DONE]`.
+async function* events(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const data = buffer.slice(0, end).replace(/^data: /, "");
+      buffer = buffer.slice(end + 2);
+      if (data === "[DONE]") return;
+      yield JSON.parse(data);
+    }
+  }
+}
+
+async function generate(event) {
+  event.preventDefault();
+  if (state.abort) return state.abort.abort();
+  const body = request();
+  const output = $("output");
+  const written = element("span", "");
+  const prompt = element("span", body.prompt, "prompt");
+  output.replaceChildren(prompt, written);
+  output.dataset.chunks = "0";
+  clearAttention();
+  state.abort = new AbortController();
+  $("go").textContent = "Stop";
+  say("");
+  try {
+    const response = await api("/v1/completions", body, state.abort.signal);
+    for await (const chunk of events(response)) {
+      if (chunk.error) throw new Error(chunk.error.message);
+      written.textContent += chunk.choices.map((c) => c.text).join("");
+      output.dataset.chunks = String(Number(output.dataset.chunks) + 1);
+    }
+  } catch (error) {
+    if (error.name !== "AbortError") say(error.message);
+  } finally {
+    state.abort = null;
+    $("go").textContent = "Generate";
+  }
+  await showTokens(body.prompt, written.textContent);
+}
+
+// --- attention: the text as tokens, and each head's weights from the chosen one -----------------------
+
+function clearAttention() {
+  state.rows.clear();
+  state.selected = null;
+  state.pinned = false;
+  $("heads").replaceChildren();
+  $("att-title").textContent = "";
+}
+
+async function attention(position) {
+  if (!state.rows.has(position)) {
+    const body = { model: model(), text: state.text, position };
+    const pending = api("/v1/attention", body).then((response) => response.json());
+    pending.catch(() => state.rows.delete(position)); // a failed request is asked again next time
+    state.rows.set(position, pending);
+  }
+  return state.rows.get(position);
+}
+
+// Re-draws the output as one span per token (what the model reads: the text's last block_size tokens).
+async function showTokens(prompt, completion) {
+  state.text = prompt + completion;
+  if (!state.text) return;
+  let data;
+  try {
+    data = await attention(-1);
+  } catch (error) {
+    return say(error.message);
+  }
+  state.rows.set(data.position, Promise.resolve(data));
+  const layers = [...Array(data.n_layer).keys()].map((l) => new Option(`${l}`, l));
+  $("layer").replaceChildren(...layers);
+  $("layer").value = data.n_layer - 1;
+  const shown = data.tokens.join("");
+  let offset = state.text.length - shown.length; // characters of dropped tokens come first
+  const spans = data.tokens.map((token, i) => {
+    const span = element("span", token, "tok");
+    if (offset < prompt.length) span.classList.add("prompt");
+    offset += token.length;
+    span.dataset.pos = i;
+    span.addEventListener("mouseenter", () => state.pinned || select(i));
+    span.addEventListener("click", () => select(i, true));
+    return span;
+  });
+  const outside = element("span", state.text.slice(0, state.text.length - shown.length), "outside");
+  outside.title = `${data.dropped} tokens before the model's window of ${data.tokens.length}`;
+  $("output").replaceChildren(outside, ...spans);
+  select(data.tokens.length - 1);
+}
+
+async function select(position, pin = false) {
+  state.pinned = pin || state.pinned;
+  if (pin && state.selected === position) state.pinned = false; // a second click lets hovering go on
+  state.selected = position;
+  for (const span of document.querySelectorAll("#output .tok")) {
+    span.classList.toggle("selected", Number(span.dataset.pos) === position);
+  }
+  try {
+    drawHeads(await attention(position));
+  } catch (error) {
+    say(error.message);
+  }
+}
+
+function drawHeads(data) {
+  if (data.position !== state.selected) return; // a later hover has already asked for another token
+  const layer = Number($("layer").value);
+  $("att-title").textContent =
+    `from token ${data.position} (${JSON.stringify(data.tokens[data.position])}), layer ${layer}: ` +
+    "darker = more weight";
+  const rows = data.weights[layer].map((weights, h) => {
+    const text = element("div", "", "text");
+    text.append(...weights.map((w, p) => {
+      const span = element("span", data.tokens[p], p === data.position ? "query" : "");
+      span.title = `${(100 * w).toFixed(1)}%`;
+      span.style.background = `rgba(194, 65, 12, ${Math.sqrt(w).toFixed(3)})`; // sqrt: small weights show
+      return span;
+    }));
+    const row = element("div", "", "head");
+    row.append(element("b", `h${h}`), text);
+    return row;
+  });
+  $("heads").replaceChildren(...rows);
+}
+
+// --- the run: summary, loss curves, parameter table ---------------------------------------------------
+
+async function loadRun() {
+  const run = await (await api(`/v1/runs/${encodeURIComponent(model())}`)).json();
+  $("run-name").textContent = run.summary.path;
+  const s = run.summary;
+  const facts = {
+    data: s.data, tokenizer: s.tokenizer, shape: s.shape, parameters: s.params.toLocaleString(),
+    steps: s.steps ?? "–", "best val loss": s.best_val_loss?.toFixed(4) ?? "–",
+    "bits per byte": s.best_val_bpb?.toFixed(3) ?? "–", recipe: s.settings || "–",
+  };
+  const pairs = Object.entries(facts).map(([k, v]) => [element("dt", k), element("dd", String(v))]);
+  $("summary").replaceChildren(...pairs.flat());
+  drawCurve(run.metrics);
+  drawParams(run.params);
+}
+
+function element(tag, text, className) {
+  return Object.assign(document.createElement(tag), { textContent: text, className: className || "" });
+}
+
+function svg(tag, attributes, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attributes)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function drawCurve(metrics) {
+  const points = (kind, key) =>
+    metrics.filter((r) => r.kind === kind && Number.isFinite(r[key])).map((r) => [r.step, r[key]]);
+  const train = points("train", "loss");
+  const val = points("eval", "val_loss");
+  const all = train.concat(val);
+  const box = $("curve");
+  if (!all.length) return box.replaceChildren(svg("text", { x: 10, y: 20 }, "no metrics.jsonl in this run"));
+  const [w, h, left, bottom] = [360, 200, 36, 20];
+  const maxStep = Math.max(...all.map((p) => p[0])) || 1;
+  const lo = Math.min(...all.map((p) => p[1]));
+  const hi = Math.max(...all.map((p) => p[1]));
+  const x = (step) => left + ((w - left - 8) * step) / maxStep;
+  const y = (loss) => 8 + ((h - bottom - 8) * (hi - loss)) / (hi - lo || 1);
+  const line = (pairs, cls) =>
+    svg("polyline", { class: cls, points: pairs.map(([s, l]) => `${x(s)},${y(l)}`).join(" ") });
+  box.replaceChildren(
+    svg("line", { class: "axis", x1: left, y1: h - bottom, x2: w, y2: h - bottom }),
+    svg("line", { class: "axis", x1: left, y1: 0, x2: left, y2: h - bottom }),
+    svg("text", { x: 2, y: 12 }, hi.toFixed(2)),
+    svg("text", { x: 2, y: h - bottom }, lo.toFixed(2)),
+    svg("text", { x: w - 4, y: h - 6, "text-anchor": "end" }, `step ${maxStep}`),
+    line(train, "train"),
+    line(val, "val"),
+    svg("text", { x: w - 4, y: 14, "text-anchor": "end", class: "train-label" }, "train"),
+    svg("text", { x: w - 4, y: 28, "text-anchor": "end", class: "val-label" }, "validation"),
+  );
+}
+
+function drawParams(report) {
+  const row = (cells, cls) => {
+    const tr = element("tr", "", cls);
+    tr.append(element("td", cells[0]), element("td", cells[1], "formula"), element("td", cells[2]));
+    return tr;
+  };
+  const rows = report.breakdown.map((r) => row([r.name, r.formula, r.count.toLocaleString()]));
+  rows.push(row(["Total (GPT-3 style)", "", report.gpt3_total.toLocaleString()], "total"));
+  rows.push(...report.adjustments.map((r) => row([r.name, r.formula, r.count.toLocaleString()])));
+  rows.push(row(["Exact total", "", report.exact_total.toLocaleString()], "total"));
+  $("params").replaceChildren(...rows);
+}
+
+// --- wiring -------------------------------------------------------------------------------------------
+
+$("form").addEventListener("submit", generate);
+$("model").addEventListener("change", () => {
+  clearAttention();
+  loadRun().catch((e) => say(e.message));
+});
+$("layer").addEventListener("change", () => state.selected !== null && select(state.selected));
+$("key").addEventListener("change", () => {
+  apiKey = $("key").value;
+  localStorage.setItem("minigpt-api-key", apiKey);
+  loadModels().catch((e) => say(e.message));
+});
+loadModels().catch((e) => say(e.message));

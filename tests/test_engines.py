@@ -1,0 +1,320 @@
+"""The two engines against the torch model and each other: logits, greedy tokens, sampling rules, loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_decode import ENGINES, GREEDY, TINY, rows, tiny_model
+
+from minigpt import engines
+from minigpt.config import GPTConfig
+from minigpt.decode import Generation, Sampling, decode, generate, generate_uncached
+from minigpt.engines import choose_backend, load_engine
+from minigpt.engines.torch import TorchEngine
+from minigpt.errors import MinigptError, UsageError
+from minigpt.model import GPT
+from minigpt.rundir import RunDir
+from minigpt.tokenizer import CharTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _few_threads() -> None:
+    torch.set_num_threads(1)
+
+
+# --- one table: every model option, both engines, cached and uncached -----------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    bias: bool = True
+    tied: bool = True
+    n_head: int = 2
+    block_size: int = 16
+    batch: int = 1  # different prompts, one row each
+    samples: int = 1  # rows continuing one prompt
+    prompt_len: int = 3
+    slide: int | None = None
+    seed: int = 0  # of the weights and the prompts: one whose greedy text does not repeat a token
+
+    def config(self) -> GPTConfig:
+        return GPTConfig(
+            vocab_size=37, block_size=self.block_size, n_layer=2, n_head=self.n_head, n_embd=32,
+            bias=self.bias, tie_embeddings=self.tied,
+        )  # fmt: skip
+
+
+CASES = [
+    Case(),  # GPT-2's options, one short prompt
+    Case(bias=False, tied=False, n_head=1, batch=3, prompt_len=16, slide=1),  # prompts fill the block
+    Case(tied=False, n_head=4, block_size=8, batch=2, prompt_len=21, slide=5),  # prompts longer than it
+    Case(bias=False, n_head=4, block_size=32, samples=3, prompt_len=7, slide=32),  # one prefill, 3 rows
+    Case(n_head=1, block_size=12, prompt_len=40),
+]
+
+
+def feed_in_pieces(engine: Any, ids: torch.Tensor) -> np.ndarray:
+    """Logits (B, T', V) of an engine fed a prefill, then two tokens at once, then one at a time, at the
+    positions that produce them: split-1, split+1, then every later one."""
+    split, T = ids.size(1) // 2, ids.size(1)
+    cache = engine.new_cache(ids.size(0))
+    chunks = [ids[:, :split], ids[:, split : split + 2], *[ids[:, t : t + 1] for t in range(split + 2, T)]]
+    return np.stack([np.asarray(engine.forward(chunk.tolist(), cache)) for chunk in chunks], axis=1)
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_both_engines_compute_gpt_forward(case: Case) -> None:
+    config = case.config()
+    model = tiny_model(case.seed, config)
+    draw = torch.Generator().manual_seed(case.seed)
+    by_name = {name: make(model) for name, make in ENGINES.items()}
+    # logits, the fed positions of every row against GPT.forward over the whole window at once
+    ids = torch.randint(0, config.vocab_size, (max(case.batch, 2), config.block_size), generator=draw)
+    with torch.no_grad():
+        want = model(ids, all_logits=True)[0].numpy()
+    split = config.block_size // 2
+    positions = [split - 1, split + 1, *range(split + 2, config.block_size)]
+    for name, engine in by_name.items():
+        got = feed_in_pieces(engine, ids)
+        np.testing.assert_allclose(got, want[:, positions], rtol=1e-4, atol=1e-4, err_msg=name)
+        full = np.asarray(engine.forward(ids.tolist(), None))  # no cache: the plain forward pass
+        np.testing.assert_allclose(full, want[:, -1], rtol=1e-4, atol=1e-4, err_msg=name)
+    # greedy tokens, inside the block and through several slides past it
+    prompts = torch.randint(0, config.vocab_size, (case.batch, case.prompt_len), generator=draw).tolist()
+    n = 3 * config.block_size + 5
+    options = dict(num_samples=case.samples, slide=case.slide, sampling=GREEDY)
+    tokens = {}
+    for name, engine in by_name.items():
+        tokens[name] = list(decode(engine, prompts, n, **options))
+        assert tokens[name] == generate_uncached(engine, prompts, n, **options), name
+    assert tokens["numpy"] == tokens["torch"]
+    assert len(tokens["torch"]) == n and len(tokens["torch"][0]) == max(case.batch, case.samples)
+    last = rows(tokens["torch"][-config.block_size :])
+    assert all(len(set(row)) > 3 for row in last)  # non-trivial sequences
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_a_one_row_prefill_serves_every_row(backend: str) -> None:
+    model = tiny_model(3)
+    engine = ENGINES[backend](model)
+    cache = engine.new_cache(3)
+    prompt, nxt = [[4, 8, 15, 16]], [[1], [2], [3]]
+    first = np.asarray(engine.forward(prompt, cache))
+    got = np.asarray(engine.forward(nxt, cache))
+    with torch.no_grad():
+        want = model(torch.tensor([prompt[0] + row for row in nxt]))[0].numpy()
+        alone = model(torch.tensor(prompt))[0].numpy()
+    assert first.shape == (3, TINY.vocab_size)
+    np.testing.assert_allclose(first, np.repeat(alone, 3, axis=0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(UsageError, match="rows"):
+        engine.forward([[1], [2]], cache)
+
+
+# --- one rule set: sampling, held equal across both engines ---------------------------------------------
+
+PROBS = [0.05, 0.5, 0.15, 0.3]  # ranked: 1, 3, 2, 0
+KEPT = [  # (top_k, top_p, the tokens that can be drawn)
+    (None, None, {0, 1, 2, 3}),
+    (2, None, {1, 3}),
+    (3, None, {1, 2, 3}),
+    (None, 0.5, {1}),  # token 1 alone reaches 0.5
+    (None, 0.7, {1, 3}),
+    (None, 0.81, {1, 2, 3}),
+    (None, 1.0, {0, 1, 2, 3}),
+    (2, 0.99, {1, 3}),  # they compose: top-k first, then top-p
+    (3, 0.6, {1, 3}),
+]
+
+
+def rng_state(rng: Any) -> Any:
+    return rng.get_state().tolist() if isinstance(rng, torch.Generator) else rng.bit_generator.state
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_sampling_rules(backend: str) -> None:
+    engine = ENGINES[backend](tiny_model(6))
+    logits_of = torch.from_numpy if backend == "torch" else np.asarray
+
+    def draws(probs: list[float], n: int = 4000, seed: int = 0, **kw: Any) -> list[int]:
+        logits = logits_of(np.log(np.tile(np.array(probs, dtype=np.float32), (n, 1))))
+        kw = {"temperature": 1.0, "top_k": None, "top_p": None, **kw}
+        return engine.sample(logits, rng=engine.rng(seed), **kw)
+
+    # top-k keeps exactly k tokens, ties included; top-p the smallest set reaching p
+    for top_k, top_p, kept in KEPT:
+        assert set(draws(PROBS, top_k=top_k, top_p=top_p)) == kept, (top_k, top_p)
+    assert len(set(draws([0.25, 0.25, 0.25, 0.25], top_k=2))) == 2
+    # frequencies follow the renormalised distribution
+    assert abs(draws(PROBS, 20000, seed=1, top_k=2).count(1) / 20000 - 0.5 / 0.8) < 0.02
+    # temperature 0 is argmax and never touches the generator; a cold temperature is nearly argmax
+    random = np.random.default_rng(0).standard_normal((50, 10)).astype(np.float32)
+    rng = engine.rng(3)
+    before = rng_state(rng)
+    assert engine.sample(logits_of(random), 0.0, None, None, rng) == random.argmax(-1).tolist()
+    assert rng_state(rng) == before
+    cold = engine.sample(logits_of(np.tile(random, (50, 1))), 0.05, None, None, rng)
+    assert np.mean(np.array(cold) == np.tile(random.argmax(-1), 50)) > 0.9
+    # top-k 1 is greedy; a seed reproduces its text; greedy ignores the seed
+    prompt = [[1, 2]]
+
+    def run(sampling: Sampling) -> list[list[int]]:
+        return list(decode(engine, prompt, 40, num_samples=3, sampling=sampling))
+
+    greedy = run(Sampling(temperature=0.0, seed=1))
+    assert run(Sampling(temperature=0.0, seed=2)) == greedy
+    assert run(Sampling(temperature=1.5, top_k=1, seed=0)) == run(Sampling(temperature=1.5, top_k=1, seed=1))
+    assert run(Sampling(temperature=1.5, top_k=1)) == greedy
+    sampled = Sampling(temperature=1.0, top_p=0.95, seed=5)
+    assert run(sampled) == run(sampled) != run(Sampling(temperature=1.0, top_p=0.95, seed=6))
+
+
+# --- the torch model behind its engine ------------------------------------------------------------------
+
+
+def test_cached_forward_matches_full_forward() -> None:
+    model = tiny_model(scale=1.0)
+    idx = torch.randint(0, TINY.vocab_size, (2, 12))
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        full, _ = model(idx, all_logits=True)
+        first, _ = model(idx[:, :7], kv_cache=cache, all_logits=True)
+        second, _ = model(idx[:, 7:9], kv_cache=cache, all_logits=True)  # several new tokens at once
+        steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(9, 12)]
+    torch.testing.assert_close(torch.cat([first, second, torch.stack(steps, 1)], 1), full)
+
+
+@pytest.mark.parametrize(("bias", "tied"), [(True, True), (False, False)])
+def test_the_weight_tree_gives_the_forward_of_the_modules(bias: bool, tied: bool) -> None:
+    config = GPTConfig(
+        vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_embeddings=tied
+    )
+    model = tiny_model(config=config, scale=10.0)  # activations of order 1: GELU's tanh form shows
+    weights = model.weights()
+    assert weights.h[1].mlp.c_fc.weight is model.transformer.h[1].mlp.c_fc.weight
+    assert (weights.lm_head is weights.wte) == tied and (weights.ln_f.bias is None) == (not bias)
+    idx = torch.randint(0, config.vocab_size, (3, 10))
+    want_cache, got_cache = model.new_cache(3), model.new_cache(3)
+    with torch.no_grad():
+        model(idx[:, :6], kv_cache=want_cache)
+        model(idx[:, :6], kv_cache=got_cache, weights=weights)
+        for t in range(6, 10):
+            want, _ = model(idx[:, t : t + 1], kv_cache=want_cache)
+            got, _ = model(idx[:, t : t + 1], kv_cache=got_cache, weights=weights)
+            assert torch.equal(got, want)
+    assert got_cache.pos == want_cache.pos == 10
+    assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v)
+
+
+def test_the_cache_and_engine_follow_the_model_dtype() -> None:
+    model = tiny_model().to(torch.bfloat16)
+    cache = model.new_cache(2)
+    assert cache.k.dtype == torch.bfloat16 and cache.k.shape == (2, 2, 2, 16, 16)
+    engine = TorchEngine(model)
+    assert (engine.name, engine.device, engine.dtype) == ("torch", "cpu", "bfloat16")
+    assert len(list(decode(engine, [[1, 2, 3]], 20, sampling=GREEDY))) == 20
+
+
+def test_generation_drives_either_engine_to_the_same_greedy_text() -> None:
+    tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,;:!?'\n") + ["-"])
+    model = tiny_model(7, GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    texts = []
+    for make in ENGINES.values():
+        engine = make(model)
+        gen = Generation(engine, tok, tok.encode("hello"), max_new_tokens=50, temperature=0.0, num_samples=2)
+        texts.append([s.text for s in generate(engine, tok, "hello", max_new_tokens=50, temperature=0)])
+        assert [e.sample for e in gen.events()] and len(gen.samples) == 2
+    assert texts[0] == texts[1] and len(texts[0][0]) == 50
+
+
+# --- loading and the choice of engine -------------------------------------------------------------------
+
+
+def save(path: Path, model: GPT) -> Path:
+    RunDir(path).save(model, CharTokenizer([chr(97 + i) for i in range(26)] + list(" .,;:!?'\n-A")), extra={})
+    return path
+
+
+def test_load_engine_reads_a_run_and_names_what_is_wrong(tmp_path: Path) -> None:
+    model = tiny_model(8)
+    run = save(tmp_path / "run", model)
+    engine, tok = load_engine(run, "numpy")
+    torch_engine, _ = load_engine(run, "torch", "cpu", "auto")
+    assert tok.vocab_size == 37 and engine.block_size == 16 and torch_engine.dtype == "float32"
+    greedy = [list(decode(e, [[1, 2, 3]], 20, sampling=GREEDY)) for e in (engine, torch_engine)]
+    assert greedy[0] == greedy[1] == list(decode(TorchEngine(model), [[1, 2, 3]], 20, sampling=GREEDY))
+
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["n_embd"] = 64
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MinigptError, match="does not match its config.json"):
+        load_engine(run, "numpy")
+
+    run = save(tmp_path / "truncated", model)
+    data_bytes = (run / RunDir.WEIGHTS).read_bytes()
+    (run / RunDir.WEIGHTS).write_bytes(data_bytes[: len(data_bytes) // 2])
+    with pytest.raises(MinigptError, match="corrupt"):
+        load_engine(run, "numpy")
+
+    run = save(tmp_path / "bf16", model.to(torch.bfloat16))
+    with pytest.raises(MinigptError, match="NumPy cannot read.*--backend torch"):
+        load_engine(run, "numpy")
+    assert choose_backend("auto", "auto", "auto", weights=run / RunDir.WEIGHTS) == "torch"
+    with pytest.raises(UsageError, match="unknown backend"):
+        load_engine(run, "jax")
+
+
+def test_choose_backend(monkeypatch) -> None:
+    monkeypatch.setattr(engines, "accelerator_visible", lambda: False)
+    assert choose_backend("auto", "auto", "auto") == "numpy"
+    assert choose_backend("auto", "cpu", "float32") == "numpy"
+    assert choose_backend("auto", "cpu", "bfloat16") == "torch"
+    assert choose_backend("auto", "auto", "auto", explain=True) == "torch"
+    assert choose_backend("torch", "cpu", "float32") == "torch"
+    monkeypatch.setattr(engines, "accelerator_visible", lambda: True)
+    assert choose_backend("auto", "auto", "auto") == "torch"  # torch decides between the GPU and the CPU
+    assert choose_backend("auto", "cpu", "auto") == "numpy"
+    assert choose_backend("auto", "cuda", "auto") == "torch"
+    for device, dtype, explain, culprit in [
+        ("cuda", "auto", False, "--device cuda"),
+        ("cpu", "bfloat16", False, "--dtype bfloat16"),
+        ("auto", "auto", True, "--explain"),
+    ]:
+        with pytest.raises(UsageError, match=f"drop {culprit}"):
+            choose_backend("numpy", device, dtype, explain=explain)
+
+
+def test_accelerator_visible_respects_hidden_gpus(monkeypatch) -> None:
+    if sys.platform != "darwin":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        assert engines.accelerator_visible() is False
+
+
+def test_cpu_generation_never_imports_torch(tmp_path: Path) -> None:
+    run = save(tmp_path / "run", tiny_model(9))
+    code = (
+        "import sys\n"
+        "from minigpt.cli import main\n"
+        f"sys.argv = ['minigpt', 'generate', 'abc', '-m', {str(run)!r}, '-n', '30', '--seed', '1', '--device', 'cpu']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)\n"
+        "import minigpt\n"
+        "print(minigpt.__file__, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout) == 30 and "numpy on cpu" in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-2] == "no torch" and lines[-1] == str(ROOT / "minigpt" / "__init__.py")  # this checkout

@@ -1,0 +1,632 @@
+"""Hostile-input suite: shared runs, checkpoints, tokenizer files and options, attacked through the CLI.
+
+Every case is one `Attack` row in ATTACKS: a `build` function plants the hostile input under the test's tmp
+dir and returns the CLI arguments; `check` runs them in a real `python -m minigpt` process (memory and time
+bounded) and holds every case to the same rules. To add a case, write its build function and add a row.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures"
+CORPUS = FIXTURES / "corpus.txt"
+MEMORY_LIMIT = 3 << 30  # address space of the child: a read or allocation without bound dies under it
+TIME_LIMIT = 60  # seconds: a hang or a catastrophically backtracking regex runs past it
+IGNORED = {".git", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+TRAIN = "--preset tiny --max-iters 1 --eval-iters 1 --batch-size 2 --block-size 16 --device cpu".split()
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    build: Callable[[Path], list[str]]  # plants the input under tmp and returns the CLI arguments
+    blame: str  # what the error line must say (the file or option at fault); with exit_code 0, stderr
+    exit_code: int | None = None  # None: refused with 1 or 2; 0: the CLI must recover and succeed
+
+
+# ---------------------------------------------------------------------------------------------- the checker
+
+
+def child_env(tmp: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),  # this checkout, not wherever minigpt is installed
+        "MINIGPT_CACHE_DIR": str(tmp / "cache"),
+        "TIKTOKEN_CACHE_DIR": str(tmp / "tiktoken-cache"),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def minigpt(tmp: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "minigpt", *args],
+        cwd=ROOT,
+        env=child_env(tmp),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="backslashreplace",
+        timeout=TIME_LIMIT,
+        preexec_fn=limit_memory,
+    )
+
+
+def snapshot(*roots: Path, skip: Path) -> dict[Path, tuple[int, int]]:
+    """(mtime_ns, size) of every file under roots, except under skip and caches."""
+    files = {}
+    for root in roots:
+        for path in root.rglob("*"):
+            if skip in path.parents or IGNORED & set(path.relative_to(root).parts) or not path.is_file():
+                continue
+            info = path.stat()
+            files[path] = (info.st_mtime_ns, info.st_size)
+    return files
+
+
+def check(attack: Attack, tmp: Path) -> None:
+    """Refused in one line (or recovered from): no traceback, within memory and time, nothing written
+    outside tmp and no temp file left in the cache."""
+    args = attack.build(tmp)
+    before = snapshot(ROOT, tmp.parent, skip=tmp)
+    try:
+        proc = minigpt(tmp, args)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{attack.name}: still running after {TIME_LIMIT}s")
+    err = proc.stderr
+    assert proc.returncode >= 0, f"{attack.name}: killed by signal {-proc.returncode}\n{err}"
+    assert "Traceback" not in err and "MemoryError" not in err, f"{attack.name}:\n{err}"
+    lines = err.splitlines()
+    if attack.exit_code == 0:
+        assert proc.returncode == 0 and attack.blame in err, f"{attack.name}: exit {proc.returncode}\n{err}"
+    else:
+        assert proc.returncode in ((1, 2) if attack.exit_code is None else (attack.exit_code,)), err
+        assert lines and lines[-1].startswith("error: "), f"{attack.name}: last line not an error\n{err}"
+        assert sum(line.startswith("error:") for line in lines) == 1, err
+        assert attack.blame in lines[-1], f"{attack.name}: {lines[-1]!r} does not name {attack.blame!r}"
+    assert not list((tmp / "cache").rglob(".*.tmp")), f"{attack.name}: temp files left in the cache"
+    assert snapshot(ROOT, tmp.parent, skip=tmp) == before, f"{attack.name}: wrote outside its tmp dir"
+
+
+# ---------------------------------------------------------------------------------------------- builders
+
+
+def tampered_run(
+    fixture: str, change: Callable[[dict[str, Any]], Any], prompt: str = "The"
+) -> Callable[[Path], list[str]]:
+    """A copy of a saved run whose tokenizer.json `change` edits in place, and `generate` on it."""
+
+    def build(tmp: Path) -> list[str]:
+        run = tmp / "run"
+        shutil.copytree(FIXTURES / fixture, run)
+        tokenizer = json.loads((run / "tokenizer.json").read_text(encoding="utf-8"))
+        change(tokenizer)
+        (run / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+        return ["generate", "--model", str(run), prompt, "--max-new-tokens", "4", "--device", "cpu"]
+
+    return build
+
+
+def train_with(*options: str, text: Path = CORPUS) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        return ["train", str(text), *options, *TRAIN, "--out", str(tmp / "out"), "--overwrite"]
+
+    return build
+
+
+def planted(make: Callable[[Path], Path], *options: str) -> Callable[[Path], list[str]]:
+    """`train --tokenizer PATH` where make(tmp) plants PATH."""
+
+    def build(tmp: Path) -> list[str]:
+        return train_with("--tokenizer", str(make(tmp)), *options)(tmp)
+
+    return build
+
+
+def fifo(tmp: Path) -> Path:
+    os.mkfifo(tmp / "ranks.tiktoken")  # opening it to read would block until a writer came
+    return tmp / "ranks.tiktoken"
+
+
+def fifo_text(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "text.txt")
+    return train_with(text=tmp / "text.txt")(tmp)
+
+
+def ranks_file(tmp: Path, extra: str = "", size: int = 0) -> Path:
+    """The bpe fixture's ranks as a .tiktoken file, plus `extra` lines, grown sparsely to `size` bytes."""
+    table = json.loads((FIXTURES / "run-v0.1-bpe" / "tokenizer.json").read_text())["ranks"]
+    path = tmp / "ranks.tiktoken"
+    path.write_text("".join(f"{token} {rank}\n" for rank, token in enumerate(table)) + extra)
+    if size:
+        os.truncate(path, size)
+    return path
+
+
+def big_text(tmp: Path) -> Path:
+    """~16 MB of text: tokenizing it takes long enough to be interrupted."""
+    path = tmp / "big.txt"
+    path.write_text(CORPUS.read_text(encoding="utf-8") * 500, encoding="utf-8")
+    return path
+
+
+def killed_while_tokenizing(sig: signal.Signals) -> Callable[[Path], list[str]]:
+    """Train, killed by sig while its tokens are half written; then the same command again."""
+
+    def build(tmp: Path) -> list[str]:
+        args = train_with("--tokenizer", str(ranks_file(tmp)), text=big_text(tmp))(tmp)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "minigpt", *args],
+            cwd=ROOT,
+            env=child_env(tmp),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + TIME_LIMIT
+        try:
+            while not list((tmp / "cache").rglob(".*.tmp")):
+                assert proc.poll() is None and time.monotonic() < deadline, "tokenizing ended before the kill"
+                time.sleep(0.002)
+        finally:
+            proc.send_signal(sig)
+            proc.wait()
+        assert list((tmp / "cache").rglob(".*.tmp")), "the killed writer left no temp file to clean"
+        return args
+
+    return build
+
+
+def garbage_cache(tmp: Path) -> list[str]:
+    """Train once, then fill the token cache with random bytes of the same size."""
+    args = train_with("--tokenizer", "char")(tmp)
+    assert minigpt(tmp, args).returncode == 0
+    (tokens,) = (tmp / "cache" / "tokens").glob("*.bin")
+    tokens.write_bytes(np.random.default_rng(0).bytes(tokens.stat().st_size))
+    return args
+
+
+def fifo_cache(tmp: Path) -> list[str]:
+    """Train once, then swap the token cache file for a FIFO."""
+    args = train_with("--tokenizer", "char")(tmp)
+    assert minigpt(tmp, args).returncode == 0
+    (tokens,) = (tmp / "cache" / "tokens").glob("*.bin")
+    tokens.unlink()
+    os.mkfifo(tokens)
+    return args
+
+
+def hf_dir(tmp: Path, *drop: str) -> Path:
+    """A Hugging Face GPT-2 directory exported from the bpe fixture run, without the files named in drop."""
+    from minigpt.convert import to_hf
+
+    to_hf(FIXTURES / "run-v0.1-bpe", tmp / "hf")
+    for name in drop:
+        (tmp / "hf" / name).unlink()
+    return tmp / "hf"
+
+
+def from_hf(src: Path) -> list[str]:
+    return ["convert", "from-hf", str(src), str(src.parent / "out")]
+
+
+def sharded(shard_name: Callable[[Path], str], link: bool = False) -> Callable[[Path], list[str]]:
+    """An HF directory whose weights moved out of it, and a shard index naming them as shard_name(tmp);
+    with link, the index names a symlink inside the directory that points at the moved file."""
+
+    def build(tmp: Path) -> list[str]:
+        from minigpt.files import safetensors_shapes
+
+        src = hf_dir(tmp)
+        outside = tmp / "outside.safetensors"
+        (src / "model.safetensors").rename(outside)
+        name = shard_name(tmp)
+        if link:
+            (src / name).symlink_to(outside)
+        weight_map = dict.fromkeys(safetensors_shapes(outside), name)
+        (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        return from_hf(src)
+
+    return build
+
+
+def deeply_nested_index(tmp: Path) -> list[str]:
+    src = hf_dir(tmp, "model.safetensors")
+    (src / "model.safetensors.index.json").write_text("[" * 100_000)
+    return from_hf(src)
+
+
+def vocab_linked_out(tmp: Path) -> list[str]:
+    """GPT-2 tokenizer files whose vocab.json is a symlink to a file outside the directory."""
+    src = hf_dir(tmp, "minigpt_tokenizer.json")
+    (tmp / "elsewhere.json").write_text("{}")
+    (src / "vocab.json").symlink_to(tmp / "elsewhere.json")
+    (src / "merges.txt").write_text("#version: 0.2\n")
+    return from_hf(src)
+
+
+def hf_fast_tokenizer(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], list[str]]:
+    """An HF directory whose only tokenizer file is a byte-level BPE tokenizer.json that change edits."""
+
+    def build(tmp: Path) -> list[str]:
+        from minigpt.convert import bytes_to_unicode
+
+        src = hf_dir(tmp, "minigpt_tokenizer.json")
+        vocab = {c: b for b, c in bytes_to_unicode().items()}
+        data = {
+            "model": {"type": "BPE", "vocab": vocab, "merges": []},
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+            "added_tokens": [],
+        }
+        change(data)
+        (src / "tokenizer.json").write_text(json.dumps(data))
+        return from_hf(src)
+
+    return build
+
+
+def hub_snapshot(tmp: Path) -> list[str]:
+    """An HF directory laid out as huggingface_hub caches it: snapshots/REV/* are links to ../../blobs/."""
+    exported = hf_dir(tmp)
+    repo = tmp / "models--tiny-gpt2"
+    (repo / "blobs").mkdir(parents=True)
+    src = repo / "snapshots" / "0123abcd"
+    src.mkdir(parents=True)
+    for file in exported.iterdir():
+        file.rename(repo / "blobs" / file.name)
+        (src / file.name).symlink_to(Path("..", "..", "blobs", file.name))
+    return from_hf(src)
+
+
+def minigpt_tokenizer_linked_out(tmp: Path) -> list[str]:
+    src = hf_dir(tmp)
+    (src / "minigpt_tokenizer.json").rename(tmp / "elsewhere.json")
+    (src / "minigpt_tokenizer.json").symlink_to(tmp / "elsewhere.json")
+    return from_hf(src)
+
+
+def surrogate_text(tmp: Path) -> list[str]:
+    """Text whose unicode_escape decoding holds a lone surrogate."""
+    text = tmp / "escaped.txt"
+    text.write_bytes(CORPUS.read_bytes() + b"\\udc80\n")
+    return train_with("--encoding", "unicode_escape", "--tokenizer", "bpe", text=text)(tmp)
+
+
+def run_copy(tmp: Path, fixture: str = "run-v0.1-char") -> Path:
+    shutil.copytree(FIXTURES / fixture, tmp / "run")
+    return tmp / "run"
+
+
+def with_run(change: Callable[[Path], Any], *command: str) -> Callable[[Path], list[str]]:
+    """A copy of the char fixture run that `change` tampers with, then `command` on it ({run} is its path)."""
+
+    def build(tmp: Path) -> list[str]:
+        run = run_copy(tmp)
+        change(run)
+        return [part.replace("{run}", str(run)) for part in command]
+
+    return build
+
+
+def edit_config(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def tamper(run: Path) -> None:
+        config = json.loads((run / "config.json").read_text())
+        change(config)
+        (run / "config.json").write_text(json.dumps(config))
+
+    return tamper
+
+
+def replace_with_fifo(name: str) -> Callable[[Path], None]:
+    def tamper(run: Path) -> None:
+        (run / name).unlink()
+        os.mkfifo(run / name)
+
+    return tamper
+
+
+def write_file(name: str, text: str) -> Callable[[Path], None]:
+    return lambda run: (run / name).write_text(text)
+
+
+GENERATE = ("generate", "-m", "{run}", "-n", "3", "x")
+BILLION_LAYERS = edit_config(lambda c: c["model"].update(n_layer=10**9))
+
+
+def trained_then(tamper: Callable[[Path], Any], *extra: str) -> Callable[[Path], list[str]]:
+    """A run trained for 2 steps here, `tamper`ed, then `train --resume` on it."""
+
+    def build(tmp: Path) -> list[str]:
+        run = tmp / "out"
+        proc = minigpt(tmp, train_with("--max-iters", "2")(tmp))
+        assert proc.returncode == 0, proc.stderr
+        tamper(run)
+        return ["train", "--resume", str(run), "--max-iters", "4", *extra]
+
+    return build
+
+
+def edit_state(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    """Rewrite state.safetensors with `change` applied to its tensors (torch is fine in the test)."""
+
+    def tamper(run: Path) -> None:
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+
+        with safe_open(str(run / "state.safetensors"), framework="pt") as f:
+            meta = f.metadata()
+        tensors = load_file(str(run / "state.safetensors"))
+        change(tensors)
+        save_file(tensors, str(run / "state.safetensors"), metadata=meta)
+
+    return tamper
+
+
+def short_moment(tensors: dict[str, Any]) -> None:
+    key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/exp_avg"))
+    tensors[key] = tensors[key][:1].clone()
+
+
+def b64(token: bytes) -> str:
+    return base64.b64encode(token).decode()
+
+
+# ---------------------------------------------------------------------------------------------- the attacks
+
+ATTACKS = [
+    Attack(
+        "special token id 10**12",
+        tampered_run("run-v0.1-bpe", lambda t: t["specials"].update({"<|endoftext|>": 10**12})),
+        "tokenizer.json: token id 1000000000000",
+    ),
+    Attack(
+        "special token id -1",
+        tampered_run("run-v0.1-bpe", lambda t: t["specials"].update({"<|endoftext|>": -1})),
+        "tokenizer.json: token id -1",
+    ),
+    Attack(
+        "special token id true",
+        tampered_run("run-v0.1-bpe", lambda t: t["specials"].update({"<|endoftext|>": True})),
+        "tokenizer.json: token id True",
+    ),
+    Attack(
+        "a rank past a million unused ids",
+        tampered_run("run-v0.1-bpe", lambda t: t["ranks"].extend([None] * 1_000_000 + [b64(b"zzzz")])),
+        "unused ids",
+    ),
+    Attack(
+        "one token with two ranks",
+        tampered_run("run-v0.1-bpe", lambda t: t["ranks"].__setitem__(298, t["ranks"][65])),
+        "has two ranks",
+    ),
+    Attack(
+        "catastrophically backtracking split pattern",
+        # lookarounds put tiktoken's regex engine in backtracking mode: this panics, or runs for minutes
+        tampered_run("run-v0.1-bpe", lambda t: t.update(pattern=r"(\w+\s?)+(?=!)x"), prompt="a" * 30 + "!"),
+        "tokenizer.json: split pattern '(",
+    ),
+    Attack(
+        "empty split pattern",
+        tampered_run("run-v0.1-bpe", lambda t: t.update(pattern="")),
+        "split pattern ''",
+    ),
+    Attack(
+        "lone surrogate in a char vocabulary",
+        tampered_run("run-v0.1-char", lambda t: t.update(chars=[*t["chars"][:-1], "\ud800"])),
+        "tokenizer.json: char tokenizer symbol '\\ud800' is a lone surrogate",
+    ),
+    Attack(
+        "two-character symbol in a char vocabulary",
+        tampered_run("run-v0.1-char", lambda t: t.update(chars=[*t["chars"][:-1], "ab"])),
+        "must be single characters, not 'ab'",
+    ),
+    Attack(
+        "--tokenizer /dev/zero", train_with("--tokenizer", "/dev/zero"), "/dev/zero is not a regular file"
+    ),
+    Attack("--tokenizer a FIFO", planted(fifo), "ranks.tiktoken is not a regular file"),
+    Attack("--tokenizer a directory", planted(lambda tmp: tmp), "is a directory"),
+    Attack(
+        "--tokenizer a sparse 1 GB .tiktoken file",
+        planted(lambda tmp: ranks_file(tmp, size=1 << 30)),
+        "ranks.tiktoken is 1,073,741,824 bytes, more than the",
+    ),
+    Attack(
+        "--tokenizer a .tiktoken file with rank 10**12",
+        planted(lambda tmp: ranks_file(tmp, extra=f"{b64(b'zzzz')} {10**12}\n")),
+        "ranks.tiktoken: token id 1000000000000",
+    ),
+    Attack(
+        "--tokenizer a name too long for the filesystem",
+        train_with("--tokenizer", "t" * 300),
+        "unknown --tokenizer 'ttt",
+        exit_code=2,
+    ),
+    Attack(
+        "training text named too long for the filesystem",
+        train_with(text=Path("t" * 300)),
+        "File name too long",
+    ),
+    Attack("training text that is a FIFO", fifo_text, "text.txt is not a regular file"),
+    Attack("--encoding bogus", train_with("--encoding", "bogus"), "unknown --encoding 'bogus'", exit_code=2),
+    Attack(
+        "--encoding base64 (bytes to bytes)",
+        train_with("--encoding", "base64"),
+        "--encoding 'base64' does not decode bytes to text",
+        exit_code=2,
+    ),
+    Attack(
+        "eval --encoding base64",
+        lambda tmp: ["eval", str(FIXTURES / "run-v0.1-char"), str(CORPUS), "--encoding", "base64"],
+        "--encoding 'base64' does not decode bytes to text",
+        exit_code=2,
+    ),
+    Attack("text that decodes to a lone surrogate", surrogate_text, "gives a lone surrogate (U+DC80)"),
+    Attack(
+        "same-size garbage in the token cache",
+        garbage_cache,
+        "fail their check (damaged, incomplete or from an older minigpt): tokenizing again",
+        exit_code=0,
+    ),
+    Attack("a FIFO in the token cache", fifo_cache, "tokenizing again", exit_code=0),
+    Attack("kill -9 while tokenizing", killed_while_tokenizing(signal.SIGKILL), "tokenized training", 0),
+    Attack("SIGTERM while tokenizing", killed_while_tokenizing(signal.SIGTERM), "tokenized training", 0),
+    Attack(
+        "HF shard index naming ../",
+        sharded(lambda tmp: "../outside.safetensors"),
+        "lists the shard '../outside.safetensors', which is not a path inside",
+    ),
+    Attack(
+        "HF shard index naming an absolute path",
+        sharded(lambda tmp: str(tmp / "outside.safetensors")),
+        "which is not a path inside",
+    ),
+    Attack(
+        "HF shard that is a symlink out of the directory",
+        sharded(lambda tmp: "model-00001-of-00001.safetensors", link=True),
+        "outside.safetensors, outside",
+    ),
+    Attack(
+        "HF shard index nested 100,000 deep", deeply_nested_index, "model.safetensors.index.json is corrupt"
+    ),
+    Attack(
+        "HF vocab.json that is a symlink out of the directory", vocab_linked_out, "elsewhere.json, outside"
+    ),
+    Attack(
+        "HF minigpt_tokenizer.json that is a symlink out of the directory",
+        minigpt_tokenizer_linked_out,
+        "elsewhere.json, outside",
+    ),
+    Attack("(legit) HF hub cache snapshot linking to ../../blobs", hub_snapshot, "wrote", exit_code=0),
+    Attack(
+        "HF tokenizer.json added token id 10**12",
+        hf_fast_tokenizer(lambda t: t["added_tokens"].append({"content": "<|x|>", "id": 10**12})),
+        "hf/tokenizer.json: token id 1000000000000",
+    ),
+    Attack(
+        "HF tokenizer.json merges that are not string pairs",
+        hf_fast_tokenizer(lambda t: t["model"].update(merges=[[["a"], ["b"]]])),
+        "hf/tokenizer.json is not a GPT-2 style BPE vocabulary",
+    ),
+    Attack(
+        "config.json claims 10**9 layers (numpy engine)",
+        with_run(BILLION_LAYERS, *GENERATE, "--backend", "numpy"),
+        "needs about 54,955.5 GiB of memory",
+    ),
+    Attack(
+        "config.json claims 10**9 layers (torch engine)",
+        with_run(BILLION_LAYERS, *GENERATE, "--backend", "torch"),
+        "check",
+    ),
+    Attack(
+        "config.json claims 10**9 layers (eval)",
+        with_run(BILLION_LAYERS, "eval", "{run}", str(CORPUS)),
+        "GiB of memory",
+    ),
+    Attack(
+        "config.json nested 100,000 deep",
+        with_run(write_file("config.json", "[" * 100_000 + "]" * 100_000), *GENERATE),
+        "config.json is corrupt",
+    ),
+    Attack(
+        "model.safetensors is a FIFO",
+        with_run(replace_with_fifo("model.safetensors"), *GENERATE),
+        "not a regular file",
+    ),
+    Attack(
+        "config.json is a FIFO", with_run(replace_with_fifo("config.json"), *GENERATE), "not a regular file"
+    ),
+    Attack(
+        "model.safetensors header claims a negative dimension",
+        with_run(
+            lambda run: (run / "model.safetensors").write_bytes(
+                (lambda h: len(h).to_bytes(8, "little") + h)(
+                    b'{"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}'
+                )
+            ),
+            "params",
+            "{run}",
+        ),
+        "negative dimension",
+    ),
+    Attack(
+        "generate -s 10**12 (a KV cache past the machine)",
+        with_run(lambda run: None, *GENERATE, "-s", str(10**12)),
+        "lower --num-samples",
+    ),
+    Attack("generate --seed -1", with_run(lambda run: None, *GENERATE, "--seed", "-1"), "--seed"),
+    Attack("generate --seed 2**64", with_run(lambda run: None, *GENERATE, "--seed", str(2**64)), "--seed"),
+    Attack(
+        "an unknown option --temp",
+        with_run(lambda run: None, *GENERATE, "--temp", "1"),
+        "did you mean --temperature?",
+    ),
+    Attack(
+        "attention --png into /proc",
+        with_run(lambda run: None, "attention", "abc", "--model", "{run}", "--png", "/proc/minigpt-x.png"),
+        "cannot write /proc/minigpt-x.png",
+    ),
+    Attack(
+        "convert to-hf into /proc",
+        with_run(lambda run: None, "convert", "to-hf", "{run}", "/proc/minigpt-x"),
+        "/proc/minigpt-x",
+    ),
+    Attack(
+        "state.safetensors with a short AdamW moment (segfaulted inside libtorch)",
+        trained_then(edit_state(short_moment)),
+        "does not fit its parameter",
+    ),
+    Attack(
+        "state.safetensors with a moment for no parameter",
+        trained_then(
+            edit_state(lambda t: t.update({"optim/transformer.nope/exp_avg": t["rng/torch"].float()}))
+        ),
+        "belongs to no parameter",
+    ),
+    Attack(
+        "state.safetensors with a bad rng tensor",
+        trained_then(edit_state(lambda t: t.update({"rng/torch": t["rng/torch"][:10].clone()}))),
+        "random number generator state",
+    ),
+    Attack("train --lr nan", train_with("--lr", "nan"), "lr must be a finite number, got nan"),
+    Attack(
+        "train --weight-decay inf",
+        train_with("--weight-decay", "inf"),
+        "weight_decay must be a finite number",
+    ),
+    Attack("train --grad-clip nan", train_with("--grad-clip", "nan"), "grad_clip must be a finite number"),
+    Attack("train --seed -1", train_with("--seed", "-1"), "seed"),
+    Attack(
+        "config.json with a tampered train section (lr as text)",
+        trained_then(edit_config(lambda c: c["train"].update(lr="abc"))),
+        "lr must be a finite number, got 'abc'",
+    ),
+    Attack(
+        "config.json whose train section is a list",
+        trained_then(edit_config(lambda c: c.update(train=[1]))),
+        "not a JSON object",
+    ),
+]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+def test_attack_is_refused_cleanly(attack: Attack, tmp_path: Path) -> None:
+    check(attack, tmp_path)
