@@ -430,10 +430,19 @@ def train(
         Path | None,
         typer.Option(
             help="Continue this run with its saved settings. Budget options given with it replace the saved "
-            "budget as a whole (--max-time then counts this command's time).",
+            "budget as a whole (--max-time then counts this command's time). FILE... given with it say where "
+            "the run's text is now, if it moved.",
             rich_help_panel=_RUN,
         ),
     ] = None,
+    allow_data_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-data-change",
+            help="With --resume: go on even if the text differs from what the run trained on.",
+            rich_help_panel=_RUN,
+        ),
+    ] = False,
     init_from: Annotated[
         Path | None,
         typer.Option(
@@ -510,13 +519,17 @@ def train(
     )
     if resume is not None:
         given = [k for k, v in {**model_opts, **opt_opts, **data_opts}.items() if v is not None]
-        if files or given or init_from or out:
-            extra = ", ".join("--" + k.replace("_", "-") for k in given) or "files/--out/--init-from"
+        if given or init_from or out:
+            extra = ", ".join("--" + k.replace("_", "-") for k in given) or "--out/--init-from"
             raise MinigptError(
-                f"--resume continues a run with its saved settings; only budget options may change (got {extra})",
+                f"--resume continues a run with its saved settings; only budget options and the text's new "
+                f"place may change (got {extra})",
                 exit_code=2,
             )
-        run_args: dict[str, Any] = dict(cfg=TrainConfig(**budget), resume=resume)
+        moved = DataConfig(paths=tuple(files), tokenizer="char") if files else None  # only its paths count
+        run_args: dict[str, Any] = dict(
+            cfg=TrainConfig(**budget), data=moved, resume=resume, allow_data_change=allow_data_change
+        )
     else:
         if not files:
             raise MinigptError(
@@ -554,7 +567,7 @@ def _relaunch_args(params: dict[str, Any]) -> list[str]:
         if isinstance(value, bool):
             if value:
                 args.append(flag)
-            elif name != "overwrite":
+            elif name not in ("overwrite", "allow_data_change"):  # flags without a --no- form
                 args.append("--no-" + flag[2:])
         else:
             args += [flag, str(value)]

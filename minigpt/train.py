@@ -53,6 +53,7 @@ def train(
     resume: Path | None = None,
     init_from: Path | None = None,
     overwrite: bool = False,
+    allow_data_change: bool = False,
     reporter: ProgressReporter | None = None,
     on_step: Callable[[int], None] | None = None,
     started: float | None = None,
@@ -61,12 +62,16 @@ def train(
 ) -> TrainResult:
     """Train a model (new, resumed from `resume`, or starting from `init_from`'s weights) and save it.
 
-    On a resume `cfg` holds nothing or a new budget, which replaces the saved one. The time budget counts
+    On a resume `cfg` holds nothing or a new budget, which replaces the saved one, and `data`, if given, only
+    says where the run's text is now (it must be the same text unless `allow_data_change`). The time budget counts
     from `started` (a `clock()` reading; default: this call), so the CLI makes it the wall time of the whole
     command. `reporter` (rank 0's; default: silent) is told the progress, `on_step` each step's number.
     """
     command_started = clock() if started is None else started
-    plan = plan_run(cfg, data, out=out, resume=resume, init_from=init_from, overwrite=overwrite)
+    plan = plan_run(
+        cfg, data, out=out, resume=resume, init_from=init_from, overwrite=overwrite,
+        allow_data_change=allow_data_change,
+    )  # fmt: skip
     # every rank checks its settings before joining; rank 0 writes nothing until all have joined
     dist = DistContext.from_env(plan.cfg.device)
     reporter = reporter if reporter is not None and dist.is_master else QuietReporter()

@@ -14,10 +14,11 @@ import torch
 
 from minigpt.budget import Budget
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, prepare_data
+from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
+from minigpt.memory import check_fits, training_bytes
 from minigpt.model import GPT
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
@@ -51,6 +52,8 @@ class RunPlan:
     tokenizer: Tokenizer | None = None  # a resumed or fine-tuned run's
     shape: GPTConfig | None = None  # likewise
     replaced_budget: str | None = None  # a resume given a new budget: the saved one, in words
+    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, sha256)
+    allow_data_change: bool = False  # resume even if the text is not what the run trained on
 
 
 def plan_run(
@@ -61,12 +64,14 @@ def plan_run(
     resume: Path | None = None,
     init_from: Path | None = None,
     overwrite: bool = False,
+    allow_data_change: bool = False,
 ) -> RunPlan:
     """A new run on `data` (into `out`, refused if it holds a run unless `overwrite`), a resume of `resume`
     (with its saved settings; a budget in `cfg` replaces the saved one), or a run starting from
     `init_from`'s weights and tokenizer."""
     if resume is not None:
-        return _plan_resume(cfg, resume, data=data, out=out, init_from=init_from)
+        paths = data.paths if data is not None else ()
+        return _plan_resume(cfg, resume, paths, allow_data_change, out=out, init_from=init_from)
     if data is None:
         raise UsageError("give the text to train on (a DataConfig), or a run to resume")
     if not cfg.has_budget:
@@ -81,7 +86,13 @@ def plan_run(
     return RunPlan(cfg, data, out, False, init_from, overwrite, source.tokenizer(), shape)
 
 
-def _plan_resume(cfg: TrainConfig, resume: Path, **others: Any) -> RunPlan:
+def _plan_resume(
+    cfg: TrainConfig,
+    resume: Path,
+    paths: tuple[Path, ...] = (),
+    allow_data_change: bool = False,
+    **others: Any,
+) -> RunPlan:
     defaults = TrainConfig()
     changed = [f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)]
     refused = [name for name in changed if name not in BUDGET_SETTINGS]
@@ -99,18 +110,33 @@ def _plan_resume(cfg: TrainConfig, resume: Path, **others: Any) -> RunPlan:
     if cfg.has_budget:
         replaced = Budget(**saved_cfg.budget()).describe()
         saved_cfg = saved_cfg.with_budget(cfg.budget())
-    saved_data = saved["data"]
-    data = DataConfig(
-        **{
-            **saved_data,
-            "paths": tuple(Path(p) for p in saved_data["paths"]),
-            "val_file": Path(saved_data["val_file"]) if saved_data.get("val_file") else None,
-        }
-    )
+    data, inputs = _saved_data(saved.get("data"), source, paths)
     shape = source.model_config(saved)
     return RunPlan(
-        saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced
-    )
+        saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced,
+        saved_inputs=inputs, allow_data_change=allow_data_change,
+    )  # fmt: skip
+
+
+def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[DataConfig, list[Any] | None]:
+    """The data settings a run recorded, read at `paths` when the text moved (its content is checked once
+    hashed); the cache folder is this machine's, never one a config.json names."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("paths"), list):
+        raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
+    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors"}
+    settings = {k: v for k, v in saved.items() if k in known}
+    settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
+    moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])
+    missing = [p for p in moved if not p.exists()]
+    if missing and not paths:
+        raise MinigptError(
+            f"{missing[0]}, which {source} was trained on, is not there: give its new place, "
+            f"minigpt train --resume {source} FILE..."
+        )
+    try:
+        return DataConfig(paths=moved, **settings), saved.get("inputs")
+    except TypeError as e:
+        raise MinigptError(f"{source.config_path}: the data section is damaged ({e})") from None
 
 
 def check_launch(nproc: int, plan: RunPlan) -> None:
@@ -226,7 +252,12 @@ def set_up(
         if plan.replaced_budget is not None:
             state.time_budget_from = state.elapsed  # a new time budget counts this command's time
     state.world_size = dist.world_size
-    settings = {"train": cfg.to_dict(), "data": data_dict(plan.data), "metrics": {}}
+    _check_same_text(plan, dataset)
+    settings = {
+        "train": cfg.to_dict(),
+        "data": {**data_dict(plan.data), "inputs": list(dataset.inputs)},
+        "metrics": {},
+    }
     if dist.is_master and not plan.resume:
         if plan.overwrite:
             rundir.clear()
@@ -258,11 +289,24 @@ def _prepare(
     return cfg, runtime, dataset
 
 
+def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
+    """On resume, the text must be what the run trained on (by content), unless the user says otherwise."""
+    change = changed_inputs(plan.saved_inputs, dataset.inputs) if plan.resume else None
+    if change and not plan.allow_data_change:
+        raise MinigptError(
+            f"the text differs from what {plan.out} was trained on ({change}): pass the original files, or "
+            f"--allow-data-change to go on with this text (the saved best loss came from the old split)"
+        )
+
+
 def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device) -> GPT:
-    """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning."""
+    """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning; first, the memory
+    it and a micro-batch will need, against what the machine has."""
     shape = plan.shape or cfg.model_config(tokenizer.vocab_size)
     if tokenizer.vocab_size > shape.vocab_size:
         raise MinigptError("tokenizer is larger than the model's vocabulary")
+    fix = "lower batch_size, block_size or the model's size"
+    check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
     model = GPT(shape).to(device)
     if plan.init_from is not None:
         source = RunDir(plan.init_from)

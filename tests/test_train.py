@@ -758,3 +758,44 @@ def test_bad_options_through_train(
     assert result.exit_code in (1, 2), result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
+
+
+def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Path, tmp_path: Path) -> None:
+    """config.json records each input's absolute path and sha256: a run resumes from another folder, with the
+    text at a new place when it moved, and refuses text that changed unless --allow-data-change."""
+    out = tmp_path / "run"
+    args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    (record,) = json.loads((out / RunDir.CONFIG).read_text())["data"]["inputs"]
+    assert record["path"] == str(text_file.resolve()) and len(record["sha256"]) == 64
+    moved = tmp_path / "elsewhere" / "moved.txt"
+    moved.parent.mkdir()
+    text_file.rename(moved)
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "3"])
+    assert result.exit_code == 1 and "is not there: give its new place" in result.stderr
+    result = runner.invoke(app, ["train", "--resume", str(out), str(moved), "--max-iters", "3"])
+    assert result.exit_code == 0, result.output
+    moved.write_text(TEXT[::-1], encoding="utf-8")
+    result = runner.invoke(app, ["train", "--resume", str(out), str(moved), "--max-iters", "4"])
+    assert result.exit_code == 1 and "the text differs from what" in result.stderr
+    assert "changed or missing: tiny.txt" in result.stderr or "changed or missing: moved.txt" in result.stderr
+    args = ["train", "--resume", str(out), str(moved), "--max-iters", "4", "--allow-data-change"]
+    assert runner.invoke(app, args).exit_code == 0
+
+
+def test_a_batch_past_the_machine_is_refused_before_allocating(
+    runner, text_file: Path, tmp_path: Path
+) -> None:
+    args = [
+        "train",
+        str(text_file),
+        *TINY,
+        "--batch-size",
+        str(10**9),
+        "--max-iters",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "training with batch_size 1,000,000,000 needs about" in result.stderr
