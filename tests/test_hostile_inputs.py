@@ -386,6 +386,15 @@ def short_moment(tensors: dict[str, Any]) -> None:
     tensors[key] = tensors[key][:1].clone()
 
 
+def metrics_linked_out(run: Path) -> None:
+    """metrics.jsonl as a link to a file outside the test's folder: a resume must not append to it (it
+    replaces the link with a file of its own, and the snapshot shows the target untouched)."""
+    target = run.parent.parent / f"precious-{run.parent.name}.txt"
+    target.write_text("do not touch\n")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(target)
+
+
 def b64(token: bytes) -> str:
     return base64.b64encode(token).decode()
 
@@ -623,6 +632,17 @@ ATTACKS = [
         "config.json whose train section is a list",
         trained_then(edit_config(lambda c: c.update(train=[1]))),
         "not a JSON object",
+    ),
+    Attack(
+        "metrics.jsonl linked to a file outside the run (resume recovers)",
+        trained_then(metrics_linked_out),
+        "done: reached max_iters 4",
+        exit_code=0,
+    ),
+    Attack(
+        "config.json whose data section points at /etc/passwd (resume)",
+        trained_then(edit_config(lambda c: c["data"].update(paths=["/etc/passwd"]))),
+        "the text differs from what",
     ),
 ]
 
