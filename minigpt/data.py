@@ -140,6 +140,14 @@ class Dataset:
         return self.val_bytes / len(self.val)
 
 
+def text_size(n: int) -> str:
+    """47 KB, 1.1 MB, 2.3 GB: a size a person reads at a glance (0.0 MB for 47 KB said nothing)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:,.0f} {unit}"
+    return f"{n:,} bytes"
+
+
 def bits_per_byte(loss_nats_per_token: float, tokens: int, num_bytes: int) -> float:
     """Convert a mean loss over `tokens` tokens that spell `num_bytes` bytes of text to bits per byte."""
     if tokens <= 0 or num_bytes <= 0:
@@ -215,7 +223,7 @@ def _hash_source(path: Path, encoding: str, advance: Callable[[int], None]) -> _
     except OSError as e:
         raise MinigptError(f"cannot read {path}: {e.strerror}") from None
     if size == 0:
-        raise MinigptError(f"{path} is empty: there is no text to train on")
+        raise MinigptError(f"{path} is empty: there is no text in it")
     return _Source(path, size, h.hexdigest())
 
 
@@ -251,7 +259,7 @@ def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int]
             if final:
                 break
     if not nonblank:
-        raise MinigptError(f"{src.path} contains only whitespace: there is no text to train on")
+        raise MinigptError(f"{src.path} contains only whitespace: there is no text in it")
 
 
 def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> str:
@@ -463,7 +471,7 @@ def _get_tokenizer(
         tok = build_tokenizer(
             config.tokenizer, lambda: _texts(sources, config, advance, TRAIN_PIECE_CHARS), config.vocab_size
         )
-    report.note(f"{label}: {tok.describe()} from {total / 1e6:.1f} MB in {time.perf_counter() - start:.1f}s")
+    report.note(f"{label}: {tok.describe()} from {text_size(total)} in {time.perf_counter() - start:.1f}s")
     staging.write_json(path, tok.to_json())
     return tok
 
@@ -619,7 +627,7 @@ def _get_tokens(
     }
     staging.write_json(meta_path, meta)
     report.note(
-        f"tokenized {label} text: {total / 1e6:.1f} MB -> {tokens:,} tokens in {seconds:.1f}s "
+        f"tokenized {label} text: {text_size(total)} -> {tokens:,} tokens in {seconds:.1f}s "
         f"({total / 1e6 / max(seconds, 1e-9):.1f} MB/s)"
     )
     return bin_path, meta

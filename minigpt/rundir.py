@@ -174,6 +174,12 @@ class RunDir:
         )
         tensors, _ = load_tensors(self.weights_path, framework)
         check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, self.weights_path)
+        bad = next((name for name, t in tensors.items() if not _all_finite(t)), None)
+        if bad is not None:  # sampling and attention views cannot work on NaN: say so here, once
+            raise MinigptError(
+                f"{self.weights_path} holds NaN or infinite weights ({bad}): the run diverged or the file is "
+                f"damaged; retrain or restore it"
+            )
         return tensors
 
     def load_model(self, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
@@ -319,3 +325,12 @@ def _metrics_record(line: str) -> dict[str, Any] | None:
         and isinstance(record.get("step"), int)
     )
     return record if ok else None
+
+
+def _all_finite(tensor: Any) -> bool:
+    """Whether a torch tensor or NumPy array holds only finite numbers (without importing torch for NumPy)."""
+    if hasattr(tensor, "isfinite"):
+        return bool(tensor.isfinite().all())
+    import numpy as np
+
+    return bool(np.isfinite(tensor).all())

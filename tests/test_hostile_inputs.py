@@ -395,6 +395,13 @@ def metrics_linked_out(run: Path) -> None:
     (run / "metrics.jsonl").symlink_to(target)
 
 
+def nan_weights(run: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v.clone().fill_(float("nan")) for k, v in load_file(str(run / "model.safetensors")).items()}
+    save_file(tensors, str(run / "model.safetensors"), metadata={"format": "minigpt-run"})
+
+
 def b64(token: bytes) -> str:
     return base64.b64encode(token).decode()
 
@@ -644,6 +651,12 @@ ATTACKS = [
         trained_then(edit_config(lambda c: c["data"].update(paths=["/etc/passwd"]))),
         "the text differs from what",
     ),
+    Attack(
+        "all-NaN weights (attention)",
+        with_run(nan_weights, "attention", "abc", "--model", "{run}"),
+        "holds NaN or infinite weights",
+    ),
+    Attack("all-NaN weights (generate)", with_run(nan_weights, *GENERATE), "holds NaN or infinite weights"),
 ]
 
 
