@@ -76,6 +76,10 @@ class Budget:
             parts.append(state.tokens / self.max_tokens)
         return min(max(parts), 1.0)
 
+    def out_of_time(self) -> bool:
+        """Whether the time budget, less the reserve for the final evaluation and save, is spent now."""
+        return self.max_time is not None and self.elapsed() - self.time_from + self.reserve >= self.max_time
+
     def stop_reason(self, state: TrainState) -> str | None:
         """Why the run stops before another step, or None. Under a time budget the next step and the
         final evaluation and save must still fit."""

@@ -93,9 +93,21 @@ def run_loop(
     signals = StopSignals(grace=1.0 if run.runtime.dist.enabled else 0.0)
     reason, interrupted = budget.stop_reason(state), False
     with signals.installed(), run.runtime.dist.peer_errors(run.rundir.path):
+        # one process can give a long step up between micro-batches; ranks would have to agree on it
+        abandon = (
+            None
+            if run.runtime.dist.enabled
+            else lambda: signals.requested is not None or budget.out_of_time()
+        )
         while reason is None:
             step_started = run.budget.clock()
-            loss, lr = take_step(run)
+            loss, lr = take_step(run, abandon)
+            if loss is None:
+                interrupted = signals.requested is not None
+                reason = (
+                    f"stopped by {signals.requested}" if interrupted else "reached max_time within a step"
+                )
+                break
             if on_step is not None:
                 on_step(state.step)
             # the first step of a command pays one-off costs, so it does not count towards the step time
@@ -114,8 +126,9 @@ def run_loop(
     return reason, interrupted
 
 
-def take_step(run: TrainingRun) -> tuple[float, float]:
-    """One optimizer step at the scheduled learning rate, the state advanced past it: (loss, lr).
+def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tuple[float | None, float]:
+    """One optimizer step at the scheduled learning rate, the state advanced past it: (loss, lr); a loss of
+    None when `abandon` gave the step up between micro-batches (the state stays as it was).
 
     A loss that is not finite stops the run; the weights and the last checkpoint stay as they were.
     """
@@ -134,7 +147,10 @@ def take_step(run: TrainingRun) -> tuple[float, float]:
         lr=lr,
         grad_accum=cfg.grad_accum,
         grad_clip=cfg.grad_clip,
+        abandon=abandon,
     )
+    if loss is None:
+        return None, lr
     if not math.isfinite(loss):
         raise MinigptError(
             f"loss became {loss} at step {state.step}: lower lr (now {cfg.lr:g}) or raise warmup; "

@@ -41,11 +41,14 @@ def train_step(
     lr: float,
     grad_accum: int = 1,
     grad_clip: float = 0.0,
-) -> float:
+    abandon: Callable[[], bool] | None = None,
+) -> float | None:
     """One optimizer step at learning rate `lr` over `grad_accum` micro-batches from `sampler`.
 
     Returns the loss, averaged over the micro-batches and the ranks (so every rank sees a NaN on any).
-    A loss that is not finite is returned without stepping: the weights stay as they were.
+    A loss that is not finite is returned without stepping: the weights stay as they were. `abandon`, asked
+    after each micro-batch, can give the step up (None is returned, gradients and batch position as before
+    the step): a step of very many micro-batches must not outlast a time budget or a Ctrl-C.
     """
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -58,6 +61,10 @@ def train_step(
             loss = loss / grad_accum
         loss.backward()
         loss_sum += loss.detach()
+        if abandon is not None and micro + 1 < grad_accum and abandon():
+            optimizer.zero_grad(set_to_none=True)
+            sampler.batches -= micro + 1
+            return None
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     mean_loss = runtime.dist.all_reduce_mean(loss_sum).item()

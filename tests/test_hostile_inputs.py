@@ -657,6 +657,26 @@ ATTACKS = [
         "holds NaN or infinite weights",
     ),
     Attack("all-NaN weights (generate)", with_run(nan_weights, *GENERATE), "holds NaN or infinite weights"),
+    Attack(
+        "train --grad-accum 10**9 under --max-time 10s (gives the step up in time)",
+        lambda tmp: [
+            "train",
+            str(CORPUS),
+            *TRAIN[:-4],
+            "--device",
+            "cpu",
+            "--grad-accum",
+            str(10**9),
+            "--max-time",
+            "10s",
+            "--max-iters",
+            "5",
+            "--out",
+            str(tmp / "out"),
+        ],
+        "done: reached max_time within a step after 0 steps",
+        exit_code=0,
+    ),
 ]
 
 
