@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 import time
 from enum import Enum
@@ -584,10 +585,13 @@ def _launch_local(nproc: int, args: list[str]) -> int:
     import os
     import signal
     import subprocess
+    import threading
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "minigpt", "train", *args]  # fmt: skip
-    proc = subprocess.Popen(cmd, process_group=0)
+    proc = subprocess.Popen(cmd, process_group=0, stderr=subprocess.PIPE, text=True, errors="replace")
+    relay = threading.Thread(target=_relay_worker_output, args=(proc,), daemon=True)
+    relay.start()
     received: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -603,12 +607,34 @@ def _launch_local(nproc: int, args: list[str]) -> int:
     old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = proc.wait()
+        relay.join(timeout=5)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    if code != 0 and not received and not getattr(proc, "reported_error", False):
+        typer.echo(
+            f"error: a training process failed (exit code {code}); run without --nproc to see why", err=True
+        )
     if received:
         return 128 + received[0]
     return code if code >= 0 else 128 - code
+
+
+_LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d")  # torch.distributed.run's own log lines
+
+
+def _relay_worker_output(proc: Any) -> None:
+    """Pass the workers' stderr on, but not the launcher's: its log lines and, once a worker failed, its
+    traceback and failure report (the worker already said what went wrong in one line)."""
+    quiet = False
+    for line in proc.stderr:
+        quiet = quiet or line.startswith("Traceback (most recent call last)")
+        if quiet or _LAUNCHER_LOG.match(line):
+            continue
+        if line.startswith("error: "):
+            proc.reported_error = True
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 @app.command("eval")

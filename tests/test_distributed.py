@@ -347,3 +347,26 @@ def test_errors_from_ranks_are_minigpt_errors() -> None:
             raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     with pytest.raises(RuntimeError, match="shape mismatch"), dist.peer_errors(Path("run")):
         raise RuntimeError("shape mismatch")
+
+
+def test_nproc_relays_the_workers_lines_not_the_launchers_traceback(capsys: pytest.CaptureFixture) -> None:
+    """Under `train --nproc`, a failed rank's one-line error reaches the user; torchrun's own log lines,
+    traceback and failure report do not."""
+    from types import SimpleNamespace
+
+    from minigpt.cli import _relay_worker_output
+
+    launcher = [
+        "step      5 | loss 5.6 | lr 4.00e-04\n",
+        "error: rank 1 lost contact with the other training processes (...); the last checkpoint is intact\n",
+        "W1122 17:51:38.409000 19269 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending\n",
+        "Traceback (most recent call last):\n",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
+        "minigpt FAILED\n",
+    ]
+    proc = SimpleNamespace(stderr=iter(launcher))
+    _relay_worker_output(proc)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [launcher[0].rstrip(), launcher[1].rstrip()]
+    assert proc.reported_error
