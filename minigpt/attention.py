@@ -178,11 +178,13 @@ class Inspection:
     layer: int | None
     head: int | None  # with a layer: the one head asked for
     weights: torch.Tensor  # (L, H, position + 1) without a layer, else (H, T, T) of that layer
+    windows: tuple[int, ...]  # the positions each layer's queries see, themselves included
 
     def to_json(self, model: str) -> dict[str, object]:
         out: dict[str, object] = {
             "model": model, "ids": self.ids, "tokens": self.tokens, "dropped": self.dropped,
             "position": self.position, "n_layer": self.n_layer, "n_head": self.n_head,
+            "windows": list(self.windows),
         }  # fmt: skip
         if self.layer is None:
             out["weights"] = [[[round(w, 6) for w in r] for r in hs] for hs in self.weights.tolist()]
@@ -203,11 +205,13 @@ class Inspection:
                 f"Attention from position {self.position} ({self.labels[self.position]}) over positions "
                 f"0..{self.position}, in %: {self.n_layer} layers × {self.n_head} heads of {model}"
             )
-            return [position_view(self.weights, self.labels, title, width, top=top)]
+            return [position_view(self.weights, self.labels, title, width, top=top, windows=self.windows)]
+        window = self.windows[self.layer]
+        seen = f"; each position sees the last {window} (its window)" if window <= self.position else ""
         return [
             grid_view(self.weights[h], self.labels,
                       f"Layer {self.layer}, head {h} of {model}: row = position, column = the position it "
-                      f"attends to", width)
+                      f"attends to{seen}", width, window=window)
             for h in self.heads
         ]  # fmt: skip
 
@@ -236,7 +240,19 @@ def inspect_text(
     weights = attention_row(model, ids) if li is None else attention_maps(model, ids).weights[li]
     tokens = [tokenizer.decode_bytes([i]).decode("utf-8", errors="backslashreplace") for i in ids]
     labels = token_labels(tokenizer, ids)
-    return Inspection(ids, labels, tokens, dropped, pos, config.n_layer, config.n_head, li, hi, weights)
+    return Inspection(
+        ids,
+        labels,
+        tokens,
+        dropped,
+        pos,
+        config.n_layer,
+        config.n_head,
+        li,
+        hi,
+        weights,
+        config.layer_windows,
+    )
 
 
 # --------------------------------------------------------------------------- generate --explain
@@ -354,11 +370,13 @@ def position_view(
     width: int,
     top: int = 3,
     display: int = DISPLAY_TOKENS,
+    windows: Sequence[int] | None = None,
 ) -> RenderableType:
     """Every layer's and head's weights from one position over positions 0..position, as percentages.
 
     weights: (L, H, position+1). Columns are the last `display` tokens, split into tables that fit `width`;
     a row's `top` strongest cells are bold; a summary lists each head's top tokens over all positions.
+    `windows`: how many of the latest positions each layer sees; those before are shown as "-".
     """
     from rich.console import Group
     from rich.table import Table
@@ -372,6 +390,14 @@ def position_view(
     name_w = max(len(s) for s in row_names)
     col_w = [max(3, min(6, _cell_width(labels[p]))) for p in range(n)]
     parts: list[RenderableType] = [Text(title, style="bold")]
+    first_seen = [max(0, n - w) for w in windows] if windows is not None else [0] * L
+    local = [layer for layer, w in enumerate(windows or []) if w < n]
+    if windows is not None and local:
+        who = ("layer {} sees only its" if len(local) == 1 else "layers {} see only their").format(
+            ", ".join(map(str, local))
+        )
+        note = f"({who} window, the last {windows[local[0]]} tokens: - before it)"
+        parts.append(Text(note, style="dim"))
     if start:
         parts.append(
             Text(f"(earlier: the total weight on the {start} tokens before those shown)", style="dim")
@@ -400,7 +426,10 @@ def position_view(
                 cells.append(Text(_percent(rest), style=_cell_style(rest, False)))
             for p in chunk:
                 w = float(rows[i, p])
-                cells.append(Text(_percent(w), style=_cell_style(w, p in strong[i])))
+                if p < first_seen[i // H]:
+                    cells.append(Text("-", style="dim"))
+                else:
+                    cells.append(Text(_percent(w), style=_cell_style(w, p in strong[i])))
             table.add_row(name, *cells, end_section=(i + 1) % H == 0 and i + 1 < len(row_names))
         parts.extend([Text(""), table])
     summary = Table(box=None, padding=(0, 2, 0, 0))
@@ -429,10 +458,12 @@ def grid_view(
     title: str,
     width: int,
     display: int = DISPLAY_TOKENS,
+    window: int | None = None,
 ) -> RenderableType:
     """One head's T x T pattern as shaded cells: row = query position, column = attended position.
 
-    The upper triangle (future tokens, masked) stays blank. Only the last `display` positions are drawn.
+    The upper triangle (future tokens, masked) stays blank, and so does what lies before a local layer's
+    `window` (drawn as "-"). Only the last `display` positions are drawn.
     Cells are two characters wide when that fits `width`, else one.
     """
     from rich.console import Group
@@ -459,13 +490,16 @@ def grid_view(
         for p in shown:
             if p > q:
                 line.append(" " * cw)
+            elif window is not None and p <= q - window:
+                line.append("-" * cw, style="dim")
             else:
                 w = float(weights[q, p])
                 r, g, b = _ramp(w)
                 line.append(_shade(w) * cw, style=f"rgb({r},{g},{b})")
         lines.append(line)
     legend = "  ".join(f"{g} <{lim:.0%}" for g, lim in zip(_SHADES, (0.05, 0.2, 0.4, 0.7), strict=False))
-    lines.append(Text(f"{legend}  {_SHADES[-1]} ≥70%   (blank: future tokens, masked)", style="dim"))
+    outside = ", -: before the window" if window is not None and window < T else ""
+    lines.append(Text(f"{legend}  {_SHADES[-1]} ≥70%   (blank: future tokens, masked{outside})", style="dim"))
     return Group(*lines)
 
 

@@ -301,14 +301,14 @@ def train(
     n_kv_head: Annotated[
         int | None,
         typer.Option(
-            help="Key/value heads (grouped-query attention; 1 is multi-query). \\[default: --n-head]",
+            help=option_help("n_kv_head", "Key/value heads (grouped-query attention; 1 is multi-query)."),
             rich_help_panel=_ARCH,
         ),
     ] = None,
     window: Annotated[
         int | None,
         typer.Option(
-            help="Tokens a local (S) layer attends to. \\[default: none, all layers full]",
+            help=option_help("window", "Tokens a local (S) layer attends to."),
             rich_help_panel=_ARCH,
         ),
     ] = None,

@@ -120,6 +120,23 @@ class GPTConfig:
         local[-1] = False
         return tuple(self.window if is_local and self.window else self.block_size for is_local in local)
 
+    @property
+    def architecture(self) -> str:
+        """The choices that differ from GPT-2's, in words ("gpt2" when none do)."""
+        parts = [] if self.pos == "learned" else [self.pos]
+        parts += [v for v, gpt2 in ((self.norm, "layernorm"), (self.mlp, "gelu")) if v != gpt2]
+        if self.qk_norm:
+            parts.append("qk-norm")
+        if self.kv_heads != self.n_head:
+            parts.append(f"{self.kv_heads} kv heads")
+        if self.window is not None and self.window < self.block_size and self.n_layer > 1:
+            parts.append(f"window {self.window} ({self.window_pattern})")
+        if not self.tie_embeddings:
+            parts.append("untied")
+        if not self.bias:
+            parts.append("no bias")
+        return ", ".join(parts) or "gpt2"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

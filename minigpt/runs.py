@@ -20,6 +20,7 @@ class RunSummary:
     data: str  # the input files' names, or where converted weights came from
     tokenizer: str
     shape: str  # layers x heads x width, context
+    arch: str  # what differs from GPT-2 (GPTConfig.architecture)
     params: int
     steps: int | None  # None: not trained by minigpt (converted)
     tokens: int | None
@@ -68,6 +69,7 @@ def summarize(run: RunDir) -> RunSummary:
         data=_data_label(data),
         tokenizer=f"{tok.get('kind', '?')} ({config.vocab_size:,})",
         shape=f"{config.n_layer}x{config.n_head}x{config.n_embd}, ctx {config.block_size}",
+        arch=config.architecture,
         params=run.stored_param_count(),
         steps=last.get("step") if isinstance(last.get("step"), int) else None,
         tokens=last.get("tokens") if isinstance(last.get("tokens"), int) else None,

@@ -276,6 +276,10 @@ def default_label(name: str) -> str | None:
         return ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
     if name in SHAPE_SETTINGS:
         return "the preset's"
+    if name == "n_kv_head":
+        return "n_head"
+    if name == "window":
+        return "none, every layer full"
     if name in ARCH_SETTINGS:
         return ", ".join(f"{a}: {_arch_value(name, v[name])}" for a, v in ARCHS.items())
     if name == "max_iters":

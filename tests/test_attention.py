@@ -55,7 +55,9 @@ class ByteTokenizer(Tokenizer):
 
 def tiny_model(vocab_size: int, block_size: int = 64, seed: int = 0, **kw: Any) -> GPT:
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=4, n_embd=32, **kw)
+    config = GPTConfig(
+        **{"vocab_size": vocab_size, "block_size": block_size, "n_layer": 2, "n_head": 4, "n_embd": 32, **kw}
+    )
     model = GPT(config).eval()
     with torch.no_grad():  # sharper patterns than the near-uniform ones of a fresh init
         for block in model.transformer.h:
@@ -412,3 +414,26 @@ def test_subprocess_attention_json(char_run: Path) -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["tokens"] == list("Hi\nhow") and len(data["weights"]) == 2
+
+
+def test_the_views_show_what_a_local_layer_cannot_see(runner: Any, tmp_path: Path) -> None:
+    """A layer with a window of 4 puts zero weight before it; the views mark those positions with "-"
+    and the JSON lists every layer's window."""
+    tok = CharTokenizer.from_text(TEXT)
+    model = tiny_model(tok.vocab_size, block_size=48, n_layer=3, window=4, window_pattern="SL", pos="rope")
+    RunDir(tmp_path / "run").save(model, tok, extra={})
+    text, run = "how are you? Fine world", str(tmp_path / "run")
+    data = json.loads(runner.invoke(app, ["attention", text, "--model", run, "--json"]).stdout)
+    assert data["windows"] == [4, 48, 48]
+    w = torch.tensor(data["weights"])
+    assert w[0, :, : len(text) - 4].abs().max() == 0 and w[0, :, -4:].sum(-1).allclose(torch.ones(4))
+    out = runner.invoke(app, ["attention", text, "--model", run]).stdout
+    assert "layer 0 sees only its window, the last 4 tokens" in out
+    rows = [line.split()[2:] for line in out.splitlines() if line.startswith("L0 H0") and "@" not in line]
+    cells = [cell for row in rows for cell in row]  # the row, over tables that each fit the width
+    assert cells[: len(text) - 4] == ["-"] * (len(text) - 4) and "-" not in cells[-4:]
+    grid = runner.invoke(app, ["attention", text, "--model", run, "--layer", "0", "--head", "0"]).stdout
+    words = " ".join(grid.split())  # rich wraps the title and legend at the terminal's width
+    assert "each position sees the last 4 (its window)" in words and "-: before the window" in words
+    last_row = [line for line in grid.splitlines() if line.split()[:1] == [str(len(text) - 1)]][0]
+    assert last_row.count("-") >= 2 * (len(text) - 4)  # two characters a cell

@@ -558,6 +558,26 @@ ATTACKS = [
         "GiB of memory",
     ),
     Attack(
+        "config.json window_pattern of a million letters",
+        with_run(edit_config(lambda c: c["model"].update(window=4, window_pattern="S" * 10**6)), *GENERATE),
+        "window_pattern must be letters S (local) and L (full)",
+    ),
+    Attack(
+        "config.json n_kv_head that does not divide n_head",
+        with_run(edit_config(lambda c: c["model"].update(n_kv_head=3)), *GENERATE),
+        "n_kv_head (3) must divide n_head",
+    ),
+    Attack(
+        "config.json rope_base 1e308 and pos 'alibi'",
+        with_run(edit_config(lambda c: c["model"].update(pos="alibi", rope_base=1e308)), *GENERATE),
+        "unknown pos 'alibi'",
+    ),
+    Attack(
+        "config.json window past block_size",
+        with_run(edit_config(lambda c: c["model"].update(window=10**12)), *GENERATE),
+        "must be at most block_size",
+    ),
+    Attack(
         "config.json nested 100,000 deep",
         with_run(write_file("config.json", "[" * 100_000 + "]" * 100_000), *GENERATE),
         "config.json is corrupt",
