@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -121,10 +122,13 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     assert model.num_params() == report["exact_total"]
 
 
-def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "arch", [{}, dict(arch="modern", mlp="swiglu", n_kv_head=1, window=8)], ids=["gpt2", "modern"]
+)
+def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str, Any]) -> None:
     """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
     data = data_cfg(text_file, tmp_path)
-    cfg = tiny_cfg(max_iters=12, eval_every=4)
+    cfg = tiny_cfg(max_iters=12, eval_every=4, **arch)
     straight = train(cfg, data, out=tmp_path / "straight")
 
     def stop_at_6(step: int) -> None:
