@@ -123,6 +123,15 @@ def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
+_MODEL = "Model shape"
+_ARCH = "Architecture"
+_DATA = "Data and tokenizer"
+_OPT = "Optimisation"
+_BUDGET = "Budget (the first reached stops)"
+_EVAL = "Evaluation and logging"
+_RUN = "Run"
+
+
 @app.command()
 def params(
     run: Annotated[
@@ -143,8 +152,64 @@ def params(
     bias: Annotated[
         bool | None, typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers.")
     ] = None,
-    tied: Annotated[
-        bool | None, typer.Option("--tied/--untied", help="Share the unembedding with the token embedding.")
+    tie: Annotated[
+        bool | None,
+        typer.Option(
+            "--tie/--untie",
+            "--tied/--untied",
+            help=option_help("tie", "Share the token embedding with the LM head."),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    arch: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help("arch", "gpt2 or modern; the flags below override it."), rich_help_panel=_ARCH
+        ),
+    ] = None,
+    pos: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help("pos", "Positions: learned (wpe) or rope (rotary)."), rich_help_panel=_ARCH
+        ),
+    ] = None,
+    norm: Annotated[
+        str | None, typer.Option(help=option_help("norm", "layernorm or rmsnorm."), rich_help_panel=_ARCH)
+    ] = None,
+    mlp: Annotated[
+        str | None,
+        typer.Option(help=option_help("mlp", "MLP: gelu, relu2 (ReLU²) or swiglu."), rich_help_panel=_ARCH),
+    ] = None,
+    qk_norm: Annotated[
+        bool | None,
+        typer.Option(
+            "--qk-norm/--no-qk-norm",
+            help=option_help("qk_norm", "RMSNorm of each head's queries and keys."),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    n_kv_head: Annotated[
+        int | None,
+        typer.Option(
+            help="Key/value heads (grouped-query attention; 1 is multi-query). \\[default: --n-head]",
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens a local (S) layer attends to. \\[default: none, all layers full]",
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    window_pattern: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help(
+                "window_pattern", "S (local) and L (full) per layer, repeated; the last layer is L."
+            ),
+            rich_help_panel=_ARCH,
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
@@ -152,23 +217,25 @@ def params(
 
     Without arguments: the newest run under checkpoints/. Examples: `minigpt params --preset gpt3-175b`,
     `minigpt params --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 65 --block-size 256`,
+    `minigpt params --preset small --arch modern --mlp swiglu --n-kv-head 2 --window 64`,
     `minigpt params checkpoints/demo`.
     """
-    from minigpt.params import count_params
+    from minigpt.params import arch_fields, count_params
     from minigpt.presets import shape_config
     from minigpt.rundir import RunDir
     from minigpt.runs import summarize
     from minigpt.views import print_json, print_params, training_summary
 
-    overrides = dict(
-        n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size,
-        bias=bias, tie_embeddings=tied,
+    shape = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size)
+    flags = dict(
+        bias=bias, tie=tie, pos=pos, norm=norm, mlp=mlp, qk_norm=qk_norm, n_kv_head=n_kv_head, window=window,
+        window_pattern=window_pattern,
     )  # fmt: skip
-    shape_given = preset is not None or any(v is not None for v in overrides.values())
+    shape_given = any(v is not None for v in (preset, arch, *shape.values(), *flags.values()))
     if run is not None and shape_given:
         raise MinigptError("give either a run directory or shape options, not both", exit_code=2)
     if shape_given:
-        report = count_params(shape_config(preset, **overrides))
+        report = count_params(shape_config(preset, **shape, **arch_fields(arch, **flags)))
         if as_json:
             print_json({**report.to_dict(), "name": preset or "custom shape"})
         else:
@@ -204,15 +271,6 @@ def runs(
     from rich.console import Console
 
     Console().print(runs_view(summaries, f"Runs under {root}"))
-
-
-_MODEL = "Model shape"
-_ARCH = "Architecture"
-_DATA = "Data and tokenizer"
-_OPT = "Optimisation"
-_BUDGET = "Budget (the first reached stops)"
-_EVAL = "Evaluation and logging"
-_RUN = "Run"
 
 
 @app.command()
