@@ -879,7 +879,8 @@ def attention(
 
 convert_app = typer.Typer(
     cls=_Group,
-    help="Convert between Hugging Face GPT-2 checkpoints and minigpt runs (safetensors, no pickle).",
+    help="Convert between Hugging Face GPT-2, Llama and Qwen3 checkpoints and minigpt runs (safetensors, "
+    "no pickle).",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -897,14 +898,17 @@ def _report_conversion(result: Any, what: str) -> None:
 @convert_app.command("from-hf")
 def convert_from_hf(
     src: Annotated[
-        Path, typer.Argument(help="Local Hugging Face GPT-2 directory (config.json + model.safetensors).")
+        Path,
+        typer.Argument(
+            help="Local Hugging Face GPT-2, Llama or Qwen3 directory (config.json + model.safetensors)."
+        ),
     ],
     out: Annotated[Path, typer.Argument(help="minigpt run directory to write.")],
     tokenizer: Annotated[
         str | None,
         typer.Option(
             help="tiktoken encoding name or .tiktoken file. Default: the directory's own vocab.json + "
-            "merges.txt (or tokenizer.json), else r50k_base from TIKTOKEN_CACHE_DIR."
+            "merges.txt (or tokenizer.json), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
         ),
     ] = None,
     tokenizer_file: Annotated[
@@ -913,7 +917,8 @@ def convert_from_hf(
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at OUT.")] = False,
 ) -> None:
-    """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape) as a minigpt run, offline.
+    """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape), or a Llama or Qwen3 model with plain
+    rotary positions, as a minigpt run, offline.
 
     Example: `minigpt convert from-hf ./gpt2 checkpoints/gpt2`, then `minigpt params checkpoints/gpt2`
     or `minigpt train input.txt --init-from checkpoints/gpt2`.
@@ -934,14 +939,17 @@ def convert_to_hf(
         bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
     ] = False,
 ) -> None:
-    """Export a run as a Hugging Face GPT-2 directory: GPT2LMHeadModel.from_pretrained(OUT) loads it.
+    """Export a run for transformers' AutoModelForCausalLM.from_pretrained(OUT): GPT-2 architecture as
+    GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
+    windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
     GPT-2 style tokenizers (r50k_base) also get vocab.json + merges.txt for GPT2Tokenizer.
     """
     from minigpt.convert import to_hf
+    from minigpt.hfmap import ARCHITECTURES, family_for
 
     result = to_hf(run, out, overwrite=overwrite)
-    _report_conversion(result, "GPT2LMHeadModel")
+    _report_conversion(result, ARCHITECTURES[family_for(result.config)])
 
 
 class DeviceName(str, Enum):
