@@ -123,6 +123,15 @@ def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
+_MODEL = "Model shape"
+_ARCH = "Architecture"
+_DATA = "Data and tokenizer"
+_OPT = "Optimisation"
+_BUDGET = "Budget (the first reached stops)"
+_EVAL = "Evaluation and logging"
+_RUN = "Run"
+
+
 @app.command()
 def params(
     run: Annotated[
@@ -143,8 +152,64 @@ def params(
     bias: Annotated[
         bool | None, typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers.")
     ] = None,
-    tied: Annotated[
-        bool | None, typer.Option("--tied/--untied", help="Share the unembedding with the token embedding.")
+    tie: Annotated[
+        bool | None,
+        typer.Option(
+            "--tie/--untie",
+            "--tied/--untied",
+            help=option_help("tie", "Share the token embedding with the LM head."),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    arch: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help("arch", "gpt2 or modern; the flags below override it."), rich_help_panel=_ARCH
+        ),
+    ] = None,
+    pos: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help("pos", "Positions: learned (wpe) or rope (rotary)."), rich_help_panel=_ARCH
+        ),
+    ] = None,
+    norm: Annotated[
+        str | None, typer.Option(help=option_help("norm", "layernorm or rmsnorm."), rich_help_panel=_ARCH)
+    ] = None,
+    mlp: Annotated[
+        str | None,
+        typer.Option(help=option_help("mlp", "MLP: gelu, relu2 (ReLU²) or swiglu."), rich_help_panel=_ARCH),
+    ] = None,
+    qk_norm: Annotated[
+        bool | None,
+        typer.Option(
+            "--qk-norm/--no-qk-norm",
+            help=option_help("qk_norm", "RMSNorm of each head's queries and keys."),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    n_kv_head: Annotated[
+        int | None,
+        typer.Option(
+            help="Key/value heads (grouped-query attention; 1 is multi-query). \\[default: --n-head]",
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens a local (S) layer attends to. \\[default: none, all layers full]",
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    window_pattern: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help(
+                "window_pattern", "S (local) and L (full) per layer, repeated; the last layer is L."
+            ),
+            rich_help_panel=_ARCH,
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
@@ -152,23 +217,25 @@ def params(
 
     Without arguments: the newest run under checkpoints/. Examples: `minigpt params --preset gpt3-175b`,
     `minigpt params --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 65 --block-size 256`,
+    `minigpt params --preset small --arch modern --mlp swiglu --n-kv-head 2 --window 64`,
     `minigpt params checkpoints/demo`.
     """
-    from minigpt.params import count_params
+    from minigpt.params import arch_fields, count_params
     from minigpt.presets import shape_config
     from minigpt.rundir import RunDir
     from minigpt.runs import summarize
     from minigpt.views import print_json, print_params, training_summary
 
-    overrides = dict(
-        n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size,
-        bias=bias, tie_embeddings=tied,
+    shape = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size)
+    flags = dict(
+        bias=bias, tie=tie, pos=pos, norm=norm, mlp=mlp, qk_norm=qk_norm, n_kv_head=n_kv_head, window=window,
+        window_pattern=window_pattern,
     )  # fmt: skip
-    shape_given = preset is not None or any(v is not None for v in overrides.values())
+    shape_given = any(v is not None for v in (preset, arch, *shape.values(), *flags.values()))
     if run is not None and shape_given:
         raise MinigptError("give either a run directory or shape options, not both", exit_code=2)
     if shape_given:
-        report = count_params(shape_config(preset, **overrides))
+        report = count_params(shape_config(preset, **shape, **arch_fields(arch, **flags)))
         if as_json:
             print_json({**report.to_dict(), "name": preset or "custom shape"})
         else:
@@ -204,15 +271,6 @@ def runs(
     from rich.console import Console
 
     Console().print(runs_view(summaries, f"Runs under {root}"))
-
-
-_MODEL = "Model shape"
-_ARCH = "Architecture"
-_DATA = "Data and tokenizer"
-_OPT = "Optimisation"
-_BUDGET = "Budget (the first reached stops)"
-_EVAL = "Evaluation and logging"
-_RUN = "Run"
 
 
 @app.command()
@@ -821,7 +879,8 @@ def attention(
 
 convert_app = typer.Typer(
     cls=_Group,
-    help="Convert between Hugging Face GPT-2 checkpoints and minigpt runs (safetensors, no pickle).",
+    help="Convert between Hugging Face GPT-2, Llama and Qwen3 checkpoints and minigpt runs (safetensors, "
+    "no pickle).",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -839,14 +898,17 @@ def _report_conversion(result: Any, what: str) -> None:
 @convert_app.command("from-hf")
 def convert_from_hf(
     src: Annotated[
-        Path, typer.Argument(help="Local Hugging Face GPT-2 directory (config.json + model.safetensors).")
+        Path,
+        typer.Argument(
+            help="Local Hugging Face GPT-2, Llama or Qwen3 directory (config.json + model.safetensors)."
+        ),
     ],
     out: Annotated[Path, typer.Argument(help="minigpt run directory to write.")],
     tokenizer: Annotated[
         str | None,
         typer.Option(
             help="tiktoken encoding name or .tiktoken file. Default: the directory's own vocab.json + "
-            "merges.txt (or tokenizer.json), else r50k_base from TIKTOKEN_CACHE_DIR."
+            "merges.txt (or tokenizer.json), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
         ),
     ] = None,
     tokenizer_file: Annotated[
@@ -855,7 +917,8 @@ def convert_from_hf(
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at OUT.")] = False,
 ) -> None:
-    """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape) as a minigpt run, offline.
+    """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape), or a Llama or Qwen3 model with plain
+    rotary positions, as a minigpt run, offline.
 
     Example: `minigpt convert from-hf ./gpt2 checkpoints/gpt2`, then `minigpt params checkpoints/gpt2`
     or `minigpt train input.txt --init-from checkpoints/gpt2`.
@@ -876,14 +939,17 @@ def convert_to_hf(
         bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
     ] = False,
 ) -> None:
-    """Export a run as a Hugging Face GPT-2 directory: GPT2LMHeadModel.from_pretrained(OUT) loads it.
+    """Export a run for transformers' AutoModelForCausalLM.from_pretrained(OUT): GPT-2 architecture as
+    GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
+    windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
     GPT-2 style tokenizers (r50k_base) also get vocab.json + merges.txt for GPT2Tokenizer.
     """
     from minigpt.convert import to_hf
+    from minigpt.hfmap import ARCHITECTURES, family_for
 
     result = to_hf(run, out, overwrite=overwrite)
-    _report_conversion(result, "GPT2LMHeadModel")
+    _report_conversion(result, ARCHITECTURES[family_for(result.config)])
 
 
 class DeviceName(str, Enum):

@@ -1,9 +1,8 @@
-"""Convert Hugging Face GPT-2 checkpoints to minigpt run directories and back, never unpickling."""
+"""Convert Hugging Face GPT-2, Llama and Qwen3 checkpoints to minigpt run directories and back, never unpickling."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,6 +20,18 @@ from minigpt.files import (
     read_json,
     safetensors_shapes,
     save_tensors,
+)
+from minigpt.hfmap import (
+    ARCHITECTURES,
+    LABELS,
+    canonical_name,
+    config_from_hf,
+    expected_hf_shapes,
+    family_for,
+    from_hf_tensors,
+    hf_config,
+    short_list,
+    to_hf_tensors,
 )
 from minigpt.rundir import FORMAT as RUN_FORMAT
 from minigpt.rundir import RunDir
@@ -63,12 +74,6 @@ _STALE_HF_FILES = (
     "generation_config.json",
 )
 
-# HF's Conv1D stores (in, out); nn.Linear stores (out, in)
-_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# the causal-mask buffers older transformers versions saved with the weights
-_MASK_BUFFER = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
-_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function; minigpt's GELU(approximate="tanh")
-
 
 @dataclass(frozen=True)
 class ConvertResult:
@@ -85,10 +90,10 @@ class ConvertResult:
 
 
 def read_hf_config(src: Path) -> dict[str, Any]:
-    """config.json of a Hugging Face model directory, checked to describe a GPT-2."""
+    """config.json of a Hugging Face model directory, checked to describe a GPT-2, Llama or Qwen3."""
     src = Path(src)
     if not src.exists():
-        raise MinigptError(f"{src} does not exist: pass a local Hugging Face GPT-2 directory")
+        raise MinigptError(f"{src} does not exist: pass a local Hugging Face model directory")
     if not src.is_dir():
         raise MinigptError(f"{src} is a file: pass the directory that save_pretrained wrote")
     path = src / HF_CONFIG
@@ -99,166 +104,50 @@ def read_hf_config(src: Path) -> dict[str, Any]:
         raise MinigptError(f"{path} is not a model config (expected a JSON object)")
     if hf.get("format") == RUN_FORMAT:
         raise MinigptError(f"{src} is a minigpt run already; `minigpt convert to-hf` goes the other way")
-    if hf.get("model_type") != "gpt2":
+    if hf.get("model_type") not in ARCHITECTURES:
         raise MinigptError(
-            f"{src} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2'): "
-            f"only GPT-2 checkpoints convert"
+            f"{src} holds a {hf.get('model_type')!r} model, not GPT-2, Llama or Qwen3 (model_type "
+            f"{', '.join(map(repr, ARCHITECTURES))}): only those checkpoints convert"
         )
     return hf
-
-
-def config_from_hf(hf: dict[str, Any], source: Path) -> GPTConfig:
-    """The GPTConfig of a GPT-2 config.json; anything minigpt's architecture cannot express is an error.
-
-    Absent keys take transformers' GPT2Config defaults, as transformers itself would.
-    """
-
-    def get(key: str, default: Any) -> Any:
-        value = hf.get(key, default)
-        return default if value is None and default is not None else value
-
-    n_embd = get("n_embd", 768)
-    n_inner = hf.get("n_inner")
-    if n_inner is not None and n_inner != 4 * n_embd:
-        raise MinigptError(
-            f"{source}: n_inner {n_inner} is not 4 x n_embd ({4 * n_embd}); minigpt's MLP is 4 x n_embd wide"
-        )
-    act = get("activation_function", "gelu_new")
-    if act not in _TANH_GELUS:
-        raise MinigptError(
-            f"{source}: activation_function {act!r} is not supported; minigpt uses GPT-2's gelu_new"
-        )
-    unsupported = {
-        "scale_attn_weights": (get("scale_attn_weights", True), True),
-        "scale_attn_by_inverse_layer_idx": (get("scale_attn_by_inverse_layer_idx", False), False),
-        "add_cross_attention": (get("add_cross_attention", False), False),
-    }
-    for key, (value, wanted) in unsupported.items():
-        if bool(value) != wanted:
-            raise MinigptError(f"{source}: {key}={value} is not plain GPT-2 attention; minigpt cannot run it")
-    try:
-        return GPTConfig(
-            vocab_size=get("vocab_size", 50257),
-            block_size=get("n_positions", 1024),
-            n_layer=get("n_layer", 12),
-            n_head=get("n_head", 12),
-            n_embd=n_embd,
-            dropout=0.0,  # inference-first; fine-tuning sets its own
-            bias=True,
-            tie_embeddings=bool(get("tie_word_embeddings", True)),
-            layer_norm_eps=float(get("layer_norm_epsilon", 1e-5)),
-        )
-    except (MinigptError, TypeError, ValueError) as e:
-        raise MinigptError(f"{source}: not a usable GPT-2 config ({e})") from None
-
-
-def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
-    """A transformers GPT2Config (as config.json) for a minigpt model of GPT-2 architecture."""
-    if not config.bias:
-        raise MinigptError(
-            "this model has no biases (trained with --no-bias); GPT-2 always has them, so transformers' "
-            "GPT2LMHeadModel cannot hold it"
-        )
-    if eot_id is not None and not 0 <= eot_id < config.vocab_size:
-        eot_id = None
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": config.vocab_size,
-        "n_positions": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "n_inner": None,
-        "activation_function": "gelu_new",
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": config.layer_norm_eps,
-        "initializer_range": 0.02,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
-        "add_cross_attention": False,
-        "use_cache": True,
-        "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
-        "dtype": "float32",
-    }
 
 
 # ---------------------------------------------------------------- tensor names and layouts
 
 
-def _is_conv1d(name: str) -> bool:
-    return name.endswith(_CONV1D_SUFFIXES)
-
-
-def _short(names: Iterable[str]) -> str:
-    names = sorted(names)
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def expected_hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """minigpt tensor name -> the shape GPT-2's file stores it in (Conv1D weights transposed)."""
-    import torch
-
-    from minigpt.model import GPT
-
-    with torch.device("meta"):
-        model = GPT(config)
-    shapes = {}
-    for name, t in model_tensors(model).items():
-        shape = tuple(t.shape)
-        shapes[name] = shape[::-1] if _is_conv1d(name) else shape
-    return shapes
-
-
-def _minigpt_name(hf_name: str) -> str:
-    # save_pretrained of GPT2LMHeadModel prefixes "transformer."; GPT2Model and the original hub files do not
-    if hf_name == "lm_head.weight" or hf_name.startswith("transformer."):
-        return hf_name
-    return "transformer." + hf_name
-
-
 def plan_import(shapes: dict[str, list[int]], config: GPTConfig, source: Path) -> dict[str, str]:
-    """HF tensor name -> minigpt name for every tensor to import, after checking names and shapes."""
+    """File tensor name -> the name `expected_hf_shapes` gives it, for every tensor to import, after
+    checking names and shapes."""
     expected = expected_hf_shapes(config)
+    family = family_for(config)
+    label, architecture = LABELS[family], ARCHITECTURES[family]
     plan: dict[str, str] = {}
     unexpected = []
-    for hf_name in shapes:
-        if _MASK_BUFFER.match(hf_name):
-            continue
-        name = _minigpt_name(hf_name)
-        if name == "lm_head.weight" and config.tie_embeddings:
-            continue  # transformers ties it to wte on load whatever the file holds
+    for file_name in shapes:
+        name = canonical_name(config, file_name)
+        if name is None or (name == "lm_head.weight" and config.tie_embeddings):
+            continue  # buffers, and a tied head: transformers ties it to the embedding whatever the file holds
         if name not in expected:
-            unexpected.append(hf_name)
+            unexpected.append(file_name)
         elif name in plan.values():
             raise MinigptError(f"{source} holds {name} twice (with and without the 'transformer.' prefix)")
         else:
-            plan[hf_name] = name
+            plan[file_name] = name
     missing = set(expected) - set(plan.values())
     if missing:
         raise MinigptError(
-            f"{source} lacks tensors a GPT-2 of this config needs: {_short(missing)}; "
-            f"is it a complete GPT2LMHeadModel checkpoint?"
+            f"{source} lacks tensors a {label} of this config needs: {short_list(missing)}; "
+            f"is it a complete {architecture} checkpoint?"
         )
     if unexpected:
-        raise MinigptError(f"{source} holds tensors that are not GPT-2's: {_short(unexpected)}")
-    for hf_name, name in plan.items():
-        if tuple(shapes[hf_name]) != expected[name]:
+        raise MinigptError(f"{source} holds tensors that are not {label}'s: {short_list(unexpected)}")
+    for file_name, name in plan.items():
+        if tuple(shapes[file_name]) != expected[name]:
             raise MinigptError(
-                f"{source}: {hf_name} has shape {list(shapes[hf_name])} but config.json implies "
+                f"{source}: {file_name} has shape {list(shapes[file_name])} but config.json implies "
                 f"{list(expected[name])}"
             )
     return plan
-
-
-def to_hf_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """minigpt's tensors (GPT-2 names, Linear layout) in GPT2LMHeadModel's names and Conv1D layout."""
-    return {name: (t.t() if _is_conv1d(name) else t).contiguous() for name, t in tensors.items()}
 
 
 def weight_files(src: Path) -> list[Path]:
@@ -297,7 +186,7 @@ def _shards(src: Path, index: Path) -> list[Path]:
     files = [src / n for n in sorted(set(names))]
     absent = [f.name for f in files if not f.is_file()]
     if absent:
-        raise MinigptError(f"{src} lacks the shard(s) {_short(absent)} that {HF_INDEX} lists")
+        raise MinigptError(f"{src} lacks the shard(s) {short_list(absent)} that {HF_INDEX} lists")
     return [_contained(src, f) for f in files]
 
 
@@ -332,14 +221,11 @@ def _hf_shapes(files: list[Path]) -> dict[str, list[int]]:
     return shapes
 
 
-def _load_planned(files: list[Path], plan: dict[str, str]) -> dict[str, torch.Tensor]:
+def _load_planned(files: list[Path], plan: dict[str, str], config: GPTConfig) -> dict[str, torch.Tensor]:
     tensors = {}
     for f in files:
-        for hf_name, t in load_tensors(f)[0].items():
-            if hf_name in plan:
-                name = plan[hf_name]
-                tensors[name] = t.float().t().contiguous() if _is_conv1d(name) else t.float()
-    return tensors
+        tensors.update({plan[n]: t for n, t in load_tensors(f)[0].items() if n in plan})
+    return from_hf_tensors(config, tensors)
 
 
 # ---------------------------------------------------------------- byte-level BPE files
@@ -495,9 +381,11 @@ def _ranks_sha256(ranks: dict[bytes, int]) -> str:
     return h.hexdigest()
 
 
-def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: Path | None) -> Tokenizer:
+def resolve_import_tokenizer(
+    src: Path, tokenizer: str | None, tokenizer_file: Path | None, gpt2: bool = True
+) -> Tokenizer:
     """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the minigpt tokenizer `to-hf` saved,
-    the directory's own BPE files, else r50k_base (GPT-2's) from TIKTOKEN_CACHE_DIR.
+    the directory's own BPE files, else, for a GPT-2, r50k_base (GPT-2's) from TIKTOKEN_CACHE_DIR.
     """
     from minigpt.tokenizer import TiktokenTokenizer, tokenizer_kind
 
@@ -519,7 +407,14 @@ def resolve_import_tokenizer(src: Path, tokenizer: str | None, tokenizer_file: P
 
         return load_tokenizer_file(_contained(src, src / MINIGPT_TOKENIZER))
     own = _read_dir_tokenizer(src)
-    return own if own is not None else _named("r50k_base")
+    if own is not None:
+        return own
+    if not gpt2:  # other models ship their own tokenizer; guessing GPT-2's would give wrong text
+        raise MinigptError(
+            f"{src} has no tokenizer files minigpt reads (vocab.json + merges.txt, or a byte-level "
+            f"tokenizer.json): pass --tokenizer NAME|FILE for the model's tokenizer"
+        )
+    return _named("r50k_base")
 
 
 def _named(name: str) -> Tokenizer:
@@ -565,7 +460,8 @@ def from_hf(
     tokenizer_file: Path | None = None,
     overwrite: bool = False,
 ) -> ConvertResult:
-    """Write a minigpt run directory from a local Hugging Face GPT-2 directory (safetensors only).
+    """Write a minigpt run directory from a local Hugging Face GPT-2, Llama or Qwen3 directory
+    (safetensors only).
 
     Everything is checked (config, tensor names and shapes from the file headers, tokenizer) before
     anything is written; an existing run at `out` is only replaced with `overwrite`.
@@ -575,18 +471,18 @@ def from_hf(
     config = config_from_hf(hf, src / HF_CONFIG)
     files = weight_files(src)
     plan = plan_import(_hf_shapes(files), config, src)
-    tok = resolve_import_tokenizer(src, tokenizer, tokenizer_file)
+    tok = resolve_import_tokenizer(src, tokenizer, tokenizer_file, hf["model_type"] == "gpt2")
     if tok.vocab_size > config.vocab_size:
         raise MinigptError(
             f"the tokenizer ({tok.describe()}) is larger than the model's vocabulary ({config.vocab_size:,}): "
             f"pass the tokenizer the model was trained with"
         )
     _check_out(out, src, overwrite)
-    model = build_model(config, _load_planned(files, plan), src)
+    model = build_model(config, _load_planned(files, plan, config), src)
     run = RunDir(out)
     # a replaced run's optimizer state and history belong to other weights
     run.clear((RunDir.STATE, RunDir.METRICS))
-    extra = {"source": {"kind": "huggingface", "path": str(src.resolve()), "model_type": "gpt2"}}
+    extra = {"source": {"kind": "huggingface", "path": str(src.resolve()), "model_type": hf["model_type"]}}
     run.save(model, tok, extra)
     return ConvertResult(out, config, model.num_params(), tok.describe())
 
@@ -623,8 +519,9 @@ def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str] 
 
 
 def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu") -> ConvertResult:
-    """Write a directory transformers' GPT2LMHeadModel.from_pretrained loads: config.json,
-    model.safetensors and, for a GPT-2 style byte-level BPE, the tokenizer files.
+    """Write a directory transformers' AutoModelForCausalLM.from_pretrained loads (GPT2LMHeadModel,
+    LlamaForCausalLM or Qwen3ForCausalLM, as `hfmap.family_for` picks): config.json, model.safetensors
+    and, for a GPT-2 style byte-level BPE, the tokenizer files.
     """
     run, out = Path(run), Path(out)
     model, tok, _ = RunDir(run).load_model(device)
@@ -635,7 +532,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     make_dir(out)
     _clear(out, _STALE_HF_FILES)
     # metadata format "pt" is what transformers checks before loading a safetensors file
-    save_tensors(out / HF_WEIGHTS, to_hf_tensors(model_tensors(model)), metadata={"format": "pt"})
+    save_tensors(out / HF_WEIGHTS, to_hf_tensors(config, model_tensors(model)), metadata={"format": "pt"})
     note = None
     if tok_files is not None:
         for name, text in tok_files.items():

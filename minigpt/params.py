@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minigpt.config import GPTConfig
+from minigpt.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ def _n(x: int) -> str:
 
 
 def _gpt3_rows(config: GPTConfig) -> list[Row]:
-    """The eight parts of the GPT-3 style table (Kaplan et al.'s accounting of a transformer)."""
+    """The parts of the GPT-3 style table (Kaplan et al.'s accounting of a transformer), with a gate row
+    for SwiGLU and key/value rows of n_kv_head heads for grouped-query attention."""
     V, L, H, D, hd, F = (
         config.vocab_size,
         config.n_layer,
@@ -63,52 +65,93 @@ def _gpt3_rows(config: GPTConfig) -> list[Row]:
         config.head_dim,
         config.d_ff,
     )
+    KV = config.kv_heads
     layers = f"{_n(L)} layers"
-    head_rows = f"{_n(hd)} × {_n(D)} × {_n(H)} heads × {layers}"
+    query_rows = f"{_n(hd)} × {_n(D)} × {_n(H)} heads × {layers}"
+    kv_rows = query_rows if KV == H else f"{_n(hd)} × {_n(D)} × {_n(KV)} heads (n_kv_head) × {layers}"
+    mlp_rows = [Row("Up-projection", f"{_n(D)} × {_n(F)} × {layers}", D * F * L)]
+    if config.mlp == "swiglu":
+        mlp_rows.append(Row("Gate-projection (SwiGLU)", f"{_n(D)} × {_n(F)} × {layers}", D * F * L))
     return [
         Row("Embedding", f"{_n(V)} × {_n(D)}", V * D),
-        Row("Key", head_rows, D * hd * H * L),
-        Row("Query", head_rows, D * hd * H * L),
-        Row("Value", head_rows, D * hd * H * L),
+        Row("Key", kv_rows, D * hd * KV * L),
+        Row("Query", query_rows, D * hd * H * L),
+        Row("Value", kv_rows, D * hd * KV * L),
         Row("Output", f"{_n(hd)} × {_n(H)} heads × {_n(D)} × {layers}", hd * H * D * L),
-        Row("Up-projection", f"{_n(D)} × {_n(F)} × {layers}", D * F * L),
+        *mlp_rows,
         Row("Down-projection", f"{_n(F)} × {_n(D)} × {layers}", F * D * L),
         Row("Unembedding", f"{_n(D)} × {_n(V)}", D * V),
     ]
 
 
+def _bias_widths(config: GPTConfig) -> tuple[int, int]:
+    """Bias entries per layer in attention (fused q/k/v, output) and in the MLP (up, gate, down)."""
+    if not config.bias:
+        return 0, 0
+    D, F = config.n_embd, config.d_ff
+    qkv = (config.n_head + 2 * config.kv_heads) * config.head_dim
+    return qkv + D, F * (2 if config.mlp == "swiglu" else 1) + D
+
+
+def _norm_width(config: GPTConfig) -> int:
+    """Entries per norm: LayerNorm's gain and bias (with --bias), RMSNorm's gain alone."""
+    return 2 * config.n_embd if config.bias and config.norm == "layernorm" else config.n_embd
+
+
 def _adjustments(config: GPTConfig) -> list[Row]:
     """What the module holds beyond the GPT-3 table: positions, biases, norms, less a tied head."""
-    V, T, L, D, F = config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff
+    V, T, L, D, F, hd = (
+        config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff, config.head_dim,
+    )  # fmt: skip
     layers = f"{_n(L)} layers"
-    rows = [Row("Position embeddings", f"{_n(T)} × {_n(D)}", T * D)]
-    if config.bias:  # c_attn 3D + attn c_proj D + c_fc 4D + mlp c_proj D per layer
-        biases = f"(3 × {_n(D)} + {_n(D)} + {_n(F)} + {_n(D)}) × {layers}"
-        rows.append(Row("Linear biases", biases, (4 * D + F + D) * L))
-    norm_kind, norm_width = ("gain + bias", 2 * D) if config.bias else ("gain", D)
-    rows.append(Row("LayerNorms", f"(2 × {layers} + 1) × {_n(D)} ({norm_kind})", (2 * L + 1) * norm_width))
+    if config.pos == "learned":
+        rows = [Row("Position embeddings", f"{_n(T)} × {_n(D)}", T * D)]
+    else:
+        rows = [Row("Position embeddings", "none: rotary positions are computed", 0)]
+    attn_bias, mlp_bias = _bias_widths(config)
+    if config.bias:
+        qkv = f"({_n(config.n_head)} + 2 × {_n(config.kv_heads)}) × {_n(hd)}"
+        mlp = f"{_n(F)} + {_n(F)}" if config.mlp == "swiglu" else _n(F)
+        biases = f"({qkv} + {_n(D)} + {mlp} + {_n(D)}) × {layers}"
+        rows.append(Row("Linear biases", biases, (attn_bias + mlp_bias) * L))
+    if config.norm == "layernorm":
+        name, kind = "LayerNorms", "gain + bias" if config.bias else "gain"
+    else:
+        name, kind = "RMSNorms", "gain"
+    rows.append(Row(name, f"(2 × {layers} + 1) × {_n(D)} ({kind})", (2 * L + 1) * _norm_width(config)))
+    if config.qk_norm:
+        rows.append(Row("QK-norm gains", f"2 (query, key) × {_n(hd)} × {layers}", 2 * hd * L))
     if config.tie_embeddings:
         rows.append(Row("Tied unembedding (shares wte)", f"−{_n(D)} × {_n(V)}", -D * V))
     return rows
 
 
 def _shares(config: GPTConfig) -> dict[str, int]:
-    V, T, L, D, F = config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff
-    bias = config.bias
+    """Where the parameters are; QK-norm gains count as attention, every other norm as norms."""
+    V, T, L, D, F, hd = (
+        config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff, config.head_dim,
+    )  # fmt: skip
+    attn_bias, mlp_bias = _bias_widths(config)
+    projections = (config.n_head + 2 * config.kv_heads) * hd * D + D * D
+    matrices = 3 if config.mlp == "swiglu" else 2
     return {
-        "attention": 4 * D * D * L + (4 * D * L if bias else 0),
-        "mlp": 2 * D * F * L + ((F + D) * L if bias else 0),
-        "embeddings": V * D + T * D + (0 if config.tie_embeddings else D * V),
-        "layernorm": (2 * L + 1) * (2 * D if bias else D),
+        "attention": (projections + attn_bias + (2 * hd if config.qk_norm else 0)) * L,
+        "mlp": (matrices * D * F + mlp_bias) * L,
+        "embeddings": V * D
+        + (T * D if config.pos == "learned" else 0)
+        + (0 if config.tie_embeddings else D * V),
+        "norms": (2 * L + 1) * _norm_width(config),
     }
 
 
 FORMULAS = {
     "memory": "weights: 4 B (fp32) or 2 B (bf16) per parameter; training with AdamW: 16 B per "
     "parameter (fp32 weights, gradients and two moments), activations not included",
-    "flops": "forward = 2·N + 4·n_layer·n_embd·block_size, training = 3 × forward (PaLM, "
-    "appendix B), N = parameters less position embeddings",
-    "kv_cache": "2 (key, value) × n_layer × n_embd × bytes per element, per token",
+    "flops": "forward = 2·N + 4·n_embd·Σ_layers min(window, block_size), training = 3 × forward (PaLM, "
+    "appendix B), N = parameters less position embeddings; a full-attention layer's window is block_size",
+    "kv_cache": "per token: 2 (key, value) × n_kv_head × head_dim × n_layer × bytes per element; full "
+    "context: 2 × n_kv_head × head_dim × Σ_layers min(window, block_size) × bytes (a local layer keeps "
+    "only its window)",
 }
 
 
@@ -126,18 +169,33 @@ def count_params(config: GPTConfig) -> ParamReport:
         "weights_bf16": 2 * exact_total,
         "training_adamw": 16 * exact_total,
     }
-    # PaLM appendix B: N excludes position embeddings (a lookup, not a matmul); attention adds
-    # 2 matmuls (QK^T, AV) of 2·T·D FLOPs per layer per token at full context
-    forward = 2 * (exact_total - T * D) + 4 * L * D * T
-    kv_per_token = 2 * L * D  # one key and one value vector per layer
+    # PaLM appendix B: N excludes position embeddings (a lookup, not a matmul); attention adds 2 matmuls
+    # (QKᵀ, AV) of 2·keys·D FLOPs per layer per token, keys being the layer's window at full context
+    # (grouped-query attention shares keys between heads but every query head still multiplies them)
+    positions = T * D if config.pos == "learned" else 0
+    forward = 2 * (exact_total - positions) + 4 * D * config.cached_positions
+    kv_width = 2 * config.kv_heads * config.head_dim  # one key and one value vector per position
     kv_cache_bytes = {
-        "per_token_bf16": 2 * kv_per_token,
-        "per_token_fp32": 4 * kv_per_token,
-        "full_context_bf16": 2 * kv_per_token * T,
-        "full_context_fp32": 4 * kv_per_token * T,
+        "per_token_bf16": 2 * kv_width * L,
+        "per_token_fp32": 4 * kv_width * L,
+        "full_context_bf16": 2 * kv_width * config.cached_positions,
+        "full_context_fp32": 4 * kv_width * config.cached_positions,
     }
     return ParamReport(
         config=config, rows=rows, gpt3_total=gpt3_total, adjustments=adjustments, exact_total=exact_total,
         shares=shares, memory_bytes=memory_bytes, flops_per_token={"forward": forward, "training": 3 * forward},
         kv_cache_bytes=kv_cache_bytes, formulas=dict(FORMULAS),
     )  # fmt: skip
+
+
+def arch_fields(arch: str | None = None, **flags: Any) -> dict[str, Any]:
+    """GPTConfig fields for an architecture (trainconfig.ARCHS; None: GPTConfig's own defaults) with the
+    train flags given overriding it (None: not given), as `minigpt train` resolves them."""
+    from minigpt.trainconfig import ARCHS
+
+    if arch is not None and arch not in ARCHS:
+        raise UsageError(f"unknown arch {arch!r}: choose {' or '.join(ARCHS)}")
+    chosen = {**(ARCHS[arch] if arch else {}), **{k: v for k, v in flags.items() if v is not None}}
+    if "tie" in chosen:
+        chosen["tie_embeddings"] = chosen.pop("tie")
+    return chosen

@@ -14,6 +14,7 @@ from minigpt.params import ParamReport, Row
 from minigpt.rundir import RunDir
 
 if TYPE_CHECKING:
+    from minigpt.config import GPTConfig
     from minigpt.convert import ConvertResult
     from minigpt.evaluate import EvalResult
     from minigpt.runs import RunSummary
@@ -48,13 +49,22 @@ def _rows_table(
     return table
 
 
+def _windows(c: GPTConfig) -> str:
+    """The local layers' window, if any layer has one (the last layer is always full)."""
+    local = c.n_layer * c.block_size - c.cached_positions
+    if not local:
+        return ""
+    return f" window={c.window} ({c.window_pattern}, {local // (c.block_size - c.window)} local layers)"
+
+
 def params_view(report: ParamReport, title: str, stored_total: int | None = None) -> Group:
     """The GPT-3 style table, the reconciliation with the module, and derived costs."""
     c = report.config
     shape = (
         f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} head_dim={c.head_dim} "
         f"d_ff={c.d_ff} vocab_size={c.vocab_size:,} block_size={c.block_size:,} "
-        f"bias={c.bias} tied={c.tie_embeddings}"
+        f"bias={c.bias} tied={c.tie_embeddings}\npos={c.pos} norm={c.norm} mlp={c.mlp} qk_norm={c.qk_norm} "
+        f"n_kv_head={c.kv_heads}{_windows(c)}"
     )
     table = _rows_table(
         f"Parameters of {title}", "Part", report.rows, "Total (GPT-3 style)", report.gpt3_total

@@ -309,7 +309,7 @@ def _bad_dirs(src: Path, dst: Path) -> None:
         (d / "config.json").write_text(json.dumps(config if cfg is None else cfg))
         save_file(sd if tensors is None else tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
 
-    make("llama", {**config, "model_type": "llama"})
+    make("mistral", {**config, "model_type": "mistral"})
     make("missing", tensors={k: v for k, v in sd.items() if "h.1.mlp.c_fc.weight" not in k})
     make("shapes", {**config, "n_embd": 64})
     make("extra", tensors={**sd, "score.weight": torch.zeros(2, 32)})
@@ -326,7 +326,7 @@ def _bad_dirs(src: Path, dst: Path) -> None:
 @pytest.mark.parametrize(
     "name, words",
     [
-        ("llama", "'llama' model, not GPT-2"),
+        ("mistral", "'mistral' model, not GPT-2, Llama or Qwen3"),
         ("missing", "lacks tensors a GPT-2 of this config needs: transformer.h.1.mlp.c_fc.weight"),
         ("shapes", "has shape"),
         ("extra", "not GPT-2's: score.weight"),
@@ -370,7 +370,8 @@ def test_errors_in_a_real_process(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        f"error: {tmp_path} holds a 'bert' model, not GPT-2 (model_type 'gpt2'): only GPT-2 checkpoints convert"
+        f"error: {tmp_path} holds a 'bert' model, not GPT-2, Llama or Qwen3 (model_type 'gpt2', 'llama', "
+        "'qwen3'): only those checkpoints convert"
     ]
 
 
