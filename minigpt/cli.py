@@ -132,6 +132,80 @@ _EVAL = "Evaluation and logging"
 _RUN = "Run"
 
 
+# the architecture options, shared by `train` (which builds the model) and `params` (which counts it)
+BiasOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--bias/--no-bias",
+        help=option_help("bias", "Biases in Linear and LayerNorm layers."),
+        rich_help_panel=_ARCH,
+    ),
+]
+TieOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--tie/--untie",
+        "--tied/--untied",
+        help=option_help("tie", "Share the token embedding with the LM head."),
+        rich_help_panel=_ARCH,
+    ),
+]
+ArchOption = Annotated[
+    str | None,
+    typer.Option(
+        help=option_help("arch", "gpt2 (maps to Hugging Face GPT-2) or modern; the flags below override it."),
+        rich_help_panel=_ARCH,
+    ),
+]
+PosOption = Annotated[
+    str | None,
+    typer.Option(
+        help=option_help("pos", "Positions: learned (wpe) or rope (rotary)."), rich_help_panel=_ARCH
+    ),
+]
+RopeBaseOption = Annotated[
+    float | None,
+    typer.Option(help=option_help("rope_base", "Base of the rotary frequencies."), rich_help_panel=_ARCH),
+]
+NormOption = Annotated[
+    str | None, typer.Option(help=option_help("norm", "layernorm or rmsnorm."), rich_help_panel=_ARCH)
+]
+MlpOption = Annotated[
+    str | None,
+    typer.Option(
+        help=option_help("mlp", "MLP activation: gelu, relu2 (ReLU²) or swiglu."), rich_help_panel=_ARCH
+    ),
+]
+QkNormOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--qk-norm/--no-qk-norm",
+        help=option_help("qk_norm", "RMSNorm of each head's queries and keys."),
+        rich_help_panel=_ARCH,
+    ),
+]
+NKvHeadOption = Annotated[
+    int | None,
+    typer.Option(
+        help=option_help("n_kv_head", "Key/value heads (grouped-query attention; 1 is multi-query)."),
+        rich_help_panel=_ARCH,
+    ),
+]
+WindowOption = Annotated[
+    int | None,
+    typer.Option(help=option_help("window", "Tokens a local (S) layer attends to."), rich_help_panel=_ARCH),
+]
+WindowPatternOption = Annotated[
+    str | None,
+    typer.Option(
+        help=option_help(
+            "window_pattern", "S (local) and L (full) per layer, repeated; the last layer is L."
+        ),
+        rich_help_panel=_ARCH,
+    ),
+]
+
+
 @app.command()
 def params(
     run: Annotated[
@@ -149,68 +223,16 @@ def params(
         int | None, typer.Option(help="Vocabulary size (default 50,257, GPT-2's BPE).")
     ] = None,
     block_size: Annotated[int | None, typer.Option(help="Context length in tokens.")] = None,
-    bias: Annotated[
-        bool | None, typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers.")
-    ] = None,
-    tie: Annotated[
-        bool | None,
-        typer.Option(
-            "--tie/--untie",
-            "--tied/--untied",
-            help=option_help("tie", "Share the token embedding with the LM head."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    arch: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help("arch", "gpt2 or modern; the flags below override it."), rich_help_panel=_ARCH
-        ),
-    ] = None,
-    pos: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help("pos", "Positions: learned (wpe) or rope (rotary)."), rich_help_panel=_ARCH
-        ),
-    ] = None,
-    norm: Annotated[
-        str | None, typer.Option(help=option_help("norm", "layernorm or rmsnorm."), rich_help_panel=_ARCH)
-    ] = None,
-    mlp: Annotated[
-        str | None,
-        typer.Option(help=option_help("mlp", "MLP: gelu, relu2 (ReLU²) or swiglu."), rich_help_panel=_ARCH),
-    ] = None,
-    qk_norm: Annotated[
-        bool | None,
-        typer.Option(
-            "--qk-norm/--no-qk-norm",
-            help=option_help("qk_norm", "RMSNorm of each head's queries and keys."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    n_kv_head: Annotated[
-        int | None,
-        typer.Option(
-            help="Key/value heads (grouped-query attention; 1 is multi-query). \\[default: --n-head]",
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    window: Annotated[
-        int | None,
-        typer.Option(
-            help="Tokens a local (S) layer attends to. \\[default: none, all layers full]",
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    window_pattern: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help(
-                "window_pattern", "S (local) and L (full) per layer, repeated; the last layer is L."
-            ),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
+    bias: BiasOption = None,
+    tie: TieOption = None,
+    arch: ArchOption = None,
+    pos: PosOption = None,
+    norm: NormOption = None,
+    mlp: MlpOption = None,
+    qk_norm: QkNormOption = None,
+    n_kv_head: NKvHeadOption = None,
+    window: WindowOption = None,
+    window_pattern: WindowPatternOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     """GPT-3 style parameter breakdown, reconciled with the module, plus memory, FLOPs and KV cache.
@@ -220,10 +242,11 @@ def params(
     `minigpt params --preset small --arch modern --mlp swiglu --n-kv-head 2 --window 64`,
     `minigpt params checkpoints/demo`.
     """
-    from minigpt.params import arch_fields, count_params
+    from minigpt.params import count_params
     from minigpt.presets import shape_config
     from minigpt.rundir import RunDir
     from minigpt.runs import summarize
+    from minigpt.trainconfig import arch_fields
     from minigpt.views import print_json, print_params, training_summary
 
     shape = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size)
@@ -311,82 +334,17 @@ def train(
         float | None,
         typer.Option(help=option_help("dropout", "Dropout probability in [0, 1)."), rich_help_panel=_MODEL),
     ] = None,
-    bias: Annotated[
-        bool | None,
-        typer.Option(
-            "--bias/--no-bias",
-            help=option_help("bias", "Biases in Linear and LayerNorm layers."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    arch: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help(
-                "arch", "gpt2 (maps to Hugging Face GPT-2) or modern; the flags below override it."
-            ),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    pos: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help("pos", "Positions: learned (wpe) or rope (rotary)."), rich_help_panel=_ARCH
-        ),
-    ] = None,
-    rope_base: Annotated[
-        float | None,
-        typer.Option(help=option_help("rope_base", "Base of the rotary frequencies."), rich_help_panel=_ARCH),
-    ] = None,
-    norm: Annotated[
-        str | None,
-        typer.Option(help=option_help("norm", "layernorm or rmsnorm."), rich_help_panel=_ARCH),
-    ] = None,
-    mlp: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help("mlp", "MLP activation: gelu, relu2 (ReLU²) or swiglu."), rich_help_panel=_ARCH
-        ),
-    ] = None,
-    qk_norm: Annotated[
-        bool | None,
-        typer.Option(
-            "--qk-norm/--no-qk-norm",
-            help=option_help("qk_norm", "RMSNorm of each head's queries and keys."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    n_kv_head: Annotated[
-        int | None,
-        typer.Option(
-            help=option_help("n_kv_head", "Key/value heads (grouped-query attention; 1 is multi-query)."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    window: Annotated[
-        int | None,
-        typer.Option(
-            help=option_help("window", "Tokens a local (S) layer attends to."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    window_pattern: Annotated[
-        str | None,
-        typer.Option(
-            help=option_help(
-                "window_pattern", "S (local) and L (full) per layer, repeated; the last layer is L."
-            ),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
-    tie: Annotated[
-        bool | None,
-        typer.Option(
-            "--tie/--untie",
-            help=option_help("tie", "Share the token embedding with the LM head."),
-            rich_help_panel=_ARCH,
-        ),
-    ] = None,
+    bias: BiasOption = None,
+    arch: ArchOption = None,
+    pos: PosOption = None,
+    rope_base: RopeBaseOption = None,
+    norm: NormOption = None,
+    mlp: MlpOption = None,
+    qk_norm: QkNormOption = None,
+    n_kv_head: NKvHeadOption = None,
+    window: WindowOption = None,
+    window_pattern: WindowPatternOption = None,
+    tie: TieOption = None,
     tokenizer: Annotated[
         str | None,
         typer.Option(

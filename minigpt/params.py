@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minigpt.config import GPTConfig
-from minigpt.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -186,16 +185,3 @@ def count_params(config: GPTConfig) -> ParamReport:
         shares=shares, memory_bytes=memory_bytes, flops_per_token={"forward": forward, "training": 3 * forward},
         kv_cache_bytes=kv_cache_bytes, formulas=dict(FORMULAS),
     )  # fmt: skip
-
-
-def arch_fields(arch: str | None = None, **flags: Any) -> dict[str, Any]:
-    """GPTConfig fields for an architecture (trainconfig.ARCHS; None: GPTConfig's own defaults) with the
-    train flags given overriding it (None: not given), as `minigpt train` resolves them."""
-    from minigpt.trainconfig import ARCHS
-
-    if arch is not None and arch not in ARCHS:
-        raise UsageError(f"unknown arch {arch!r}: choose {' or '.join(ARCHS)}")
-    chosen = {**(ARCHS[arch] if arch else {}), **{k: v for k, v in flags.items() if v is not None}}
-    if "tie" in chosen:
-        chosen["tie_embeddings"] = chosen.pop("tie")
-    return chosen

@@ -176,23 +176,28 @@ class TrainConfig:
         for name in SHAPE_SETTINGS:
             if getattr(self, name) is not None:
                 shape[name] = getattr(self, name)
-        arch = ARCHS[self.arch or "gpt2"]
-        chosen = {k: arch[k] if getattr(self, k) is None else getattr(self, k) for k in ARCH_SETTINGS}
+        arch = arch_fields(self.arch or "gpt2", **{k: getattr(self, k) for k in ARCH_SETTINGS})
         return GPTConfig(
             vocab_size=vocab_size,
             dropout=self.dropout,
-            bias=chosen["bias"],
-            tie_embeddings=chosen["tie"],
-            pos=chosen["pos"],
-            norm=chosen["norm"],
-            mlp=chosen["mlp"],
-            qk_norm=chosen["qk_norm"],
             rope_base=self.rope_base,
             n_kv_head=self.n_kv_head,
             window=self.window,
             window_pattern=self.window_pattern,
+            **arch,
             **shape,
         )
+
+
+def arch_fields(arch: str | None = None, **flags: Any) -> dict[str, Any]:
+    """GPTConfig fields of an architecture (ARCHS; None: GPTConfig's own defaults) with the flags given
+    overriding it (None: not given): how `train` builds its model and `params` counts one."""
+    if arch is not None and arch not in ARCHS:
+        raise UsageError(f"unknown arch {arch!r}: choose {' or '.join(ARCHS)}")
+    chosen = {**(ARCHS[arch] if arch else {}), **{k: v for k, v in flags.items() if v is not None}}
+    if "tie" in chosen:
+        chosen["tie_embeddings"] = chosen.pop("tie")
+    return chosen
 
 
 _KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "text"}
