@@ -43,12 +43,12 @@ ROWS: dict[str, list[str]] = {
 }
 
 
-def run(flags: list[str], budget: str, seed: int, tokenizer: str = "char") -> dict[str, float]:
+def run(flags: list[str], budget: list[str], seed: int, tokenizer: str = "char") -> dict[str, float]:
     """One whole `minigpt train` command: its wall time, steps and the last validation loss it reports."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--out", str(out)]
-        cmd += ["--tokenizer", tokenizer, "--max-time", budget, "--seed", str(seed), *flags]
+        cmd += ["--tokenizer", tokenizer, *budget, "--seed", str(seed), *flags]
         env = {**os.environ, "MINIGPT_CACHE_DIR": str(Path(tmp) / "cache")}
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -68,6 +68,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--budget", default="75s", help="--max-time of every command")
+    parser.add_argument("--steps", type=int, help="--max-iters instead of a time budget (quality per step)")
     parser.add_argument("--seeds", type=int, default=2, help="runs per row (seeds 1..N), interleaved")
     parser.add_argument("--rows", help=f"comma-separated row names (default: all): {', '.join(ROWS)}")
     parser.add_argument("--flags", action="append", default=[], help="an extra row: its flags, quoted")
@@ -81,9 +82,10 @@ def main() -> None:
     if args.bpe:
         jobs.append(("default, --tokenizer bpe", [], "bpe"))
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in jobs}
+    budget = ["--max-iters", str(args.steps)] if args.steps else ["--max-time", args.budget]
     for seed in range(1, args.seeds + 1):
         for name, flags, tokenizer in jobs:
-            results[name].append(run(flags, args.budget, seed, tokenizer))
+            results[name].append(run(flags, budget, seed, tokenizer))
             r = results[name][-1]
             print(
                 f"  {name} seed {seed}: {r['loss']:.4f} ({r['bpb']:.3f} bpb) at step {r['steps']:.0f}, {r['wall']:.1f} s",
@@ -91,7 +93,7 @@ def main() -> None:
             )
     base = statistics.mean(r["loss"] for r in next(iter(results.values())))
     print(
-        f"\n`minigpt train tinyshakespeare.txt --max-time {args.budget}`, {args.seeds} seed(s) each, whole command\n"
+        f"\n`minigpt train tinyshakespeare.txt {' '.join(budget)}`, {args.seeds} seed(s) each, whole command\n"
     )
     print("| row | val loss (per seed) | mean | vs first row | bits per byte | steps | wall s |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -159,7 +159,7 @@ def test_kv_cache_and_flops_follow_heads_and_windows(options: dict) -> None:
 
 def test_params_cli_architecture_flags(runner) -> None:
     """The train flags (and --arch, which they override) shape the count; JSON carries the new rows."""
-    args = ["params", "--preset", "mini", "--vocab-size", "65", "--arch", "modern", "--mlp", "swiglu"]
+    args = ["params", "--preset", "mini", "--vocab-size", "65", "--arch", "modern", "--qk-norm", "--no-bias"]
     args += ["--n-kv-head", "2", "--window", "16", "--window-pattern", "SSL", "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
