@@ -355,6 +355,22 @@ def train(
     beta2: Annotated[
         float | None, typer.Option(help=option_help("beta2", "AdamW beta2."), rich_help_panel=_OPT)
     ] = None,
+    optimizer: Annotated[
+        OptimizerName | None,
+        typer.Option(
+            help=option_help(
+                "optimizer",
+                "adamw, or muon: torch's Muon for the blocks' weight matrices, AdamW for the rest.",
+            ),
+            rich_help_panel=_OPT,
+        ),
+    ] = None,
+    muon_lr: Annotated[
+        float | None,
+        typer.Option(
+            help=option_help("muon_lr", "Muon's peak learning rate (--optimizer muon)."), rich_help_panel=_OPT
+        ),
+    ] = None,
     max_iters: Annotated[
         int | None,
         typer.Option(
@@ -498,6 +514,8 @@ def train(
         weight_decay=weight_decay,
         grad_clip=grad_clip,
         beta2=beta2,
+        optimizer=optimizer.value if optimizer is not None else None,
+        muon_lr=muon_lr,
         eval_every=eval_every,
         eval_iters=eval_iters,
         log_every=log_every,
@@ -571,7 +589,8 @@ def _relaunch_args(params: dict[str, Any]) -> list[str]:
             elif name not in ("overwrite", "allow_data_change"):  # flags without a --no- form
                 args.append("--no-" + flag[2:])
         else:
-            args += [flag, str(value)]
+            # a choice (--schedule, --optimizer) by its value: str() of the enum would be its class and name
+            args += [flag, value.value if isinstance(value, Enum) else str(value)]
     files = params.get("files") or []
     return args + (["--", *(str(f) for f in files)] if files else [])
 
@@ -817,6 +836,11 @@ class DeviceName(str, Enum):
 class ScheduleName(str, Enum):
     cosine = "cosine"
     wsd = "wsd"
+
+
+class OptimizerName(str, Enum):
+    adamw = "adamw"
+    muon = "muon"
 
 
 class BackendName(str, Enum):
