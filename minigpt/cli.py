@@ -486,6 +486,11 @@ def train(
     """
     import os
 
+    # Before torch loads OpenMP, as for generate: a step is hundreds of parallel regions, and threads that
+    # spin long between them keep each other off a shared CPU (4x4x128 steps 550-2900 ms at load 8 on the 2
+    # cores, 400-560 ms with this short spin, interleaved; bench/bench_overhead.py), while idle it keeps
+    # the wake-ups of never spinning off the many short gaps between regions
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
         raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
     from minigpt.data import DataConfig
