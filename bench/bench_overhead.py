@@ -29,6 +29,7 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
 BATCH = 12
 SHORT, LONG = 50, 350
+ROWS = ("plain", "plain, short spin", "minigpt")
 SPIN = "10000"  # GOMP_SPINCOUNT, as `minigpt train` sets it unless the environment does
 
 
@@ -97,6 +98,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median)")
+    parser.add_argument("--steps", type=int, nargs=2, default=[SHORT, LONG], help="the two step counts")
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"which of {', '.join(ROWS)} (comma-separated)"
+    )
     parser.add_argument("--plain-loop", type=int, metavar="STEPS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_loop is not None:
@@ -104,24 +109,32 @@ def main() -> None:
         return
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
-    tokens = (LONG - SHORT) * BATCH * SHAPE["block_size"]
-    rates: dict[str, list[float]] = {"plain": [], "plain, short spin": [], "minigpt": []}
+    short_steps, long_steps = args.steps
+    tokens = (long_steps - short_steps) * BATCH * SHAPE["block_size"]
+    rates: dict[str, list[float]] = {k: [] for k in args.rows.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         timed("minigpt", 1, Path(tmp))  # fills the token cache, so tokenizing costs the same in every command
         for _ in range(args.repeats):
             for kind in rates:
-                short, long = timed(kind, SHORT, Path(tmp)), timed(kind, LONG, Path(tmp))
+                short, long = timed(kind, short_steps, Path(tmp)), timed(kind, long_steps, Path(tmp))
                 rates[kind].append(tokens / (long - short))
-                print(f"{kind}: t{SHORT} {short:.2f} s, t{LONG} {long:.2f} s", file=sys.stderr, flush=True)
+                print(
+                    f"{kind}: t{short_steps} {short:.2f} s, t{long_steps} {long:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"medians of {args.repeats} interleaved repeats; tokens/s = {tokens:,} / (t{LONG} - t{SHORT})\n")
-    print("| 4x4x128, block 64, batch 12, char, fp32 | tokens/s | each repeat | vs plain loop |")
+    print(
+        f"medians of {args.repeats} interleaved repeats; tokens/s = {tokens:,} / (t{long_steps} - t{short_steps})\n"
+    )
+    print("| 4x4x128, block 64, batch 12, char, fp32 | tokens/s | each repeat | vs the first row |")
     print("|---|---:|---:|---:|")
     labels = {"plain": "plain PyTorch loop", "plain, short spin": f"plain loop, GOMP_SPINCOUNT={SPIN}",
               "minigpt": "`minigpt train`"}  # fmt: skip
-    for key, label in labels.items():
+    base = med[next(iter(med))]  # the first row given: the plain loop unless --rows says otherwise
+    for key in rates:
         each = ", ".join(f"{r:,.0f}" for r in rates[key])
-        print(f"| {label} | {med[key]:,.0f} | {each} | {med[key] / med['plain']:.2f}x |")
+        print(f"| {labels[key]} | {med[key]:,.0f} | {each} | {med[key] / base:.2f}x |")
 
 
 if __name__ == "__main__":
