@@ -440,6 +440,22 @@ def train(
     beta2: Annotated[
         float | None, typer.Option(help=option_help("beta2", "AdamW beta2."), rich_help_panel=_OPT)
     ] = None,
+    optimizer: Annotated[
+        OptimizerName | None,
+        typer.Option(
+            help=option_help(
+                "optimizer",
+                "adamw, or muon: torch's Muon for the blocks' weight matrices, AdamW for the rest.",
+            ),
+            rich_help_panel=_OPT,
+        ),
+    ] = None,
+    muon_lr: Annotated[
+        float | None,
+        typer.Option(
+            help=option_help("muon_lr", "Muon's peak learning rate (--optimizer muon)."), rich_help_panel=_OPT
+        ),
+    ] = None,
     max_iters: Annotated[
         int | None,
         typer.Option(
@@ -555,6 +571,11 @@ def train(
     """
     import os
 
+    # Before torch loads OpenMP, as for generate: a step is hundreds of parallel regions, and threads that
+    # spin long between them keep each other off a shared CPU (4x4x128 steps 550-2900 ms at load 8 on the 2
+    # cores, 400-560 ms with this short spin, interleaved; bench/bench_overhead.py), while idle it keeps
+    # the wake-ups of never spinning off the many short gaps between regions
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
         raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
     from minigpt.data import DataConfig
@@ -593,6 +614,8 @@ def train(
         weight_decay=weight_decay,
         grad_clip=grad_clip,
         beta2=beta2,
+        optimizer=optimizer.value if optimizer is not None else None,
+        muon_lr=muon_lr,
         eval_every=eval_every,
         eval_iters=eval_iters,
         log_every=log_every,
@@ -666,7 +689,8 @@ def _relaunch_args(params: dict[str, Any]) -> list[str]:
             elif name not in ("overwrite", "allow_data_change"):  # flags without a --no- form
                 args.append("--no-" + flag[2:])
         else:
-            args += [flag, str(value)]
+            # a choice (--schedule, --optimizer) by its value: str() of the enum would be its class and name
+            args += [flag, value.value if isinstance(value, Enum) else str(value)]
     files = params.get("files") or []
     return args + (["--", *(str(f) for f in files)] if files else [])
 
@@ -920,6 +944,11 @@ class DeviceName(str, Enum):
 class ScheduleName(str, Enum):
     cosine = "cosine"
     wsd = "wsd"
+
+
+class OptimizerName(str, Enum):
+    adamw = "adamw"
+    muon = "muon"
 
 
 class BackendName(str, Enum):

@@ -53,7 +53,7 @@ def _data_label(data: dict[str, Any]) -> str:
 def _settings(train: dict[str, Any]) -> str:
     if not train:
         return ""
-    keys = ("batch_size", "grad_accum", "lr", "schedule", "warmup", "weight_decay", "seed")
+    keys = ("batch_size", "grad_accum", "optimizer", "lr", "schedule", "warmup", "weight_decay", "seed")
     return " ".join(f"{k}={train[k]}" for k in keys if train.get(k) is not None)
 
 

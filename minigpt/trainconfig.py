@@ -36,6 +36,7 @@ DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
 # the peak lr early and has the rest of the budget to decay
 WARMUP_FRACTION = 0.1
 SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size")
+OPTIMIZERS = ("adamw", "muon")
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 
 
@@ -76,6 +77,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.99
+    # "muon": torch's Muon for the blocks' weight matrices at muon_lr (scaled by the schedule), AdamW for the rest
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
     # budget: the first one reached stops the run
     max_iters: int | None = None
     max_time: float | None = None  # seconds
@@ -105,6 +109,8 @@ class TrainConfig:
                 raise UsageError(f"unknown {name} {value!r}: choose {' or '.join(choices)}")
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise UsageError(f"unknown schedule {self.schedule!r}: choose {' or '.join(SCHEDULES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}")
 
     def _check_counts(self) -> None:
         for name in ("batch_size", "grad_accum", "eval_every", "eval_iters", "log_every"):
@@ -123,6 +129,8 @@ class TrainConfig:
     def _check_rates(self) -> None:
         if self.lr is not None and not self.lr > 0:
             raise UsageError(f"lr must be positive, got {self.lr}")
+        if not self.muon_lr > 0:
+            raise UsageError(f"muon_lr must be positive, got {self.muon_lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= (self.lr if self.lr is not None else math.inf):
             raise UsageError(f"need 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:

@@ -20,6 +20,7 @@ from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
 from minigpt.memory import check_fits, training_bytes
 from minigpt.model import GPT
+from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
 from minigpt.rundir import DEFAULT_ROOT, RunDir
@@ -163,21 +164,6 @@ def data_dict(data: DataConfig) -> dict[str, Any]:
     d["val_file"] = str(data.val_file) if data.val_file else None
     d["cache_dir"] = str(data.cache_dir) if data.cache_dir else None
     return d
-
-
-def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.dim() >= 2 and "wpe" not in name else no_decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    fused = device.type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
 def keep_global_batch(

@@ -12,6 +12,7 @@ import torch
 from minigpt.data import BatchSampler
 from minigpt.errors import MinigptError
 from minigpt.model import GPT
+from minigpt.optimizers import Optimizers
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import Tokenizer
 from minigpt.weights import build_model, model_tensors
@@ -47,15 +48,14 @@ class Trainables:
     """What a step changes and a checkpoint must capture: weights, optimizer moments, batch position."""
 
     model: GPT
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizers
     sampler: BatchSampler
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in model_tensors(self.model).items()}
         for name, p in self.model.named_parameters():
-            for key, value in self.optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    out[f"optim/{name}/{key}"] = value
+            for key, value in self.optimizer.state_items(p):
+                out[f"optim/{name}/{key}"] = value
         for key, value in self.sampler.state_dict().items():
             out[f"sampler/{key}"] = value
         out["rng/torch"] = torch.get_rng_state()
@@ -71,7 +71,9 @@ class Trainables:
         for key, value in tensors.items():
             if key.startswith("optim/"):
                 name, _, slot = key.removeprefix("optim/").rpartition("/")
-                _check_moment(key, value, params.get(name), slot, source)
+                param = params.get(name)
+                slots = self.optimizer.slots(param) if param is not None else ()
+                _check_moment(key, value, param, slot, slots, source)
             elif not key.startswith(("model/", "sampler/", "rng/")):
                 raise MinigptError(f"{source}: unexpected tensor {key!r}; is this a minigpt training state?")
         rng = tensors.get("rng/torch")
@@ -92,9 +94,9 @@ class Trainables:
             prefix = f"optim/{name}/"
             saved = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
             if saved:
-                self.optimizer.state[p] = {
-                    k: (v.to(p.device) if k != "step" else v) for k, v in saved.items()
-                }
+                self.optimizer.load_state(
+                    p, {k: (v.to(p.device) if k != "step" else v) for k, v in saved.items()}
+                )
         self.sampler.load_state_dict(
             {k.removeprefix("sampler/"): v for k, v in tensors.items() if k.startswith("sampler/")}
         )
@@ -103,9 +105,17 @@ class Trainables:
             torch.cuda.set_rng_state(tensors["rng/cuda"])
 
 
-def _check_moment(key: str, value: torch.Tensor, param: torch.Tensor | None, slot: str, source: Any) -> None:
+def _check_moment(
+    key: str, value: torch.Tensor, param: torch.Tensor | None, slot: str, slots: tuple[str, ...], source: Any
+) -> None:
     if param is None:
         raise MinigptError(f"{source}: optimizer state {key!r} belongs to no parameter of this model")
+    if slot not in slots:
+        # e.g. an AdamW moment for a matrix Muon trains: the state is from another optimizer's run
+        raise MinigptError(
+            f"{source}: optimizer state {key!r} is not one its parameter's optimizer keeps "
+            f"({', '.join(slots)}); the file is damaged or from another run"
+        )
     if slot == "step":
         ok = (
             value.numel() == 1
@@ -113,7 +123,7 @@ def _check_moment(key: str, value: torch.Tensor, param: torch.Tensor | None, slo
             and bool(torch.isfinite(value).all() and value >= 0)
         )
     else:
-        ok = value.shape == param.shape and value.is_floating_point()
+        ok = value.shape == param.shape and value.dtype == param.dtype
     if not ok:
         raise MinigptError(
             f"{source}: optimizer state {key!r} has shape {list(value.shape)} ({value.dtype}), which does not "

@@ -15,6 +15,7 @@ from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, Dataset, bits_per_byte, eval_batches
 from minigpt.device import autocast_context
 from minigpt.distributed import DistContext
+from minigpt.optimizers import Optimizers
 
 EVAL_CHUNK = 256  # windows per evaluation forward pass, at most
 EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (128 MB in float32)
@@ -34,7 +35,7 @@ class Runtime:
 
 def train_step(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizers,
     sampler: BatchSampler,
     runtime: Runtime,
     *,
@@ -50,8 +51,7 @@ def train_step(
     after each micro-batch, can give the step up (None is returned, gradients and batch position as before
     the step): a step of very many micro-batches must not outlast a time budget or a Ctrl-C.
     """
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    optimizer.set_lr(lr)
     loss_sum = torch.zeros((), device=runtime.device)
     for micro in range(grad_accum):
         x, y = sampler.next_batch()
@@ -65,13 +65,25 @@ def train_step(
             optimizer.zero_grad(set_to_none=True)
             sampler.batches -= micro + 1
             return None
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    mean_loss = runtime.dist.all_reduce_mean(loss_sum).item()
+    loss_tensor = runtime.dist.all_reduce_mean(loss_sum)
+    mean_loss = _clip_gradients(model, grad_clip, loss_tensor) if grad_clip > 0 else loss_tensor.item()
     if math.isfinite(mean_loss):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return mean_loss
+
+
+def _clip_gradients(model: torch.nn.Module, max_norm: float, loss: torch.Tensor) -> float:
+    """clip_grad_norm_'s scaling by min(max_norm / (norm + 1e-6), 1), skipped when that factor is 1 (most
+    steps once training settles), which leaves the gradients bitwise as the multiplication would; the loss
+    is read in the same device sync as the factor. Returns the loss."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    factor = max_norm / (norm + 1e-6)
+    value, scale = torch.stack([loss.float(), factor.float()]).tolist()
+    if not scale >= 1.0:  # a NaN factor scales too, as clip_grad_norm_ would
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+    return value
 
 
 def _chunk(config: GPTConfig, batch_size: int) -> int:

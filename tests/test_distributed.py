@@ -180,6 +180,22 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     assert assert_loadable(two)["world_size"] == 1
 
 
+def test_muon_under_two_processes_then_resume_on_one(text_file: Path, tmp_path: Path) -> None:
+    """`--optimizer muon` under DDP: both optimizers are built on the bare model and step the all-reduced
+    gradients; rank 0 saves Muon's momentum buffers, and the run resumes in one process with Muon."""
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "2", "--optimizer",
+           "muon", "--out", str(two), "--nproc", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tensors, _ = load_tensors(two / RunDir.STATE)
+    buffers = [k for k in tensors if k.endswith("/momentum_buffer")]
+    assert buffers and all(tensors[k].abs().max() > 0 for k in buffers)
+    resumed = train(TrainConfig(max_iters=3), resume=two)
+    assert resumed.state.step == 3
+    assert json.loads((two / RunDir.CONFIG).read_text())["train"]["optimizer"] == "muon"
+
+
 @linux_only
 def test_a_killed_rank_stops_the_launcher_quickly_and_leaves_a_loadable_checkpoint(
     text_file: Path, tmp_path: Path
@@ -239,7 +255,7 @@ def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_p
     seen = {}
     monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: seen.update(n=n, args=args) or 7)
     argv = ["train", "--preset", "tiny", "--no-bias", "--compile", "--lr", "0.001", "--max-time", "5m",
-            "--out", "r", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
+            "--schedule", "wsd", "--optimizer", "muon", "--out", "r", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
     result = runner.invoke(app, argv)
     assert result.exit_code == 7, result.output
     assert seen["n"] == 3
@@ -248,6 +264,7 @@ def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_p
     opts = args[: args.index("--")]
     assert {"--no-bias", "--compile"} <= set(opts) and "--overwrite" not in opts and "--nproc" not in opts
     assert opts[opts.index("--lr") + 1] == "0.001" and opts[opts.index("--max-time") + 1] == "5m"
+    assert opts[opts.index("--schedule") + 1] == "wsd" and opts[opts.index("--optimizer") + 1] == "muon"
     assert _relaunch_args({"files": None, "resume": Path("r"), "overwrite": True, "nproc": 2}) == [
         "--resume",
         "r",

@@ -37,6 +37,7 @@ from minigpt.tokenizer import DEFAULT_BPE_VOCAB_SIZE
 from minigpt.train import TrainConfig, TrainState, parse_duration, train
 from minigpt.trainconfig import DEFAULT_MAX_ITERS, RECIPES, default_label
 from minigpt.trainsetup import make_optimizer
+from minigpt.trainstate import Trainables
 from minigpt.trainstep import Runtime, evaluate, split_loss, train_step
 
 TEXT = "".join(
@@ -151,6 +152,70 @@ def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str
         if key.startswith(("model/", "optim/")):
             assert torch.equal(a[key], b[key]), key
     assert straight.state.best_val_loss == pytest.approx(resumed.state.best_val_loss)
+
+
+def test_exact_resume_with_muon_is_bitwise(runner, text_file: Path, tmp_path: Path) -> None:
+    """`--optimizer muon` is saved in config.json and kept on resume, and Muon's momentum buffers travel in
+    the state file: 8 steps straight equal 4, a stop, then a resume to 8."""
+    data = data_cfg(text_file, tmp_path)
+    cfg = tiny_cfg(max_iters=8, eval_every=4, optimizer="muon")
+    train(cfg, data, out=tmp_path / "straight")
+
+    def stop_at_4(step: int) -> None:
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    assert train(cfg, data, out=tmp_path / "split", on_step=stop_at_4).interrupted
+    result = runner.invoke(app, ["train", "--resume", str(tmp_path / "split")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "split" / RunDir.CONFIG).read_text())["train"]["optimizer"] == "muon"
+    a, _ = load_tensors(tmp_path / "straight" / RunDir.STATE)
+    b, _ = load_tensors(tmp_path / "split" / RunDir.STATE)
+    buffers = [k for k in a if k.endswith("/momentum_buffer")]
+    # every block's attention and MLP matrices (4 a block), and nothing else
+    assert len(buffers) == 4 * GPTConfig(**PRESETS["tiny"]).n_layer
+    assert all(".h." in k and k.endswith(".weight/momentum_buffer") for k in buffers)
+    assert a.keys() == b.keys()
+    for key in a:
+        if key.startswith(("model/", "optim/")):
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_muon_trains_the_blocks_matrices_and_the_schedule_scales_both_rates() -> None:
+    model = tiny_model()
+    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.05)
+    optimizer = make_optimizer(model, cfg, torch.device("cpu"))
+    adamw, muon = optimizer.parts
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        hidden = name.startswith("transformer.h.") and p.dim() == 2
+        assert (id(p) in in_muon) == hidden, name
+    optimizer.set_lr(5e-3)  # half the peak: both optimizers at half theirs
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([5e-3, 5e-3, 0.025])
+
+
+def test_a_state_file_from_another_optimizer_is_refused(text_file: Path, tmp_path: Path) -> None:
+    """Moments are checked against the optimizer that owns each parameter: an AdamW moment for a matrix
+    Muon trains, or a momentum buffer of the wrong shape, is a clean error before anything is loaded."""
+    out = tmp_path / "run"
+    train(tiny_cfg(max_iters=2, optimizer="muon"), data_cfg(text_file, tmp_path), out=out)
+    tensors, _ = load_tensors(out / RunDir.STATE)
+    model = GPT(RunDir(out).model_config())
+    cfg = TrainConfig(lr=1e-3, optimizer="muon")
+    parts = Trainables(model, make_optimizer(model, cfg, torch.device("cpu")), None)  # type: ignore[arg-type]
+    parts.check(tensors, "state")
+    key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/momentum_buffer"))
+    for bad, message in (
+        (
+            {key.replace("momentum_buffer", "exp_avg"): tensors[key]},
+            "not one its parameter's optimizer keeps",
+        ),
+        ({key: tensors[key][:1].clone()}, "does not fit its parameter"),
+        ({key: tensors[key].double()}, "does not fit its parameter"),
+    ):
+        with pytest.raises(MinigptError, match=message):
+            parts.check({**tensors, **bad}, "state")
 
 
 def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) -> None:

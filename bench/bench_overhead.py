@@ -1,0 +1,141 @@
+"""The trainer's per-step overhead, whole commands timed from outside: `minigpt train` vs a plain PyTorch loop.
+
+Usage: python bench/bench_overhead.py [--repeats N]   (prints a markdown table)
+
+Each side runs as a subprocess for 50 and for 350 steps on the 4x4x128, block 64, batch 12 char shape, fp32;
+tokens/s = 300 steps x 12 x 64 / (t350 - t50), so start-up, tokenizing, the final evaluation and save cancel
+and every per-step cost counts (logging, metrics, progress, syncs, batches). minigpt runs with its defaults
+(a log line and metrics record every 10 steps, one final evaluation and save, none mid-way at 350 steps);
+the plain loop evaluates and saves nothing. Both use minigpt's GPT module, fused AdamW with decay on the
+weight matrices, the same warmup and wsd schedule and clipping at 1.0. `minigpt train` shortens OpenMP's
+spin-wait for itself (GOMP_SPINCOUNT), so the plain loop also runs with that setting: the row that isolates
+the trainer's own per-step work. Repeats are interleaved; medians.
+Needs ../shared/data/tinyshakespeare.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
+BATCH = 12
+SHORT, LONG = 50, 350
+ROWS = ("plain", "plain, short spin", "minigpt")
+SPIN = "10000"  # GOMP_SPINCOUNT, as `minigpt train` sets it unless the environment does
+
+
+def plain_loop(steps: int) -> None:
+    """The textbook loop, run in this process: random windows (NumPy), forward, backward, clip, AdamW."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from minigpt.config import GPTConfig
+    from minigpt.model import GPT
+
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    lut = {c: i for i, c in enumerate(chars)}
+    data = np.array([lut[c] for c in text], dtype=np.int64)
+    train = data[: len(data) - round(len(data) * 0.1)]
+    torch.manual_seed(1337)
+    model = GPT(GPTConfig(vocab_size=len(chars), **SHAPE))
+    matrices = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wpe" not in n]
+    others = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "wpe" not in n)]
+    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=8e-3, betas=(0.9, 0.99), fused=True)
+    rng = np.random.default_rng(1337)
+    T, warmup = SHAPE["block_size"], min(100, steps // 10)
+    for step in range(steps):
+        p = step / steps
+        lr = 8e-3 * (step + 1) / warmup if step < warmup else 8e-3 * min(1.0, (1 - p) / 0.5)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ix = rng.integers(0, len(train) - T - 1, BATCH)
+        x = torch.from_numpy(np.stack([train[i : i + T] for i in ix]))
+        y = torch.from_numpy(np.stack([train[i + 1 : i + 1 + T] for i in ix]))
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    print(f"plain loop: {steps} steps, last loss {loss.item():.4f}", file=sys.stderr)
+
+
+def timed(kind: str, steps: int, tmp: Path) -> float:
+    """Wall seconds of one whole command, from starting Python to its exit."""
+    env = {**os.environ, "MINIGPT_CACHE_DIR": str(tmp / "cache"), "PYTHONPATH": str(ROOT)}
+    env.pop("GOMP_SPINCOUNT", None)  # OpenMP's default, unless the row says otherwise
+    if kind == "plain, short spin":
+        env["GOMP_SPINCOUNT"] = SPIN  # what `minigpt train` sets for itself
+    if kind.startswith("plain"):
+        cmd = [sys.executable, __file__, "--plain-loop", str(steps)]
+    else:
+        out = tmp / f"run-{time.monotonic_ns()}"
+        cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--tokenizer", "char",
+               "--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64",
+               "--batch-size", str(BATCH), "--max-iters", str(steps), "--device", "cpu",
+               "--dtype", "float32", "--out", str(out)]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median)")
+    parser.add_argument("--steps", type=int, nargs=2, default=[SHORT, LONG], help="the two step counts")
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"which of {', '.join(ROWS)} (comma-separated)"
+    )
+    parser.add_argument("--plain-loop", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_loop is not None:
+        plain_loop(args.plain_loop)
+        return
+    if not SHAKESPEARE.is_file():
+        raise SystemExit(f"needs {SHAKESPEARE}")
+    short_steps, long_steps = args.steps
+    tokens = (long_steps - short_steps) * BATCH * SHAPE["block_size"]
+    rates: dict[str, list[float]] = {k: [] for k in args.rows.split(",")}
+    with tempfile.TemporaryDirectory() as tmp:
+        timed("minigpt", 1, Path(tmp))  # fills the token cache, so tokenizing costs the same in every command
+        for _ in range(args.repeats):
+            for kind in rates:
+                short, long = timed(kind, short_steps, Path(tmp)), timed(kind, long_steps, Path(tmp))
+                rates[kind].append(tokens / (long - short))
+                print(
+                    f"{kind}: t{short_steps} {short:.2f} s, t{long_steps} {long:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(
+        f"medians of {args.repeats} interleaved repeats; tokens/s = {tokens:,} / (t{long_steps} - t{short_steps})\n"
+    )
+    print("| 4x4x128, block 64, batch 12, char, fp32 | tokens/s | each repeat | vs the first row |")
+    print("|---|---:|---:|---:|")
+    labels = {"plain": "plain PyTorch loop", "plain, short spin": f"plain loop, GOMP_SPINCOUNT={SPIN}",
+              "minigpt": "`minigpt train`"}  # fmt: skip
+    base = med[next(iter(med))]  # the first row given: the plain loop unless --rows says otherwise
+    for key in rates:
+        each = ", ".join(f"{r:,.0f}" for r in rates[key])
+        print(f"| {labels[key]} | {med[key]:,.0f} | {each} | {med[key] / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The optimizers a run can train with: AdamW alone, or Muon for the blocks' weight matrices and AdamW for the rest."""
+
+from __future__ import annotations
+
+import torch
+
+from minigpt.trainconfig import TrainConfig
+
+# the per-parameter state each optimizer keeps, as torch names it: all a state file may hold for a parameter
+SLOTS: dict[type[torch.optim.Optimizer], tuple[str, ...]] = {
+    torch.optim.AdamW: ("step", "exp_avg", "exp_avg_sq"),
+    torch.optim.Muon: ("momentum_buffer",),
+}
+
+
+class Optimizers:
+    """One or more torch optimizers stepped as one, each parameter owned by exactly one of them.
+
+    Every parameter group holds "lr_scale", its peak learning rate over the run's `lr`, so the one schedule
+    scales Muon's rate and AdamW's together.
+    """
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = parts
+        self.param_groups = [group for part in parts for group in part.param_groups]
+        self._owner = {p: part for part in parts for group in part.param_groups for p in group["params"]}
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def slots(self, param: torch.Tensor) -> tuple[str, ...]:
+        """The state names the optimizer owning `param` keeps for it (none for a parameter none owns)."""
+        part = self._owner.get(param)
+        return SLOTS[type(part)] if part is not None else ()
+
+    def state_items(self, param: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The tensors the optimizer owning `param` keeps for it (none before its first step)."""
+        part = self._owner.get(param)
+        state = part.state.get(param, {}) if part is not None else {}
+        return [(k, v) for k, v in state.items() if isinstance(v, torch.Tensor)]
+
+    def load_state(self, param: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        self._owner[param].state[param] = state
+
+
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """A 2-D weight inside a transformer block (attention and MLP projections): what Muon trains.
+    Embeddings, the LM head and every 1-D gain or bias stay with AdamW, as Muon's authors advise."""
+    return param.dim() == 2 and name.startswith("transformer.h.")
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> Optimizers:
+    """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms; with
+    cfg.optimizer "muon", the blocks' weight matrices go to torch's Muon at cfg.muon_lr instead."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon = [p for n, p in named if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
+    taken = {id(p) for p in muon}
+    rest = [(n, p) for n, p in named if id(p) not in taken]
+    decay = [p for n, p in rest if p.dim() >= 2 and "wpe" not in n]
+    no_decay = [p for n, p in rest if not (p.dim() >= 2 and "wpe" not in n)]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+    ]
+    assert cfg.lr is not None, "make_optimizer needs a resolved config (with_recipe)"
+    fused = device.type in ("cuda", "cpu")
+    parts: list[torch.optim.Optimizer] = [
+        torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    ]
+    if muon:
+        # Muon's update is orthogonalised, so its rate is its own; the schedule scales it with lr's
+        group = {"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}
+        parts.append(torch.optim.Muon([group], lr=cfg.muon_lr, weight_decay=cfg.weight_decay))
+    return Optimizers(parts)
