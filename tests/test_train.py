@@ -124,7 +124,9 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    "arch", [{}, dict(arch="modern", qk_norm=True, n_kv_head=1, window=8)], ids=["gpt2", "modern"]
+    "arch",
+    [dict(arch="gpt2", optimizer="adamw"), dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8)],
+    ids=["gpt2", "modern"],
 )
 def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str, Any]) -> None:
     """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
