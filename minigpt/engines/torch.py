@@ -62,7 +62,7 @@ class TorchEngine:
         self._device = w.device
         self.device = str(w.device)
         self.dtype = str(w.dtype).removeprefix("torch.")
-        self._weights = model.weights()
+        self.weights = model.weights()
 
     @torch.inference_mode()
     def new_cache(self, batch: int) -> KVCache[torch.Tensor]:
@@ -71,7 +71,7 @@ class TorchEngine:
     @torch.inference_mode()
     def forward(self, ids: Sequence[Sequence[int]], cache: KVCache[torch.Tensor] | None) -> torch.Tensor:
         idx = torch.tensor(ids, dtype=torch.long, device=self._device)
-        logits, _ = self.model(idx, kv_cache=cache, weights=self._weights)
+        logits, _ = self.model(idx, kv_cache=cache, weights=self.weights)
         return logits if cache is None else logits.expand(cache.batch, -1)
 
     @torch.inference_mode()
