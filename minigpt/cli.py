@@ -207,6 +207,7 @@ def runs(
 
 
 _MODEL = "Model shape"
+_ARCH = "Architecture"
 _DATA = "Data and tokenizer"
 _OPT = "Optimisation"
 _BUDGET = "Budget (the first reached stops)"
@@ -257,7 +258,75 @@ def train(
         typer.Option(
             "--bias/--no-bias",
             help=option_help("bias", "Biases in Linear and LayerNorm layers."),
-            rich_help_panel=_MODEL,
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    arch: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help(
+                "arch", "gpt2 (maps to Hugging Face GPT-2) or modern; the flags below override it."
+            ),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    pos: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help("pos", "Positions: learned (wpe) or rope (rotary)."), rich_help_panel=_ARCH
+        ),
+    ] = None,
+    rope_base: Annotated[
+        float | None,
+        typer.Option(help=option_help("rope_base", "Base of the rotary frequencies."), rich_help_panel=_ARCH),
+    ] = None,
+    norm: Annotated[
+        str | None,
+        typer.Option(help=option_help("norm", "layernorm or rmsnorm."), rich_help_panel=_ARCH),
+    ] = None,
+    mlp: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help("mlp", "MLP activation: gelu, relu2 (ReLU²) or swiglu."), rich_help_panel=_ARCH
+        ),
+    ] = None,
+    qk_norm: Annotated[
+        bool | None,
+        typer.Option(
+            "--qk-norm/--no-qk-norm",
+            help=option_help("qk_norm", "RMSNorm of each head's queries and keys."),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    n_kv_head: Annotated[
+        int | None,
+        typer.Option(
+            help="Key/value heads (grouped-query attention; 1 is multi-query). \\[default: --n-head]",
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens a local (S) layer attends to. \\[default: none, all layers full]",
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    window_pattern: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help(
+                "window_pattern", "S (local) and L (full) per layer, repeated; the last layer is L."
+            ),
+            rich_help_panel=_ARCH,
+        ),
+    ] = None,
+    tie: Annotated[
+        bool | None,
+        typer.Option(
+            "--tie/--untie",
+            help=option_help("tie", "Share the token embedding with the LM head."),
+            rich_help_panel=_ARCH,
         ),
     ] = None,
     tokenizer: Annotated[
@@ -486,6 +555,16 @@ def train(
         block_size=block_size,
         dropout=dropout,
         bias=bias,
+        arch=arch,
+        pos=pos,
+        rope_base=rope_base,
+        norm=norm,
+        mlp=mlp,
+        qk_norm=qk_norm,
+        n_kv_head=n_kv_head,
+        window=window,
+        window_pattern=window_pattern,
+        tie=tie,
     )
     opt_opts = dict(
         batch_size=batch_size,

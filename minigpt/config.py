@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from minigpt.errors import UsageError
+
+POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "relu2", "swiglu")
 
 
 @dataclass(frozen=True)
@@ -20,28 +25,100 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = True
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float = 1e-5  # the eps of every norm, LayerNorm or RMSNorm
+    # the architecture: GPT-2's choices by default; the others are what later small models adopted
+    pos: str = "learned"  # "learned" position embeddings (wpe) or "rope" (rotary, no parameters)
+    rope_base: float = 10000.0
+    norm: str = "layernorm"
+    mlp: str = "gelu"  # gelu (GPT-2's tanh form), relu2 (ReLU squared) or swiglu (adds a gate matrix)
+    mlp_width: int | None = None  # None: 4 n_embd, or for swiglu 8/3 n_embd rounded up to 64 (same size)
+    qk_norm: bool = False  # RMSNorm (with a gain) of every head's queries and keys before attention
+    n_kv_head: int | None = None  # None: n_head; fewer is grouped-query attention, 1 multi-query
+    window: int | None = None  # tokens an S layer attends to (itself included); None: every layer is L
+    window_pattern: str = "S"  # S/L per layer, repeated over the layers; the last layer is always L
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name} must be a positive integer, got {value!r}")
+            _check_count(name, getattr(self, name))
         if self.n_embd % self.n_head:
             raise UsageError(_width_hint(self.n_embd, self.n_head))
-        if not 0.0 <= self.dropout < 1.0:
+        if isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not self.layer_norm_eps > 0:
-            raise UsageError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        for name in ("bias", "tie_embeddings", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("layer_norm_eps", "rope_base"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise UsageError(f"{name} must be a positive number, got {value!r}")
+        for name, choices in (("pos", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise UsageError(f"unknown {name} {getattr(self, name)!r}: choose {' or '.join(choices)}")
+        self._check_attention()
+        if self.mlp_width is not None:
+            _check_count("mlp_width", self.mlp_width)
+
+    def _check_attention(self) -> None:
+        if self.n_kv_head is not None:
+            _check_count("n_kv_head", self.n_kv_head)
+            if self.n_head % self.n_kv_head:
+                raise UsageError(
+                    f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value head "
+                    "serves an equal group of query heads"
+                )
+        if self.pos == "rope" and self.head_dim % 2:
+            raise UsageError(f"rotary positions need an even head size, got {self.head_dim}")
+        if self.window is not None:
+            _check_count("window", self.window)
+            if self.window > self.block_size:
+                raise UsageError(
+                    f"window ({self.window}) must be at most block_size ({self.block_size}); "
+                    "leave it out for full attention"
+                )
+        pattern = self.window_pattern
+        if not isinstance(pattern, str) or not pattern or set(pattern) - {"S", "L"} or len(pattern) > 4096:
+            raise UsageError(
+                f"window_pattern must be letters S (local) and L (full), for example SSSL; got {pattern!r}"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is not set."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
     def d_ff(self) -> int:
-        """Width of the MLP's hidden layer (4 x n_embd, as in GPT-2 and GPT-3)."""
+        """Width of the MLP's hidden layer: 4 x n_embd as in GPT-2 and GPT-3; SwiGLU's three matrices
+        take 8/3 x n_embd (rounded up to a multiple of 64) to hold as many parameters as two of 4 x."""
+        if self.mlp_width is not None:
+            return self.mlp_width
+        if self.mlp == "swiglu":
+            return -(-8 * self.n_embd // (3 * 64)) * 64
         return 4 * self.n_embd
+
+    @property
+    def cached_positions(self) -> int:
+        """Positions the KV cache keeps over all layers: sum(layer_windows), worked out without listing
+        the layers (a config.json may claim 10**9 of them)."""
+        if self.window is None:
+            return self.n_layer * self.block_size
+        p, before_last = self.window_pattern, self.n_layer - 1
+        local = before_last // len(p) * p.count("S") + p[: before_last % len(p)].count("S")
+        return local * self.window + (self.n_layer - local) * self.block_size
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """How many of the latest positions each layer attends to: `window` for S layers, block_size
+        for L layers (a rotary model decoding past block_size keeps that many; learned positions never
+        go past it)."""
+        p = self.window_pattern
+        local = [self.window is not None and p[i % len(p)] == "S" for i in range(self.n_layer)]
+        local[-1] = False
+        return tuple(self.window if is_local and self.window else self.block_size for is_local in local)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +130,11 @@ class GPTConfig:
         if unknown:
             raise UsageError(f"unknown model config keys {unknown}: is this a minigpt config?")
         return cls(**data)
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _width_hint(n_embd: int, n_head: int) -> str:

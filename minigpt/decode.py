@@ -10,7 +10,9 @@ than block_size is cut to its last block_size tokens; the window then grows one 
 it would pass block_size its oldest `slide` tokens are dropped. Learned positions mean dropped tokens
 change every remaining token's position, so the cached loop re-prefills the kept window in one forward
 pass; with slide=1 this is exactly nanoGPT's crop-to-the-last-block_size loop (a re-prefill for every
-token), with a larger slide one re-prefill serves `slide` tokens.
+token), with a larger slide one re-prefill serves `slide` tokens. Rotary models never slide: attention
+scores depend only on distances, so each layer's cache keeps the positions it attends to (block_size, or
+its window) and drops the oldest, at constant cost per token however long the text.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class Engine(Protocol):
     device: str
     dtype: str
     block_size: int
+    # rotary positions: cached keys carry no absolute position, so past block_size the cache drops its
+    # oldest entries and decoding goes on; learned positions slide the window and re-read it instead
+    rotary: bool
 
     def new_cache(self, batch: int) -> KVCache[Any]:
         """An empty KV cache of `batch` rows."""
@@ -125,10 +130,16 @@ class Sampling:
 
 class _Windows:
     """Every row's context window: its prompt's last block_size ids (one prompt for all samples), then
-    each new token, the oldest `slide` dropped whenever the window outgrows the block."""
+    each new token, the oldest `slide` dropped whenever the window outgrows the block (never for a
+    rotary model: its cache forgets what its layers no longer see)."""
 
     def __init__(
-        self, prompts: Sequence[Sequence[int]], num_samples: int, block_size: int, slide: int | None
+        self,
+        prompts: Sequence[Sequence[int]],
+        num_samples: int,
+        block_size: int,
+        slide: int | None,
+        rotary: bool = False,
     ) -> None:
         if num_samples > 1 and len(prompts) != 1:
             raise UsageError(f"num_samples={num_samples} needs one prompt, got {len(prompts)}")
@@ -136,6 +147,7 @@ class _Windows:
             raise UsageError("decoding needs prompts of one length, at least one token each")
         self.block_size = block_size
         self.slide = resolve_slide(slide, block_size)
+        self.rotary = rotary
         self.prompts = [list(p)[-block_size:] for p in prompts]
         self.rows = [list(self.prompts[i % len(prompts)]) for i in range(max(len(prompts), num_samples))]
 
@@ -143,7 +155,7 @@ class _Windows:
         """Add each row's new token; True when the windows slid (dropped their oldest tokens)."""
         for row, token in zip(self.rows, tokens, strict=True):
             row.append(token)
-        drop = window_drop(len(self.rows[0]), self.block_size, self.slide)
+        drop = 0 if self.rotary else window_drop(len(self.rows[0]), self.block_size, self.slide)
         if drop:
             for row in self.rows:
                 del row[:drop]
@@ -167,7 +179,7 @@ def decode(
     num_samples rows. The next token is fed only when the caller asks for it, so stopping early wastes no
     forward pass.
     """
-    windows = _Windows(prompts, num_samples, engine.block_size, slide)
+    windows = _Windows(prompts, num_samples, engine.block_size, slide, engine.rotary)
     rng = engine.rng(sampling.seed)
     cache = engine.new_cache(len(windows.rows))
     logits = engine.forward(windows.prompts, cache)
@@ -196,7 +208,7 @@ def generate_uncached(
 
     Returns what `decode` yields, step by step; tests and the benchmark hold the cached loop to it.
     """
-    windows = _Windows(prompts, num_samples, engine.block_size, slide)
+    windows = _Windows(prompts, num_samples, engine.block_size, slide, engine.rotary)
     rng = engine.rng(sampling.seed)
     steps = []
     for _ in range(max_new_tokens):

@@ -27,9 +27,10 @@ def available_bytes() -> int | None:
 
 
 def inference_bytes(config: GPTConfig, batch: int = 1) -> int:
-    """float32 weights plus a full KV cache for `batch` rows."""
+    """float32 weights plus a full KV cache for `batch` rows (each layer holds its window of positions)."""
     weights = count_params(config).exact_total * FLOAT32
-    kv_cache = 2 * config.n_layer * batch * config.block_size * config.n_embd * FLOAT32
+    per_position = 2 * batch * config.kv_heads * config.head_dim * FLOAT32
+    kv_cache = per_position * config.cached_positions
     return weights + kv_cache
 
 

@@ -1,4 +1,4 @@
-"""The GPT-2 style decoder-only transformer: embeddings, pre-norm blocks, LM head (no I/O here).
+"""The decoder-only transformer, GPT-2 and its later variants: embeddings, pre-norm blocks, LM head (no I/O).
 
 The modules hold the parameters under GPT-2's names; the computation is written once, as functions over
 the `ModelWeights` tree that `GPT.weights()` reads from them. `GPT.forward` runs it for training, prefill,
@@ -34,22 +34,25 @@ __all__ = [
     "KVCache",
     "attend",
     "block",
-    "causal_mask",
+    "attention_mask",
     "linear",
     "mlp",
     "norm",
     "qkv",
+    "rotary",
+    "rotate",
     "transformer",
 ]
 
 Cache = KVCache[torch.Tensor]
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin of every position's angles, (T, head_dim)
 
 
 @contextlib.contextmanager
 def _skip_init() -> Iterator[None]:
     # random init of a large model costs seconds, and the meta device pulls in torch._dynamo for
     # nn.Embedding; loading only needs the storage, so the init methods become no-ops for a moment
-    classes = (nn.Linear, nn.Embedding, nn.LayerNorm)
+    classes = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
     saved = [c.reset_parameters for c in classes]
     saved_gpt = GPT.reset_parameters
     try:
@@ -63,9 +66,12 @@ def _skip_init() -> Iterator[None]:
         GPT.reset_parameters = saved_gpt  # type: ignore[method-assign]
 
 
-def _norm(config: GPTConfig) -> nn.Module:
-    """The normalisation every block and the final layer use (GPT-2: LayerNorm)."""
-    return nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+def _norm(config: GPTConfig, width: int | None = None, rms: bool = False) -> nn.Module:
+    """A LayerNorm (GPT-2) or RMSNorm of `width` features (n_embd by default)."""
+    width = width or config.n_embd
+    if rms or config.norm == "rmsnorm":
+        return nn.RMSNorm(width, eps=config.layer_norm_eps)
+    return nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -73,8 +79,12 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+        self.c_attn = nn.Linear(config.n_embd, width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        if config.qk_norm:
+            self.q_norm = _norm(config, config.head_dim, rms=True)
+            self.k_norm = _norm(config, config.head_dim, rms=True)
 
 
 class MLP(nn.Module):
@@ -83,6 +93,8 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
+        if config.mlp == "swiglu":
+            self.c_gate = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
         self.c_proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
 
 
@@ -98,19 +110,17 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token + position embeddings, n_layer pre-norm blocks, final LayerNorm, LM head."""
+    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                ln_f=_norm(config),
-            )
-        )
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, config.n_embd)}
+        if config.pos == "learned":
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        modules["h"] = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        modules["ln_f"] = _norm(config)
+        self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
@@ -148,11 +158,13 @@ class GPT(nn.Module):
         return weights_by_name(self.config, dict(self.named_parameters()))
 
     def new_cache(self, batch: int) -> Cache:
-        """An empty KV cache of `batch` rows for every position, in the model's dtype and on its device."""
+        """An empty KV cache of `batch` rows, each layer as long as its window, in the model's dtype and
+        on its device."""
         c = self.config
         w = self.transformer.wte.weight
-        shape = (c.n_layer, batch, c.n_head, c.block_size, c.head_dim)
-        return KVCache(w.new_zeros(shape), w.new_zeros(shape))
+        shapes = [(batch, c.kv_heads, window, c.head_dim) for window in c.layer_windows]
+        keys, values = [w.new_zeros(s) for s in shapes], [w.new_zeros(s) for s in shapes]
+        return KVCache(keys, values, c.block_size if c.pos == "learned" else None, torch.cat)
 
     def forward(
         self,
@@ -191,6 +203,8 @@ def _dropout(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    if w.rms:
+        return F.rms_norm(x, (x.size(-1),), w.weight, w.eps)
     return F.layer_norm(x, (x.size(-1),), w.weight, w.bias, w.eps)
 
 
@@ -198,17 +212,49 @@ def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w.weight, w.bias)
 
 
-def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:
-    """(queries, past + queries) booleans, True where the query at position past+i may see the key."""
-    return torch.ones(queries, past + queries, dtype=torch.bool, device=device).tril(diagonal=past)
+def rotary(base: float, head_dim: int, start: int, length: int, device: torch.device) -> Rotary:
+    """cos and sin (length, head_dim) of the rotary angles of positions start..start+length.
+
+    Dimension i and i + head_dim/2 turn together at frequency base^(-2i/head_dim), the pairing (and
+    float32 arithmetic) of Hugging Face's Llama, so converted weights need no permutation.
+    """
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim
+    positions = torch.arange(start, start + length, device=device, dtype=torch.int64).float()
+    angles = positions[:, None] * (1.0 / base**exponents)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+    """x (B, H, T, hd) turned by its positions' angles: q·k then depends only on their distance."""
+    cos, sin = (t.to(x.dtype) for t in rope)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def attention_mask(queries: int, keys: int, window: int, device: torch.device) -> torch.Tensor:
+    """(queries, keys) booleans, True where a query may see a key: the keys are the latest positions in
+    order and the queries the last of them; each sees itself and the window - 1 positions before it."""
+    offset = keys - queries
+    allowed = torch.ones(queries, keys, dtype=torch.bool, device=device)
+    return allowed.tril(diagonal=offset).triu(diagonal=offset - window + 1)
 
 
 def qkv(
-    w: AttentionWeights[torch.Tensor], x: torch.Tensor
+    w: AttentionWeights[torch.Tensor], x: torch.Tensor, rope: Rotary | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Project x (B, T, C) to per-head queries, keys and values, each a (B, H, T, hd) view."""
-    B, T, C = x.shape
-    q, k, v = linear(w.c_attn, x).view(B, T, 3, w.n_head, C // w.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+    """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
+    QK-norm and rotary positions applied when the model has them."""
+    B, T, _ = x.shape
+    hd = x.size(-1) // w.n_head
+    q, k, v = linear(w.c_attn, x).split([w.n_head * hd, w.n_kv_head * hd, w.n_kv_head * hd], dim=-1)
+    q = q.view(B, T, w.n_head, hd).transpose(1, 2)
+    k = k.view(B, T, w.n_kv_head, hd).transpose(1, 2)
+    v = v.view(B, T, w.n_kv_head, hd).transpose(1, 2)
+    if w.q_norm is not None and w.k_norm is not None:
+        q, k = norm(w.q_norm, q), norm(w.k_norm, k)
+    if rope is not None:
+        q, k = rotate(q, rope), rotate(k, rope)
     return q, k, v
 
 
@@ -217,25 +263,29 @@ def attend(
     x: torch.Tensor,
     layer: int,
     cache: Cache | None = None,
+    rope: Rotary | None = None,
     attention: list[torch.Tensor] | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
-    """Causal self-attention of x (B, T, C) over itself and, with a cache, every position cached before.
+    """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
+    each query seeing at most the layer's window.
 
     Fused SDPA by default; with an `attention` list it computes softmax(QKᵀ/√d) explicitly and appends
-    the probabilities (B, H, T, past + T), so inspection reads the very attention the model runs.
+    the probabilities (B, H, T, keys), so inspection reads the very attention the model runs.
     """
     B, T, C = x.shape
-    q, k, v = qkv(w, x)
-    past = 0
+    q, k, v = qkv(w, x, rope)
     if cache is not None:
-        past = cache.pos
         k, v = cache.update(layer, k, v)
     if attention is None:
-        y = _fused_attention(q, k, v, past, dropout)
+        y = _fused_attention(q, k, v, w.window, dropout)
     else:
+        groups = w.n_head // w.n_kv_head
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
-        probs = scores.masked_fill(~causal_mask(T, past, x.device), float("-inf")).softmax(dim=-1)
+        if T > 1:
+            scores = scores.masked_fill(~attention_mask(T, k.size(2), w.window, x.device), float("-inf"))
+        probs = scores.softmax(dim=-1)
         attention.append(probs)
         y = _dropout(probs, dropout).to(v.dtype) @ v
     # reshape is a view, not a copy, for a single new token
@@ -243,22 +293,29 @@ def attend(
 
 
 def _fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, dropout: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float
 ) -> torch.Tensor:
-    T = q.size(2)
-    if past == 0:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
-    if T == 1:  # one new query may look at every cached key: no mask needed
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-    # SDPA's is_causal aligns the mask top-left, wrong when queries start at `past`
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=causal_mask(T, past, q.device), dropout_p=dropout
-    )
+    T, S = q.size(2), k.size(2)
+    gqa = k.size(1) != q.size(1)
+    # one new query sees every key the cache hands back (it keeps only the layer's window); T queries
+    # over T keys within the window are plain causal attention
+    if T == 1 or (S == T and window >= T):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1, enable_gqa=gqa)
+    # SDPA's is_causal aligns the mask top-left, wrong when queries start after cached keys
+    mask = attention_mask(T, S, window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
 
 
 def mlp(w: MLPWeights[torch.Tensor], x: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
-    # the tanh form is GPT-2's gelu_new, so imported weights give exactly GPT-2's outputs
-    return _dropout(linear(w.c_proj, F.gelu(linear(w.c_fc, x), approximate="tanh")), dropout)
+    h = linear(w.c_fc, x)
+    if w.activation == "gelu":
+        # the tanh form is GPT-2's gelu_new, so imported weights give exactly GPT-2's outputs
+        h = F.gelu(h, approximate="tanh")
+    elif w.activation == "relu2":
+        h = F.relu(h).square()
+    elif w.c_gate is not None:
+        h = F.silu(linear(w.c_gate, x)) * h
+    return _dropout(linear(w.c_proj, h), dropout)
 
 
 def block(
@@ -266,11 +323,12 @@ def block(
     x: torch.Tensor,
     layer: int,
     cache: Cache | None = None,
+    rope: Rotary | None = None,
     attention: list[torch.Tensor] | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, attention, dropout)
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, attention, dropout)
     return x + mlp(w.mlp, norm(w.ln_2, x), dropout)
 
 
@@ -283,10 +341,16 @@ def transformer(
 ) -> torch.Tensor:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
     T = idx.size(1)
-    start = first_position(cache, T, w.wpe.size(0))
-    x = _dropout(F.embedding(idx, w.wte) + w.wpe[start : start + T], dropout)
+    start = first_position(cache, T, None if w.wpe is None else w.wpe.size(0))
+    x = F.embedding(idx, w.wte)
+    rope = None
+    if w.wpe is not None:
+        x = x + w.wpe[start : start + T]
+    if w.rope_base is not None:
+        rope = rotary(w.rope_base, w.head_dim, start, T, x.device)
+    x = _dropout(x, dropout)
     for layer, b in enumerate(w.h):
-        x = block(b, x, layer, cache, attention, dropout)
+        x = block(b, x, layer, cache, rope, attention, dropout)
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)

@@ -7,7 +7,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
-from minigpt.config import GPTConfig
+from minigpt.config import MLPS, NORMS, POSITIONS, GPTConfig
 from minigpt.errors import UsageError
 from minigpt.presets import preset as get_preset
 
@@ -16,9 +16,16 @@ from minigpt.presets import preset as get_preset
 # beat large ones, and holding the peak lr for half the run then decaying linearly to 0 (wsd) beat
 # cosine to lr/10 by 0.01 in loss. GPU: nanoGPT's shakespeare_char recipe without dropout.
 RECIPES: dict[str, dict[str, Any]] = {
-    "cpu": dict(preset="nano", batch_size=16, lr=8e-3, schedule="wsd"),
-    "gpu": dict(preset="small", batch_size=64, lr=1e-3, schedule="cosine"),
+    "cpu": dict(preset="nano", arch="gpt2", batch_size=16, lr=8e-3, schedule="wsd"),
+    "gpu": dict(preset="small", arch="gpt2", batch_size=64, lr=1e-3, schedule="cosine"),
 }
+# Architectures: GPT-2's (the one that maps to Hugging Face GPT-2) and the later choices small-model
+# recipes converged on; each train flag overrides the one it names.
+ARCHS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(pos="learned", norm="layernorm", mlp="gelu", qk_norm=False, tie=True, bias=True),
+    "modern": dict(pos="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, tie=False, bias=False),
+}
+ARCH_SETTINGS = ("pos", "norm", "mlp", "qk_norm", "tie", "bias")
 SCHEDULES = ("cosine", "wsd")
 # min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
 MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
@@ -41,7 +48,18 @@ class TrainConfig:
     n_embd: int | None = None
     block_size: int | None = None
     dropout: float = 0.0
-    bias: bool = True
+    # architecture: `arch` (None: the device's recipe), then any of its settings overridden
+    arch: str | None = None
+    pos: str | None = None
+    rope_base: float = 10000.0
+    norm: str | None = None
+    mlp: str | None = None
+    qk_norm: bool | None = None
+    tie: bool | None = None
+    bias: bool | None = None
+    n_kv_head: int | None = None
+    window: int | None = None
+    window_pattern: str = "S"
     # optimisation
     batch_size: int | None = None
     grad_accum: int = 1
@@ -79,6 +97,10 @@ class TrainConfig:
         self._check_rates()
         if self.preset is not None:
             get_preset(self.preset)
+        for name, choices in (("arch", tuple(ARCHS)), ("pos", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise UsageError(f"unknown {name} {value!r}: choose {' or '.join(choices)}")
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise UsageError(f"unknown schedule {self.schedule!r}: choose {' or '.join(SCHEDULES)}")
 
@@ -154,7 +176,23 @@ class TrainConfig:
         for name in SHAPE_SETTINGS:
             if getattr(self, name) is not None:
                 shape[name] = getattr(self, name)
-        return GPTConfig(vocab_size=vocab_size, dropout=self.dropout, bias=self.bias, **shape)
+        arch = ARCHS[self.arch or "gpt2"]
+        chosen = {k: arch[k] if getattr(self, k) is None else getattr(self, k) for k in ARCH_SETTINGS}
+        return GPTConfig(
+            vocab_size=vocab_size,
+            dropout=self.dropout,
+            bias=chosen["bias"],
+            tie_embeddings=chosen["tie"],
+            pos=chosen["pos"],
+            norm=chosen["norm"],
+            mlp=chosen["mlp"],
+            qk_norm=chosen["qk_norm"],
+            rope_base=self.rope_base,
+            n_kv_head=self.n_kv_head,
+            window=self.window,
+            window_pattern=self.window_pattern,
+            **shape,
+        )
 
 
 _KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "text"}
@@ -222,6 +260,13 @@ def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _arch_value(name: str, value: Any) -> str:
+    if name == "tie":
+        return "tie" if value else "untie"
+    flag = name.replace("_", "-")
+    return (flag if value else f"no-{flag}") if isinstance(value, bool) else str(value)
+
+
 def default_label(name: str) -> str | None:
     """How `train --help` states the default of the setting `name` (None: it has none), read from
     TrainConfig, RECIPES and MIN_LR_FRACTION so the help cannot drift from them."""
@@ -231,6 +276,8 @@ def default_label(name: str) -> str | None:
         return ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
     if name in SHAPE_SETTINGS:
         return "the preset's"
+    if name in ARCH_SETTINGS:
+        return ", ".join(f"{a}: {_arch_value(name, v[name])}" for a, v in ARCHS.items())
     if name == "max_iters":
         return f"{DEFAULT_MAX_ITERS} when no budget is given"
     default = next(f.default for f in fields(TrainConfig) if f.name == name)

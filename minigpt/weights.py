@@ -35,19 +35,26 @@ class NormWeights(Generic[A]):
     weight: A
     bias: A | None
     eps: float
+    rms: bool  # RMSNorm (scale only) rather than LayerNorm (centre, then scale)
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionWeights(Generic[A]):
-    c_attn: LinearWeights[A]  # queries, keys and values of every head, in that order
+    c_attn: LinearWeights[A]  # queries of n_head heads, then keys and values of n_kv_head heads
     c_proj: LinearWeights[A]
     n_head: int
+    n_kv_head: int
+    window: int  # the latest positions a query sees, itself included
+    q_norm: NormWeights[A] | None  # QK-norm: RMSNorm over each head's dimensions
+    k_norm: NormWeights[A] | None
 
 
 @dataclass(frozen=True, slots=True)
 class MLPWeights(Generic[A]):
-    c_fc: LinearWeights[A]
-    c_proj: LinearWeights[A]
+    c_fc: LinearWeights[A]  # the up-projection
+    c_proj: LinearWeights[A]  # the down-projection
+    c_gate: LinearWeights[A] | None  # SwiGLU's gate: silu(gate x) * (c_fc x)
+    activation: str  # "gelu", "relu2" or "swiglu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,33 +68,50 @@ class BlockWeights(Generic[A]):
 @dataclass(frozen=True, slots=True)
 class ModelWeights(Generic[A]):
     wte: A
-    wpe: A
+    wpe: A | None  # None with rotary positions
     h: tuple[BlockWeights[A], ...]
     ln_f: NormWeights[A]
     lm_head: A  # wte itself when the embeddings are tied
+    rope_base: float | None  # rotary positions' base, None with learned positions
+    head_dim: int
 
 
 def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights[A]:
     """The tree of `tensors` named as GPT-2 names them; absent biases are None, an absent head is wte."""
+    rms = config.norm == "rmsnorm"
 
     def linear(name: str) -> LinearWeights[A]:
         return LinearWeights(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
 
-    def norm(name: str) -> NormWeights[A]:
-        return NormWeights(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), config.layer_norm_eps)
+    def norm(name: str, is_rms: bool = rms) -> NormWeights[A]:
+        return NormWeights(
+            tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), config.layer_norm_eps, is_rms
+        )
 
-    def block(p: str) -> BlockWeights[A]:
-        attn = AttentionWeights(linear(f"{p}.attn.c_attn"), linear(f"{p}.attn.c_proj"), config.n_head)
-        mlp = MLPWeights(linear(f"{p}.mlp.c_fc"), linear(f"{p}.mlp.c_proj"))
+    def block(p: str, window: int) -> BlockWeights[A]:
+        qk = config.qk_norm
+        attn = AttentionWeights(
+            linear(f"{p}.attn.c_attn"),
+            linear(f"{p}.attn.c_proj"),
+            config.n_head,
+            config.kv_heads,
+            window,
+            norm(f"{p}.attn.q_norm", True) if qk else None,
+            norm(f"{p}.attn.k_norm", True) if qk else None,
+        )
+        gate = linear(f"{p}.mlp.c_gate") if config.mlp == "swiglu" else None
+        mlp = MLPWeights(linear(f"{p}.mlp.c_fc"), linear(f"{p}.mlp.c_proj"), gate, config.mlp)
         return BlockWeights(norm(f"{p}.ln_1"), attn, norm(f"{p}.ln_2"), mlp)
 
     wte = tensors["transformer.wte.weight"]
     return ModelWeights(
         wte=wte,
-        wpe=tensors["transformer.wpe.weight"],
-        h=tuple(block(f"transformer.h.{i}") for i in range(config.n_layer)),
+        wpe=tensors["transformer.wpe.weight"] if config.pos == "learned" else None,
+        h=tuple(block(f"transformer.h.{i}", w) for i, w in enumerate(config.layer_windows)),
         ln_f=norm("transformer.ln_f"),
         lm_head=tensors.get("lm_head.weight", wte),
+        rope_base=config.rope_base if config.pos == "rope" else None,
+        head_dim=config.head_dim,
     )
 
 
@@ -102,24 +126,33 @@ def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
 def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Name and shape of every tensor a run's weights file holds for `config` (the tied head left out),
     worked out without torch; a test holds it to `model_tensors(GPT(config))`."""
-    C, V = config.n_embd, config.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "transformer.wte.weight": (V, C),
-        "transformer.wpe.weight": (config.block_size, C),
+    C, V, F, hd = config.n_embd, config.vocab_size, config.d_ff, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (V, C)}
+    if config.pos == "learned":
+        shapes["transformer.wpe.weight"] = (config.block_size, C)
+    linears = {
+        "attn.c_attn": ((config.n_head + 2 * config.kv_heads) * hd, C),
+        "attn.c_proj": (C, C),
+        "mlp.c_fc": (F, C),
+        "mlp.c_proj": (C, F),
     }
-    linears = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (config.d_ff, C)}
-    linears["mlp.c_proj"] = (C, config.d_ff)
+    if config.mlp == "swiglu":
+        linears["mlp.c_gate"] = (F, C)
+    norm_bias = config.bias and config.norm == "layernorm"
     for i in range(config.n_layer):
         for norm in ("ln_1", "ln_2"):
             shapes[f"transformer.h.{i}.{norm}.weight"] = (C,)
-            if config.bias:
+            if norm_bias:
                 shapes[f"transformer.h.{i}.{norm}.bias"] = (C,)
+        if config.qk_norm:
+            shapes[f"transformer.h.{i}.attn.q_norm.weight"] = (hd,)
+            shapes[f"transformer.h.{i}.attn.k_norm.weight"] = (hd,)
         for name, shape in linears.items():
             shapes[f"transformer.h.{i}.{name}.weight"] = shape
             if config.bias:
                 shapes[f"transformer.h.{i}.{name}.bias"] = shape[:1]
     shapes["transformer.ln_f.weight"] = (C,)
-    if config.bias:
+    if norm_bias:
         shapes["transformer.ln_f.bias"] = (C,)
     if not config.tie_embeddings:
         shapes["lm_head.weight"] = (V, C)

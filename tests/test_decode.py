@@ -218,10 +218,18 @@ def _shares(a: Any, b: Any) -> bool:
     return np.shares_memory(a, b) if isinstance(a, np.ndarray) else a.data_ptr() == b.data_ptr()
 
 
+def _cache(kind: str, rows: int, capacities: list[int], limit: int | None = None) -> KVCache[Any]:
+    new = ARRAYS[kind]
+    cat = torch.cat if kind == "torch" else np.concatenate
+    return KVCache(
+        [new(rows, 2, c, 4) * 0 for c in capacities], [new(rows, 2, c, 4) * 0 for c in capacities], limit, cat
+    )
+
+
 @pytest.mark.parametrize("kind", ARRAYS)
 def test_kv_cache_writes_in_place_and_returns_views(kind: str) -> None:
     new = ARRAYS[kind]
-    cache = KVCache(new(2, 3, 2, 8, 4) * 0, new(2, 3, 2, 8, 4) * 0)
+    cache = _cache(kind, 3, [8, 8], limit=8)
     k, v = new(3, 2, 5, 4), new(3, 2, 5, 4)
     k_all, v_all = cache.update(1, k, v)
     assert tuple(k_all.shape) == (3, 2, 5, 4) and _shares(k_all, cache.k[1])
@@ -241,16 +249,35 @@ def test_kv_cache_writes_in_place_and_returns_views(kind: str) -> None:
 @pytest.mark.parametrize("kind", ARRAYS)
 def test_kv_cache_broadcasts_a_one_row_prefill(kind: str) -> None:
     new = ARRAYS[kind]
-    cache = KVCache(new(1, 4, 2, 8, 4) * 0, new(1, 4, 2, 8, 4) * 0)
+    cache = _cache(kind, 4, [8])
     k = new(1, 2, 3, 4)
     k_all, _ = cache.update(0, k, k)
     assert tuple(k_all.shape) == (1, 2, 3, 4)
     np.testing.assert_array_equal(
-        np.asarray(cache.k[0, :, :, :3]), np.broadcast_to(np.asarray(k), (4, 2, 3, 4))
+        np.asarray(cache.k[0][:, :, :3]), np.broadcast_to(np.asarray(k), (4, 2, 3, 4))
     )
     cache.advance(3)
     with pytest.raises(UsageError, match="rows"):
         cache.update(0, new(1, 2, 1, 4), new(1, 2, 1, 4))
+
+
+@pytest.mark.parametrize("kind", ARRAYS)
+def test_a_full_kv_cache_layer_keeps_its_latest_positions(kind: str) -> None:
+    """A ring of 4 slots: position p lives in slot p % 4; one new key sees the whole ring, several new keys
+    see the kept ones oldest first, then themselves; a prefill longer than the ring keeps its last 4."""
+    new = ARRAYS[kind]
+    keys = new(1, 2, 11, 4)  # positions 0..10
+    cache = _cache(kind, 1, [4, 11])
+    cache.update(0, keys[:, :, :6], keys[:, :, :6])  # longer than the ring: keeps 2..5
+    cache.update(1, keys[:, :, :6], keys[:, :, :6])
+    cache.advance(6)
+    got, _ = cache.update(0, keys[:, :, 6:7], keys[:, :, 6:7])  # replaces position 2 in slot 2
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(keys)[:, :, [4, 5, 6, 3]])
+    cache.advance(1)
+    got, _ = cache.update(0, keys[:, :, 7:10], keys[:, :, 7:10])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(keys)[:, :, 3:10])
+    np.testing.assert_array_equal(np.asarray(cache.k[0]), np.asarray(keys)[:, :, [8, 9, 6, 7]])
+    assert cache.capacity == [4, 11]
 
 
 # --- sampling settings ----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from minigpt.weights import (
 __all__ = ["NumpyEngine", "sample_next"]
 
 Cache = KVCache[np.ndarray]
+Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 
 
@@ -36,6 +37,8 @@ _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 
 
 def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+    if w.rms:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(w.eps)) * w.weight
     centred = x - x.mean(-1, keepdims=True)
     y = centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + np.float32(w.eps)) * w.weight
     return y if w.bias is None else y + w.bias
@@ -51,55 +54,104 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
 
 
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
 
-def causal_mask(queries: int, past: int) -> np.ndarray:
-    """(queries, past + queries) booleans, True where the query at position past+i may see the key."""
-    return np.tri(queries, past + queries, k=past, dtype=bool)
+def rotary(base: float, head_dim: int, start: int, length: int) -> Rotary:
+    """cos and sin (length, head_dim) of the rotary angles of positions start..start+length."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inverse = np.float32(1.0) / np.power(np.float32(base), exponents, dtype=np.float32)
+    angles = np.arange(start, start + length, dtype=np.float32)[:, None] * inverse[None, :]
+    angles = np.concatenate((angles, angles), axis=-1)
+    return np.cos(angles), np.sin(angles)
 
 
-def qkv(w: AttentionWeights[np.ndarray], x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Project x (B, T, C) to per-head queries, keys and values, each a (B, H, T, hd) view."""
+def rotate(x: np.ndarray, rope: Rotary) -> np.ndarray:
+    cos, sin = rope
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
+
+
+def attention_mask(queries: int, keys: int, window: int) -> np.ndarray:
+    """(queries, keys) booleans, True where a query may see a key: the keys are the latest positions in
+    order and the queries the last of them; each sees itself and the window - 1 positions before it."""
+    offset = keys - queries
+    return np.tri(queries, keys, k=offset, dtype=bool) & ~np.tri(queries, keys, k=offset - window, dtype=bool)
+
+
+def qkv(
+    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
+    QK-norm and rotary positions applied when the model has them."""
     B, T, C = x.shape
-    q, k, v = linear(w.c_attn, x).reshape(B, T, 3, w.n_head, C // w.n_head).transpose(2, 0, 3, 1, 4)
+    hd = C // w.n_head
+    q, k, v = np.split(linear(w.c_attn, x), [w.n_head * hd, (w.n_head + w.n_kv_head) * hd], axis=-1)
+    q = q.reshape(B, T, w.n_head, hd).transpose(0, 2, 1, 3)
+    k = k.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
+    v = v.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
+    if w.q_norm is not None and w.k_norm is not None:
+        q, k = norm(w.q_norm, q), norm(w.k_norm, k)
+    if rope is not None:
+        q, k = rotate(q, rope), rotate(k, rope)
     return q, k, v
 
 
-def attend(w: AttentionWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None) -> np.ndarray:
-    """Causal self-attention of x (B, T, C) over itself and, with a cache, every position cached before."""
+def attend(
+    w: AttentionWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None, rope: Rotary | None
+) -> np.ndarray:
+    """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
+    each query seeing at most the layer's window."""
     B, T, C = x.shape
-    q, k, v = qkv(w, x)
-    past = 0
+    q, k, v = qkv(w, x, rope)
     if cache is not None:
-        past = cache.pos
         k, v = cache.update(layer, k, v)
-    scores = (q @ k.swapaxes(-1, -2)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
-    if T > 1:  # one new query may look at every cached key
-        scores[..., ~causal_mask(T, past)] = -np.inf
-    y = softmax(scores) @ v
+    # each key/value head serves a group of consecutive query heads: (B, n_kv_head, group, T, hd)
+    q = q.reshape(B, w.n_kv_head, w.n_head // w.n_kv_head, T, -1)
+    scores = (q @ k[:, :, None].swapaxes(-1, -2)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
+    if T > 1:  # one new query sees every key the cache hands back
+        scores[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf
+    y = (softmax(scores) @ v[:, :, None]).reshape(B, w.n_head, T, -1)
     return linear(w.c_proj, y.transpose(0, 2, 1, 3).reshape(B, T, C))
 
 
 def mlp(w: MLPWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    return linear(w.c_proj, gelu_tanh(linear(w.c_fc, x)))
+    h = linear(w.c_fc, x)
+    if w.activation == "gelu":
+        h = gelu_tanh(h)
+    elif w.activation == "relu2":
+        h = np.square(np.maximum(h, np.float32(0.0)))
+    elif w.c_gate is not None:
+        h = silu(linear(w.c_gate, x)) * h
+    return linear(w.c_proj, h)
 
 
-def block(w: BlockWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None) -> np.ndarray:
+def block(
+    w: BlockWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None, rope: Rotary | None
+) -> np.ndarray:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache)
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope)
     return x + mlp(w.mlp, norm(w.ln_2, x))
 
 
 def transformer(w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | None) -> np.ndarray:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
     T = idx.shape[1]
-    start = first_position(cache, T, w.wpe.shape[0])
-    x = w.wte[idx] + w.wpe[start : start + T]
+    start = first_position(cache, T, None if w.wpe is None else w.wpe.shape[0])
+    x = w.wte[idx]
+    rope = None
+    if w.wpe is not None:
+        x = x + w.wpe[start : start + T]
+    if w.rope_base is not None:
+        rope = rotary(w.rope_base, w.head_dim, start, T)
     for layer, b in enumerate(w.h):
-        x = block(b, x, layer, cache)
+        x = block(b, x, layer, cache, rope)
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)
@@ -149,13 +201,16 @@ class NumpyEngine:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before)."""
         self.config = config
         self.block_size = config.block_size
+        self.rotary = config.pos == "rope"
         arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
         self.weights = weights_by_name(config, arrays)
 
     def new_cache(self, batch: int) -> Cache:
         c = self.config
-        shape = (c.n_layer, batch, c.n_head, c.block_size, c.head_dim)
-        return KVCache(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32))
+        shapes = [(batch, c.kv_heads, window, c.head_dim) for window in c.layer_windows]
+        keys = [np.zeros(s, dtype=np.float32) for s in shapes]
+        values = [np.zeros(s, dtype=np.float32) for s in shapes]
+        return KVCache(keys, values, c.block_size if c.pos == "learned" else None, np.concatenate)
 
     def forward(self, ids: Sequence[Sequence[int]], cache: Cache | None) -> np.ndarray:
         x = transformer(self.weights, np.asarray(ids, dtype=np.int64), cache)

@@ -58,6 +58,7 @@ class TorchEngine:
     def __init__(self, model: GPT) -> None:
         self.model = model
         self.block_size = model.config.block_size
+        self.rotary = model.config.pos == "rope"
         w = model.transformer.wte.weight
         self._device = w.device
         self.device = str(w.device)

@@ -327,7 +327,11 @@ class Batcher:
         for window, token in zip(group.windows, group.tokens, strict=True):
             window.append(token)
         group.tokens = []
-        drop = window_drop(len(group.windows[0]), self.engine.block_size, self.slide)
+        drop = (
+            0
+            if self.engine.rotary
+            else window_drop(len(group.windows[0]), self.engine.block_size, self.slide)
+        )
         if drop:
             for window in group.windows:
                 del window[:drop]
@@ -388,10 +392,8 @@ def _gather(engine: Engine, parts: list[tuple[KVCache[Any], int, int]]) -> KVCac
     out = engine.new_cache(sum(stop - start for _, start, stop in parts))
     row = 0
     for cache, start, stop in parts:
-        rows = stop - start
-        out.k[:, row : row + rows, :, :pos] = cache.k[:, start:stop, :, :pos]
-        out.v[:, row : row + rows, :, :pos] = cache.v[:, start:stop, :, :pos]
-        row += rows
+        out.copy_rows(cache, start, stop, row)
+        row += stop - start
     out.advance(pos)
     return out
 
