@@ -92,7 +92,7 @@ def step_bytes(tree: Any) -> int:
         for field in dataclasses.fields(tree):
             value = getattr(tree, field.name)
             if field.name in ("wte", "wpe"):
-                total += value[0].nbytes
+                total += 0 if value is None else value[0].nbytes
             else:
                 total += step_bytes(value)
         return total

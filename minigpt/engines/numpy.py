@@ -196,6 +196,7 @@ class NumpyEngine:
     name = "numpy"
     device = "cpu"
     dtype = "float32"
+    quantize = "none"
 
     def __init__(self, config: GPTConfig, tensors: Mapping[str, np.ndarray]) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before)."""
