@@ -53,12 +53,14 @@ CONFIG = GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=38
 TORCH_ENGINES = [
     ("torch", "torch", "float32", "none"),
     ("torch `--dtype bfloat16`", "torch", "bfloat16", "none"),
+    ("torch `--quantize int8`", "torch", "float32", "int8"),
 ]
 NUMPY_ENGINE = ("NumPy (one BLAS thread)", "numpy", "float32", "none")
 E2E: list[tuple[str, tuple[str, ...], dict[str, str]]] = [  # (what, extra options, environment)
     ("`minigpt generate` (auto: the NumPy engine)", (), {}),
     ("the same with `OPENBLAS_NUM_THREADS=2`", (), {"OPENBLAS_NUM_THREADS": "2"}),
     ("`minigpt generate --backend torch`", ("--backend", "torch"), {}),
+    ("`minigpt generate --quantize int8`", ("--quantize", "int8"), {}),
 ]
 
 
@@ -219,7 +221,7 @@ def measure(
     engines: dict[str, Engine] = {}
     rows = []
     for label, backend, dtype, quantize in TORCH_ENGINES:
-        engines[label], _ = load_engine(run_dir, backend, "cpu", dtype)
+        engines[label], _ = load_engine(run_dir, backend, "cpu", dtype, quantize)
         bytes_read = step_bytes(engines[label].weights)  # type: ignore[attr-defined]
         rows.append(Row(label, dtype, quantize, bytes_read, {b: [] for b in batches}, []))
         tokens_per_second(engines[label], tok, 20, 1)  # warm-up: first-call allocations, thread start
