@@ -756,6 +756,11 @@ def _relay_worker_output(proc: Any) -> None:
         sys.stderr.flush()
 
 
+class QuantizeName(str, Enum):  # minigpt.quantize.QUANTIZATIONS, without importing torch
+    none = "none"
+    int8 = "int8"
+
+
 @app.command("eval")
 def eval_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
@@ -767,6 +772,9 @@ def eval_cmd(
     encoding: Annotated[str, typer.Option(help="Text encoding of the files.")] = "utf-8",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "float32",
+    quantize: Annotated[
+        QuantizeName, typer.Option(help="Linear layers' weights, as `minigpt generate --quantize` runs them.")
+    ] = QuantizeName.none,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
@@ -775,7 +783,7 @@ def eval_cmd(
     from minigpt.evaluate import evaluate_run
     from minigpt.views import eval_view, print_json
 
-    result = evaluate_run(run, files, device, dtype, batch_size, max_windows, encoding)
+    result = evaluate_run(run, files, device, dtype, batch_size, max_windows, encoding, quantize.value)
     if as_json:
         print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return
@@ -1069,6 +1077,13 @@ def generate(
             help="Weights and KV cache type: auto is bfloat16 on CUDA, float16 on MPS, float32 on the CPU."
         ),
     ] = DtypeName.auto,
+    quantize: Annotated[
+        QuantizeName,
+        typer.Option(
+            help="Linear layers' weights: int8 reads a quarter of float32's bytes per token (torch engine, "
+            "CPU; per-channel scales, activations stay in --dtype)."
+        ),
+    ] = QuantizeName.none,
     backend: Annotated[
         BackendName,
         typer.Option(
@@ -1122,14 +1137,18 @@ def generate(
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
+    if explain and quantize != QuantizeName.none:
+        raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
     engine_name = choose_backend(
-        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path
-    )
-    if engine_name == "numpy":
-        # a decode step is a few matrix-vector products, memory-bound: a second BLAS thread gains little
-        # idle and, spinning against other work on a shared CPU, costs up to ten times (bench_generate.py)
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value)
+        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path,
+        quantize=quantize.value,
+    )  # fmt: skip
+    # A decode step is a few hundred small memory-bound operations: a second thread gains little on an
+    # idle CPU and, waiting at every one for a core that other work holds, costs 2-10x on a shared one
+    # (bench_generate.py), for NumPy's BLAS and torch's OpenMP alike. The environment overrides both.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value, quantize.value)
     if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
         needed = inference_bytes(RunDir(model).model_config(), num_samples)
         check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")

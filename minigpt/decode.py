@@ -58,6 +58,7 @@ class Engine(Protocol):
     name: str  # "torch" or "numpy"
     device: str
     dtype: str
+    quantize: str  # how the linear layers' weights are stored: "none" (in dtype) or "int8"
     block_size: int
     # rotary positions: cached keys carry no absolute position, so past block_size the cache drops its
     # oldest entries and decoding goes on; learned positions slide the window and re-read it instead
@@ -426,6 +427,7 @@ class Generation:
             "backend": self.engine.name,
             "device": self.engine.device,
             "dtype": self.engine.dtype,
+            "quantize": self.engine.quantize,
             "time_to_first_token_s": round(self.time_to_first_token, 4),
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
@@ -444,9 +446,11 @@ class Generation:
         """One line: tokens, time, speed, time to the first token, engine, and the seed (greedy needs none)."""
         total = sum(len(ids) for ids in self.token_ids)
         seed = "greedy" if self.sampling.temperature == 0 else f"seed {self.sampling.seed}"
+        quantized = "" if self.engine.quantize == "none" else f", {self.engine.quantize} weights"
         return (
             f"{total:,} tokens in {self.seconds:.2f} s ({self.tokens_per_second:,.1f} tokens/s, first after "
-            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}), {seed}"
+            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}{quantized}), "
+            f"{seed}"
         )
 
 

@@ -14,6 +14,7 @@ from minigpt.device import autocast_context
 from minigpt.errors import MinigptError
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer
+from minigpt.weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,10 @@ def evaluate_ids(
     dtype: torch.dtype,
     batch_size: int = 16,
     max_windows: int | None = None,
+    weights: ModelWeights[torch.Tensor] | None = None,
 ) -> EvalResult:
-    """Score back-to-back windows of block_size tokens (each token predicted once, from its window)."""
+    """Score back-to-back windows of block_size tokens (each token predicted once, from its window),
+    through `weights` (say a quantized tree, minigpt.quantize) in place of the model's own."""
     T = model.config.block_size
     if len(ids) < 2:
         raise MinigptError(f"the text is only {len(ids)} token(s): need at least 2 to score a prediction")
@@ -49,7 +52,7 @@ def evaluate_ids(
     model.eval()
     for x, y in eval_batches(ids, block, batch_size, max_batches):
         with autocast_context(device, dtype):
-            logits, _ = model(x.to(device), all_logits=True)
+            logits, _ = model(x.to(device), all_logits=True, weights=weights)
         nll = torch.nn.functional.cross_entropy(
             logits.float().reshape(-1, logits.size(-1)), y.to(device).reshape(-1), reduction="sum"
         )
@@ -78,10 +81,13 @@ def evaluate_files(
     max_windows: int | None = None,
     encoding: str = "utf-8",
     errors: str = "strict",
+    weights: ModelWeights[torch.Tensor] | None = None,
 ) -> EvalResult:
     text = read_text(paths, encoding, errors)
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
-    return evaluate_ids(model, ids, tokenizer.text_byte_lengths(), device, dtype, batch_size, max_windows)
+    return evaluate_ids(
+        model, ids, tokenizer.text_byte_lengths(), device, dtype, batch_size, max_windows, weights
+    )
 
 
 def evaluate_run(
@@ -92,12 +98,19 @@ def evaluate_run(
     batch_size: int = 16,
     max_windows: int | None = None,
     encoding: str = "utf-8",
+    quantize: str = "none",
 ) -> EvalResult:
-    """Score a run directory's best weights on text files."""
+    """Score a run directory's best weights on text files, with its linear layers in `quantize` form as
+    `minigpt generate --quantize` runs them."""
     from minigpt.device import resolve_device, resolve_dtype
+    from minigpt.quantize import check_quantize, quantize_weights
     from minigpt.rundir import RunDir
 
     device = resolve_device(device_name)
+    check_quantize(quantize, device)
     model, tokenizer, _ = RunDir(run).load_model(str(device))
     dtype = resolve_dtype(dtype_name, device)
-    return evaluate_files(model, tokenizer, paths, device, dtype, batch_size, max_windows, encoding)
+    weights = quantize_weights(model.weights(), quantize)
+    return evaluate_files(
+        model, tokenizer, paths, device, dtype, batch_size, max_windows, encoding, weights=weights
+    )

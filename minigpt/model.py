@@ -209,7 +209,13 @@ def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w.weight, w.bias)
+    if w.scale is None:
+        return F.linear(x, w.weight, w.bias)
+    # int8 weight-only (minigpt.quantize): the kernel takes activations in the scales' dtype, bf16 for
+    # float32 models because its float32 path is several times slower; results return to x's dtype
+    y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).to(w.scale.dtype), w.weight, w.scale)
+    y = y.view(*x.shape[:-1], -1)
+    return y.to(x.dtype) if w.bias is None else w.bias + y  # the sum promotes to the bias's dtype, x's
 
 
 def rotary(base: float, head_dim: int, start: int, length: int, device: torch.device) -> Rotary:

@@ -26,8 +26,9 @@ A = TypeVar("A", bound=Any)  # torch.Tensor or np.ndarray
 
 @dataclass(frozen=True, slots=True)
 class LinearWeights(Generic[A]):
-    weight: A  # (out, in)
+    weight: A  # (out, in); int8 when quantized
     bias: A | None
+    scale: A | None = None  # (out,) per-channel scales of an int8 weight (minigpt.quantize), else None
 
 
 @dataclass(frozen=True, slots=True)

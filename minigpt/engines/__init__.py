@@ -36,11 +36,17 @@ def accelerator_visible() -> bool:
 
 
 def choose_backend(
-    backend: str, device: str, dtype: str, *, explain: bool = False, weights: Path | None = None
+    backend: str,
+    device: str,
+    dtype: str,
+    *,
+    explain: bool = False,
+    weights: Path | None = None,
+    quantize: str = "none",
 ) -> str:
     """'numpy' or 'torch' for `minigpt generate`. auto: NumPy for float32 on the CPU (no accelerator
     visible, or --device cpu), which starts in a fraction of a second; torch for GPUs, other dtypes,
-    --explain (it reads torch's attention) and weights NumPy cannot hold."""
+    quantized weights, --explain (it reads torch's attention) and weights NumPy cannot hold."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "torch":
@@ -50,6 +56,8 @@ def choose_backend(
         needs_torch = f"--device {device}"
     elif dtype not in ("auto", "float32"):
         needs_torch = f"--dtype {dtype}"
+    elif quantize != "none":
+        needs_torch = f"--quantize {quantize}"
     elif explain:
         needs_torch = "--explain"
     if backend == "numpy":
@@ -71,20 +79,25 @@ def choose_backend(
 
 
 def load_engine(
-    run_dir: Path, backend: str, device: str = "auto", dtype: str = "auto"
+    run_dir: Path, backend: str, device: str = "auto", dtype: str = "auto", quantize: str = "none"
 ) -> tuple[Engine, Tokenizer]:
     """The engine (best weights, eval mode) and tokenizer of a run directory, for backend 'torch' (on
-    `device` in `dtype`, 'auto' resolved as minigpt.device does) or 'numpy' (the CPU in float32)."""
+    `device` in `dtype`, 'auto' resolved as minigpt.device does, linear layers in `quantize` form) or
+    'numpy' (the CPU in float32)."""
     run = RunDir(run_dir)
     if backend == "torch":
         from minigpt.device import resolve_device, resolve_dtype
         from minigpt.engines.torch import TorchEngine
+        from minigpt.quantize import check_quantize
 
         torch_device = resolve_device(device)
+        check_quantize(quantize, torch_device)
         model, tokenizer, _ = run.load_model(str(torch_device))
-        return TorchEngine(model.to(resolve_dtype(dtype, torch_device))), tokenizer
+        return TorchEngine(model.to(resolve_dtype(dtype, torch_device)), quantize), tokenizer
     if backend != "numpy":
         raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
+    if quantize != "none":
+        raise UsageError(f"--quantize {quantize} runs on the torch engine: use --backend torch")
     from minigpt.engines.numpy import NumpyEngine
 
     _, config, tokenizer = run.open()

@@ -45,7 +45,9 @@ def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def linear(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    y = x @ w.weight.T
+    # one matrix product over all B*T rows: NumPy multiplies a stacked (B, T, C) array matrix by matrix,
+    # reading the whole weight once per row, which made a batch of B single tokens cost B steps
+    y = (x.reshape(-1, x.shape[-1]) @ w.weight.T).reshape(*x.shape[:-1], -1)
     return y if w.bias is None else y + w.bias
 
 
@@ -196,6 +198,7 @@ class NumpyEngine:
     name = "numpy"
     device = "cpu"
     dtype = "float32"
+    quantize = "none"
 
     def __init__(self, config: GPTConfig, tensors: Mapping[str, np.ndarray]) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before)."""

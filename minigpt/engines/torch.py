@@ -8,6 +8,7 @@ import torch
 
 from minigpt.kvcache import KVCache
 from minigpt.model import GPT
+from minigpt.quantize import quantize_weights
 
 __all__ = ["TorchEngine", "make_generator", "sample_next"]
 
@@ -50,12 +51,13 @@ def sample_next(
 class TorchEngine:
     """A GPT as the decode loop's Engine: prefill and every step go through GPT.forward.
 
-    The engine reads the model's weight tree once (`GPT.weights`), so each step skips the module lookups.
+    The engine reads the model's weight tree once (`GPT.weights`), so each step skips the module lookups,
+    and with `quantize` keeps its linear layers in that form (minigpt.quantize) for every step.
     """
 
     name = "torch"
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: GPT, quantize: str = "none") -> None:
         self.model = model
         self.block_size = model.config.block_size
         self.rotary = model.config.pos == "rope"
@@ -63,7 +65,8 @@ class TorchEngine:
         self._device = w.device
         self.device = str(w.device)
         self.dtype = str(w.dtype).removeprefix("torch.")
-        self._weights = model.weights()
+        self.quantize = quantize
+        self.weights = quantize_weights(model.weights(), quantize)
 
     @torch.inference_mode()
     def new_cache(self, batch: int) -> KVCache[torch.Tensor]:
@@ -72,7 +75,7 @@ class TorchEngine:
     @torch.inference_mode()
     def forward(self, ids: Sequence[Sequence[int]], cache: KVCache[torch.Tensor] | None) -> torch.Tensor:
         idx = torch.tensor(ids, dtype=torch.long, device=self._device)
-        logits, _ = self.model(idx, kv_cache=cache, weights=self._weights)
+        logits, _ = self.model(idx, kv_cache=cache, weights=self.weights)
         return logits if cache is None else logits.expand(cache.batch, -1)
 
     @torch.inference_mode()

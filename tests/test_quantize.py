@@ -1,0 +1,115 @@
+"""int8 weight-only decoding against float32: the weights, logits, greedy tokens, options and eval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_decode import GREEDY, TINY, tiny_model
+from test_generate_cli import make_run, one_line_error
+
+from minigpt.cli import app
+from minigpt.decode import decode
+from minigpt.engines import choose_backend, load_engine
+from minigpt.engines.torch import TorchEngine
+from minigpt.errors import UsageError
+from minigpt.quantize import check_quantize, quantize_int8, quantize_weights
+from minigpt.weights import LinearWeights
+
+
+@pytest.fixture(autouse=True)
+def _few_threads() -> None:
+    torch.set_num_threads(1)
+
+
+def test_int8_rows_keep_their_largest_weight_and_round_the_rest() -> None:
+    weight = torch.randn(48, 32) * torch.logspace(-3, 1, 48)[:, None]  # rows of very different sizes
+    q = quantize_int8(LinearWeights(weight, None))
+    assert q.weight.dtype == torch.int8 and q.scale is not None and q.scale.shape == (48,)
+    assert q.weight.abs().amax(dim=1).min() >= 126  # every row uses the whole range
+    restored = q.weight.float() * q.scale.float()[:, None]
+    # rounding to the nearest step: at most half a step off, relative to each row's own scale
+    assert ((restored - weight).abs() <= q.scale.float()[:, None] * 0.5 + 1e-6).all()
+
+
+def test_every_linear_layer_is_quantized_and_nothing_else() -> None:
+    model = tiny_model()
+    weights = model.weights()
+    q = quantize_weights(weights, "int8")
+    assert quantize_weights(weights, "none") is weights
+    for block, qblock in zip(weights.h, q.h, strict=True):
+        for linear, qlinear in [
+            (block.attn.c_attn, qblock.attn.c_attn),
+            (block.attn.c_proj, qblock.attn.c_proj),
+            (block.mlp.c_fc, qblock.mlp.c_fc),
+            (block.mlp.c_proj, qblock.mlp.c_proj),
+        ]:
+            assert qlinear.weight.dtype == torch.int8 and qlinear.bias is linear.bias
+        assert qblock.ln_1.weight is block.ln_1.weight and qblock.ln_2.bias is block.ln_2.bias
+    assert q.wte is weights.wte and q.lm_head is weights.lm_head and q.wpe is weights.wpe
+    assert model.transformer.h[0].attn.c_attn.weight.dtype == torch.float32  # the model is untouched
+
+
+def test_int8_logits_stay_close_to_float32_and_greedy_text_agrees_where_margins_allow() -> None:
+    model = tiny_model(4, scale=10.0)  # greedy text of 9 different tokens, most of them by a clear margin
+    exact, quantized = TorchEngine(model), TorchEngine(model, "int8")
+    assert quantized.quantize == "int8" and quantized.dtype == "float32"
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    want_tokens = list(decode(exact, prompts, TINY.block_size - 3, sampling=GREEDY))
+    got_tokens = list(decode(quantized, prompts, TINY.block_size - 3, sampling=GREEDY))
+    # every position of the float32 greedy text, through both weight trees
+    ids = torch.tensor([p + [step[r] for step in want_tokens] for r, p in enumerate(prompts)])
+    with torch.no_grad():
+        want = model(ids, all_logits=True)[0]
+        got = model(ids, all_logits=True, weights=quantized.weights)[0]
+    # int8 steps of 1/254 of a row's largest weight, bf16 inputs (8 bits of mantissa) to each layer
+    tolerance = 0.02 * want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
+    # wherever float32's best token leads by more than twice that, int8 picks it too: the greedy text is
+    # the same up to the first position where the margin is too thin to say
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1] > 2 * tolerance)[:, 2:-1]  # the positions that chose a new token
+    assert clear.float().mean() > 0.75
+    for row in range(len(prompts)):
+        agree = int(clear[row].int().cumprod(0).sum())  # leading run of clear margins
+        assert [s[row] for s in got_tokens[:agree]] == [s[row] for s in want_tokens[:agree]]
+    assert (got.argmax(-1) == want.argmax(-1))[:, 2:-1][clear].all()
+
+
+def test_options_are_checked_with_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="unknown quantization 'int4'"):
+        check_quantize("int4", "cpu")
+    with pytest.raises(UsageError, match="runs on the CPU"):
+        check_quantize("int8", "meta")
+    assert choose_backend("auto", "cpu", "auto", quantize="int8") == "torch"
+    with pytest.raises(UsageError, match="drop --quantize int8"):
+        choose_backend("numpy", "cpu", "auto", quantize="int8")
+    run = make_run(tmp_path / "run")
+    with pytest.raises(UsageError, match="--backend torch"):
+        load_engine(run, "numpy", quantize="int8")
+    engine, _ = load_engine(run, "torch", "cpu", "auto", "int8")
+    assert engine.quantize == "int8"
+
+
+def test_generate_and_eval_take_the_option(runner, tmp_path: Path) -> None:
+    run = str(make_run(tmp_path / "run"))
+    result = runner.invoke(app, ["generate", "a", "-m", run, "-n", "5", "--quantize", "int8", "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["backend"] == "torch" and data["quantize"] == "int8" and data["dtype"] == "float32"
+    one_line_error(
+        runner.invoke(app, ["generate", "a", "-m", run, "--quantize", "int8", "--explain"]), 2, "--explain"
+    )
+    one_line_error(runner.invoke(app, ["generate", "a", "-m", run, "--quantize", "int4"]), 2, "--quantize")
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. " * 20)
+    losses = []
+    for quantize in ("none", "int8"):
+        result = runner.invoke(
+            app, ["eval", run, str(text), "--device", "cpu", "--quantize", quantize, "--json"]
+        )
+        assert result.exit_code == 0, result.stderr
+        losses.append(json.loads(result.stdout)["loss"])
+    assert losses[0] != losses[1] and abs(losses[0] - losses[1]) < 0.01
