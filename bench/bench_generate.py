@@ -10,6 +10,10 @@ engine's tokens/s as a fraction of that bound: 1.0 would be a step that does not
 At batch N the bound is N times the batch-1 bound (one weight read serves N rows); the KV cache each row
 also reads is left out of it. Weights that fit in the last-level cache (int8, bf16) can beat the bound.
 
+The last table decodes past the block: a rotary model's ring-buffer cache against the learned-position
+slide, tokens/s over --e2e-tokens and over --long new tokens at batch 1 (the rotary ratio should stay
+near 1: constant work per token however long the text).
+
 Engines are timed as `minigpt generate` runs them (`load_engine` on a saved run, the decode loop and its
 text), round-robin over engines and batch sizes, `--repeats` times, medians shown: the machine may be
 shared, and interleaving spreads the noise over every row alike.
@@ -241,6 +245,27 @@ def measure(
     return rows
 
 
+# --- past the block: rotary ring buffer against the learned-position slide ------------------------------
+
+
+def past_the_block(tok: Tokenizer, short: int, long: int, repeats: int) -> list[tuple[str, float, float]]:
+    """Batch-1 tokens/s over `short` and `long` new tokens, for a rotary model (its ring-buffer cache) and
+    a learned-position one (slides and re-reads its window), on each engine, round-robin, medians."""
+    engines: dict[str, Engine] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pos in ("rope", "learned"):
+            run_dir = Path(tmp) / pos
+            RunDir(run_dir).save(GPT(dataclasses.replace(CONFIG, pos=pos)).eval(), tok, extra={})
+            for backend in ("torch", "numpy"):
+                engines[f"{pos}, {backend}"], _ = load_engine(run_dir, backend, "cpu", "float32", "none")
+        speeds: dict[str, dict[int, list[float]]] = {name: {short: [], long: []} for name in engines}
+        for _ in range(repeats):
+            for name, engine in engines.items():
+                for n in (short, long):
+                    speeds[name][n].append(tokens_per_second(engine, tok, n, 1)[0])
+    return [(name, statistics.median(s[short]), statistics.median(s[long])) for name, s in speeds.items()]
+
+
 def print_rows(rows: list[Row], batches: list[int], bw: float) -> None:
     print(
         f"| engine | weights | MB read per step | {' | '.join(f'batch {b}' for b in batches)} | first token |"
@@ -284,6 +309,12 @@ def main() -> None:
         "--e2e-runs", type=int, default=3, help="end-to-end repetitions, median shown (default 3)"
     )
     ap.add_argument("--skip-baseline", action="store_true", help="skip the slow full-recompute loop")
+    ap.add_argument(
+        "--long",
+        type=int,
+        default=4000,
+        help="new tokens for the past-the-block table (default 4000; 0 skips it)",
+    )
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -313,6 +344,13 @@ def main() -> None:
                 flush=True,
             )
     print(f"| `python -c 'import torch'` alone | {import_torch_seconds():.2f} s | |")
+    if args.long:
+        print(
+            f"\n| batch 1, past block {CONFIG.block_size} | {args.e2e_tokens} new tokens | {args.long} new tokens | ratio |"
+        )
+        print("| --- | ---: | ---: | ---: |", flush=True)
+        for name, short, long in past_the_block(tok, args.e2e_tokens, args.long, args.repeats):
+            print(f"| {name} | {short:,.0f} | {long:,.0f} | {long / short:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
