@@ -382,8 +382,13 @@ def edit_state(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None
 
 
 def short_moment(tensors: dict[str, Any]) -> None:
-    key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/exp_avg"))
+    key = next(k for k in tensors if k.endswith("wte.weight/exp_avg"))  # AdamW's, with Muon or without
     tensors[key] = tensors[key][:1].clone()
+
+
+def short_momentum(tensors: dict[str, Any]) -> None:
+    key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/momentum_buffer"))  # Muon's (the default)
+    tensors[key] = tensors[key][:, :1].clone()
 
 
 def metrics_linked_out(run: Path) -> None:
@@ -628,6 +633,11 @@ ATTACKS = [
     Attack(
         "state.safetensors with a short AdamW moment (segfaulted inside libtorch)",
         trained_then(edit_state(short_moment)),
+        "does not fit its parameter",
+    ),
+    Attack(
+        "state.safetensors with a narrow Muon momentum buffer",
+        trained_then(edit_state(short_momentum)),
         "does not fit its parameter",
     ),
     Attack(
