@@ -11,7 +11,9 @@ demo:
 	$(PY) -m minigpt demo
 lint:
 	ruff check . && ruff format --check .
-bench:  # each prints a markdown table for the README; about 10 minutes together on 2 cores
+bench:  # each prints a markdown table for the README; about an hour together on 2 cores (the recipe's 35 min)
 	$(PY) bench/bench_train.py --skip-recipe
+	$(PY) bench/bench_overhead.py
+	$(PY) bench/bench_recipe.py --budget 75s --seeds 2 --bpe
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_tokenize.py --mb 10

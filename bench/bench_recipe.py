@@ -7,7 +7,7 @@ Rows run interleaved (seed 1 of every row, then seed 2, ...) so a change in the 
 benchmark spreads over all of them.
 
     python bench/bench_recipe.py --budget 75s --seeds 2                  # the ablation table
-    python bench/bench_recipe.py --budget 35s --rows default,modern    # chosen rows
+    python bench/bench_recipe.py --budget 35s --rows "+ muon;+ rope"    # chosen rows
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--budget", default="75s", help="--max-time of every command")
     parser.add_argument("--steps", type=int, help="--max-iters instead of a time budget (quality per step)")
     parser.add_argument("--seeds", type=int, default=2, help="runs per row (seeds 1..N), interleaved")
-    parser.add_argument("--rows", help=f"comma-separated row names (default: all): {', '.join(ROWS)}")
+    parser.add_argument("--rows", help=f"row names separated by semicolons (default: all): {'; '.join(ROWS)}")
     parser.add_argument("--flags", action="append", default=[], help="an extra row: its flags, quoted")
     parser.add_argument(
         "--bpe", action="store_true", help="also the first and last rows with --tokenizer bpe"
@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
-    rows = {k: v for k, v in ROWS.items() if not args.rows or k in args.rows.split(",")}
+    rows = {k: v for k, v in ROWS.items() if not args.rows or k in args.rows.split(";")}
     rows.update({flags: flags.split() for flags in args.flags})
     jobs = [(name, flags, "char") for name, flags in rows.items()]
     if args.bpe:
