@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,7 +67,8 @@ def greedy(model: GPT, ids: list[int], n: int) -> list[int]:
     return idx[0].tolist()
 
 
-def hf_greedy(model: GPT2LMHeadModel, ids: list[int], n: int) -> list[int]:
+def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding by transformers' own generate (any causal LM class)."""
     x = torch.tensor([ids])
     out = model.generate(
         x,

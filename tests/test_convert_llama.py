@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")  # a test-only dependency (the dev extra)
 
 from safetensors.torch import load_file, save_file  # noqa: E402
+from test_convert import greedy, hf_greedy  # noqa: E402
 
 from minigpt.cli import app  # noqa: E402
 from minigpt.config import GPTConfig  # noqa: E402
@@ -56,27 +57,6 @@ def randomized(model: GPT, seed: int = 0) -> GPT:
 def minigpt_logits(model: GPT, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids, all_logits=True)[0]
-
-
-def greedy(model: GPT, ids: list[int], n: int) -> list[int]:
-    idx = torch.tensor([ids])
-    with torch.no_grad():
-        for _ in range(n):
-            idx = torch.cat([idx, model(idx)[0].argmax(-1, keepdim=True)], dim=1)
-    return idx[0].tolist()
-
-
-def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
-    x = torch.tensor([ids])
-    out = model.generate(
-        x,
-        attention_mask=torch.ones_like(x),
-        do_sample=False,
-        max_new_tokens=n,
-        min_new_tokens=n,
-        pad_token_id=0,
-    )
-    return out[0].tolist()
 
 
 def assert_same_as_transformers(ours: GPT, theirs: Any) -> None:
