@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minigpt.dataconfig import DEFAULT_BPE_VOCAB_SIZE
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import read_bounded, read_json
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     import tiktoken
 
 ENDOFTEXT = "<|endoftext|>"
-DEFAULT_BPE_VOCAB_SIZE = 512  # best bits per byte of 512/2048 on tinyshakespeare at equal CPU time
 
 # GPT-2's split pattern as tiktoken writes it (r50k_base, p50k_base, gpt2)
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""

@@ -81,9 +81,13 @@ def plan_run(
     RunDir(out).guard_new(overwrite)
     if init_from is None:
         return RunPlan(cfg, data, out, overwrite=overwrite)
-    source = RunDir(init_from)
     # the shape is the source run's; dropout is a training choice, so cfg's applies
-    shape = replace(source.model_config(), dropout=cfg.dropout)
+    shaped = [name for name in ("preset", "arch") if getattr(cfg, name) is not None]
+    shaped += [name for name in cfg.overrides if name != "dropout"]
+    if shaped:
+        raise UsageError(f"init_from takes the model's shape from that run: drop {', '.join(shaped)}")
+    source = RunDir(init_from)
+    shape = replace(source.model_config(), **cfg.overrides)
     return RunPlan(cfg, data, out, False, init_from, overwrite, source.tokenizer(), shape)
 
 
