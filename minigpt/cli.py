@@ -6,7 +6,6 @@ import difflib
 import json
 import sys
 import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,37 +21,11 @@ from minigpt import __version__
 from minigpt.config import GPTConfig
 from minigpt.dataconfig import DataConfig
 from minigpt.errors import MinigptError
+from minigpt.genconfig import EngineConfig, GenerateConfig, read_prompt
 from minigpt.options import command_line, with_options
 from minigpt.rundir import DEFAULT_ROOT
-from minigpt.settings import NO_OPTIONS, RUN, Given, options_of
-from minigpt.trainconfig import BUDGET_SETTINGS, DEFAULT_MAX_ITERS, TrainConfig
-
-SEED_MAX = 2**63 - 1  # torch and NumPy both take seeds in 0..2**63-1
-
-
-class QuantizeName(str, Enum):  # minigpt.quantize.QUANTIZATIONS, without importing torch
-    none = "none"
-    int8 = "int8"
-
-
-class DeviceName(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-    mps = "mps"
-
-
-class BackendName(str, Enum):
-    auto = "auto"
-    numpy = "numpy"
-    torch = "torch"
-
-
-class DtypeName(str, Enum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+from minigpt.settings import NO_OPTIONS, Given, options_of
+from minigpt.trainconfig import BUDGET_SETTINGS, DEFAULT_MAX_ITERS, LaunchConfig, TrainConfig
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
@@ -146,8 +119,19 @@ def _root(
     ctx.obj = {"started": time.perf_counter()}
 
 
-def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+RunOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Run directory written by `minigpt train` (default: the newest under checkpoints/).",
+    ),
+]
+
+
+def _json_option(what: str) -> Any:
+    """The --json flag of a command that prints `what` instead of its tables."""
+    return typer.Option("--json", help=f"Print {what}.")
 
 
 # `params` counts a model as `train` builds one, but without a run it has no device recipe: no preset is
@@ -163,7 +147,7 @@ def params(
         typer.Argument(help="A run directory written by `minigpt train` (omit to count a preset or shape)."),
     ] = None,
     given: Given = NO_OPTIONS,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    as_json: Annotated[bool, _json_option("one JSON object instead of tables")] = False,
 ) -> None:
     """GPT-3 style parameter breakdown, reconciled with the module, plus memory, FLOPs and KV cache.
 
@@ -202,7 +186,7 @@ def params(
 @app.command()
 def runs(
     root: Annotated[Path, typer.Argument(help="The folder that holds the run directories.")] = DEFAULT_ROOT,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+    as_json: Annotated[bool, _json_option("a JSON list instead of a table")] = False,
 ) -> None:
     """List the runs under a folder, newest first: data, tokenizer, shape, steps, best loss, age."""
     from minigpt.runs import list_runs
@@ -223,7 +207,7 @@ def runs(
 
 
 @app.command()
-@with_options(options_of(TrainConfig), options_of(DataConfig))
+@with_options(options_of(TrainConfig), options_of(DataConfig), options_of(LaunchConfig))
 def train(
     ctx: typer.Context,
     files: Annotated[
@@ -234,47 +218,6 @@ def train(
         ),
     ] = None,
     given: Given = NO_OPTIONS,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="Run directory to write. \\[default: checkpoints/<first file's name>]", rich_help_panel=RUN
-        ),
-    ] = None,
-    resume: Annotated[
-        Path | None,
-        typer.Option(
-            help="Continue this run with its saved settings. Budget options given with it replace the saved "
-            "budget as a whole (--max-time then counts this command's time). FILE... given with it say where "
-            "the run's text is now, if it moved.",
-            rich_help_panel=RUN,
-        ),
-    ] = None,
-    allow_data_change: Annotated[
-        bool,
-        typer.Option(
-            "--allow-data-change",
-            help="With --resume: go on even if the text differs from what the run trained on.",
-            rich_help_panel=RUN,
-        ),
-    ] = False,
-    init_from: Annotated[
-        Path | None,
-        typer.Option(
-            help="Start from this run's weights and tokenizer, with a fresh optimizer.", rich_help_panel=RUN
-        ),
-    ] = None,
-    overwrite: Annotated[
-        bool,
-        typer.Option("--overwrite", help="Replace an existing run directory at --out.", rich_help_panel=RUN),
-    ] = False,
-    nproc: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Train in N processes on this machine (one per GPU) through torch.distributed.run.",
-            rich_help_panel=RUN,
-        ),
-    ] = None,
 ) -> None:
     """Train a GPT on your text: live progress on stderr, checkpoints in a run directory, resumable.
 
@@ -283,17 +226,16 @@ def train(
     """
     import os
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Threads")
-    if nproc is not None and nproc > 1 and "WORLD_SIZE" in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Benchmarks")
+    launch = LaunchConfig(**given.of(LaunchConfig))
+    if launch.processes > 1 and "WORLD_SIZE" in os.environ:
         raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
     from minigpt.panel import TrainingPanel
     from minigpt.train import check_launch, plan_run
     from minigpt.train import train as run_training
 
-    if resume is not None:
-        changed = given.flags(skip=BUDGET_SETTINGS) + [
-            f for f, v in (("--out", out), ("--init-from", init_from)) if v
-        ]
+    if launch.resume is not None:
+        changed = given.flags(skip=(*BUDGET_SETTINGS, *LaunchConfig.WITH_RESUME))
         if changed:
             raise MinigptError(
                 f"--resume continues a run with its saved settings; only budget options and the text's new "
@@ -302,11 +244,9 @@ def train(
             )
         moved = DataConfig(paths=tuple(files), tokenizer="char") if files else None  # only its paths count
         run_args: dict[str, Any] = dict(
-            cfg=TrainConfig(**given.of(TrainConfig)),
-            data=moved,
-            resume=resume,
-            allow_data_change=allow_data_change,
-        )
+            cfg=TrainConfig(**given.of(TrainConfig)), data=moved, resume=launch.resume,
+            allow_data_change=launch.allow_data_change,
+        )  # fmt: skip
     else:
         if not files:
             raise MinigptError(
@@ -315,19 +255,22 @@ def train(
         cfg = TrainConfig(**given.of(TrainConfig))
         cfg = cfg if cfg.has_budget else cfg.with_budget({"max_iters": DEFAULT_MAX_ITERS})
         data = DataConfig(paths=tuple(files), **given.of(DataConfig))
-        run_args = dict(cfg=cfg, data=data, out=out, init_from=init_from, overwrite=overwrite)
-    if nproc is not None and nproc > 1:
+        run_args = dict(
+            cfg=cfg, data=data, out=launch.out, init_from=launch.init_from, overwrite=launch.overwrite
+        )
+    if launch.processes > 1:
         from minigpt.distributed import launch_local
 
         # mistakes show here as one line, not once per rank inside torchrun's failure report
-        check_launch(nproc, plan_run(**run_args))
-        raise typer.Exit(launch_local(nproc, command_line(ctx, skip=("nproc",))))
+        check_launch(launch.processes, plan_run(**run_args))
+        raise typer.Exit(launch_local(launch.processes, command_line(ctx, skip=("nproc",))))
     result = run_training(**run_args, reporter=TrainingPanel(), started=(ctx.obj or {}).get("started"))
     if result.interrupted:
         raise typer.Exit(130)
 
 
 @app.command("eval")
+@with_options(options_of(EngineConfig, skip=("backend", "dtype")))
 def eval_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
     files: Annotated[list[Path], typer.Argument(help="Text file(s) or folders of .txt files to score.")],
@@ -336,20 +279,18 @@ def eval_cmd(
         int | None, typer.Option(min=1, help="Score at most this many evenly spaced windows (default: all).")
     ] = None,
     encoding: Annotated[str, typer.Option(help="Text encoding of the files.")] = "utf-8",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    given: Given = NO_OPTIONS,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "float32",
-    quantize: Annotated[
-        QuantizeName, typer.Option(help="Linear layers' weights, as `minigpt generate --quantize` runs them.")
-    ] = QuantizeName.none,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
-    ] = False,
+    as_json: Annotated[bool, _json_option("one JSON object instead of a table")] = False,
 ) -> None:
     """Loss, perplexity and bits-per-byte of a trained model on any text file."""
     from minigpt.evaluate import evaluate_run
     from minigpt.views import eval_view, print_json
 
-    result = evaluate_run(run, files, device, dtype, batch_size, max_windows, encoding, quantize.value)
+    run_on = EngineConfig(**given.of(EngineConfig))
+    result = evaluate_run(
+        run, files, run_on.device, dtype, batch_size, max_windows, encoding, run_on.quantize
+    )
     if as_json:
         print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return
@@ -363,9 +304,7 @@ def attention(
     text: Annotated[
         str, typer.Argument(help="The text to look at (quote it; in bash $'a\\nb' gives a newline).")
     ],
-    model: Annotated[
-        Path | None, typer.Option("--model", help="Run directory (default: the latest under checkpoints/).")
-    ] = None,
+    model: RunOption = None,
     position: Annotated[
         int | None,
         typer.Option(help="Query position to show (default: the last token; negative counts from the end)."),
@@ -376,9 +315,7 @@ def attention(
     ] = None,
     head: Annotated[int | None, typer.Option(help="With --layer: only this head.")] = None,
     top: Annotated[int, typer.Option(min=1, help="Top attended tokens listed per head.")] = 3,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the weights and tokens as one JSON object.")
-    ] = False,
+    as_json: Annotated[bool, _json_option("the weights and tokens as one JSON object")] = False,
     png: Annotated[
         Path | None,
         typer.Option(
@@ -396,9 +333,8 @@ def attention(
     Examples: `minigpt attention "To be, or not to be"`,
     `minigpt attention "Hello" --layer 0 --head 1 --png head.png`.
     """
-    from rich.console import Console
-
-    from minigpt.attention import DISPLAY_TOKENS, attention_maps, inspect_text, write_png
+    from minigpt.attention import inspect_text
+    from minigpt.attention_views import print_inspection, write_inspection_png
     from minigpt.engines import load_engine
     from minigpt.rundir import RunDir
 
@@ -417,19 +353,9 @@ def attention(
         # one compact line: T x T weights indented one number per line would run to millions of lines
         sys.stdout.write(json.dumps(seen.to_json(str(model)), separators=(",", ":")) + "\n")
     else:
-        if len(seen.ids) > DISPLAY_TOKENS:
-            typer.echo(
-                f"note: showing the last {DISPLAY_TOKENS} of {len(seen.ids)} positions (--json has them all)",
-                err=True,
-            )
-        console = Console()
-        for view in seen.views(str(model), console.width, top):
-            console.print(view)
+        print_inspection(seen, str(model), top)
     if png is not None:
-        maps = attention_maps(engine.model, seen.ids).weights
-        layers = range(seen.n_layer) if seen.layer is None else [seen.layer]
-        tiles = [(f"layer {a} head {h}", maps[a, h]) for a in layers for h in seen.heads]
-        write_png(png, tiles, seen.labels)
+        write_inspection_png(png, engine.model, seen)
         typer.echo(f"wrote {png}", err=True)
 
 
@@ -508,33 +434,8 @@ def convert_to_hf(
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
 
 
-def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    """The prompt text from the argument, --prompt-file, or standard input ('-')."""
-    if prompt is not None and prompt_file is not None:
-        raise MinigptError(
-            "give the prompt either as an argument or with --prompt-file, not both", exit_code=2
-        )
-    if prompt_file is not None:
-        if not prompt_file.is_file():
-            what = "is a directory" if prompt_file.is_dir() else "does not exist"
-            raise MinigptError(f"--prompt-file {prompt_file} {what}: pass a UTF-8 text file", exit_code=2)
-        data, source = prompt_file.read_bytes(), str(prompt_file)
-    elif prompt == "-":
-        if sys.stdin.isatty():
-            typer.echo("reading the prompt from standard input (end it with Ctrl-D)", err=True)
-        stdin = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
-        data, source = (stdin.read() if stdin else sys.stdin.read().encode("utf-8")), "standard input"
-    else:
-        return prompt or ""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise MinigptError(
-            f"the prompt from {source} is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
-
-
 @app.command()
+@with_options(options_of(GenerateConfig), options_of(EngineConfig))
 def generate(
     prompt: Annotated[
         str | None,
@@ -543,54 +444,9 @@ def generate(
             "<|endoftext|> where the tokenizer has it, else from a newline."
         ),
     ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Run directory written by `minigpt train` (default: the newest under checkpoints/).",
-        ),
-    ] = None,
+    model: RunOption = None,
     prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")] = None,
-    max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate per sample.")
-    ] = 200,
-    temperature: Annotated[
-        float,
-        typer.Option(
-            "--temperature", "-t", help="Divide the logits by this; 0 is greedy (and ignores --seed)."
-        ),
-    ] = 0.8,
-    top_k: Annotated[int | None, typer.Option(help="Sample only from the k most likely tokens.")] = None,
-    top_p: Annotated[
-        float | None,
-        typer.Option(
-            help="Nucleus sampling: the smallest set of tokens with this much probability (0 < p <= 1), after --top-k."
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            min=0,
-            max=SEED_MAX,
-            help="Random seed: the same seed gives the same text (default: a random one, shown; unused at -t 0).",
-        ),
-    ] = None,
-    num_samples: Annotated[
-        int,
-        typer.Option(
-            "--num-samples",
-            "-s",
-            min=1,
-            help="Samples drawn as one batch from one prefill, printed one after another.",
-        ),
-    ] = 1,
-    stop: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="STRING", help="End a sample at this string, which is not printed (repeatable)."
-        ),
-    ] = None,
+    given: Given = NO_OPTIONS,
     stream: Annotated[
         bool | None,
         typer.Option(
@@ -599,34 +455,8 @@ def generate(
         ),
     ] = None,
     as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json", help="Print one JSON object: text, token counts, tokens/s and finish reason per sample."
-        ),
+        bool, _json_option("one JSON object: text, token counts, tokens/s and finish reason per sample")
     ] = False,
-    device: Annotated[
-        DeviceName, typer.Option(help="Where to run: auto picks CUDA, then MPS, then the CPU.")
-    ] = DeviceName.auto,
-    dtype: Annotated[
-        DtypeName,
-        typer.Option(
-            help="Weights and KV cache type: auto is bfloat16 on CUDA, float16 on MPS, float32 on the CPU."
-        ),
-    ] = DtypeName.auto,
-    quantize: Annotated[
-        QuantizeName,
-        typer.Option(
-            help="Linear layers' weights: int8 reads a quarter of float32's bytes per token (torch engine, "
-            "CPU; per-channel scales, activations stay in --dtype)."
-        ),
-    ] = QuantizeName.none,
-    backend: Annotated[
-        BackendName,
-        typer.Option(
-            help="Engine: numpy runs float32 on the CPU without importing torch (starts in a fraction of a "
-            "second); torch runs on any device and dtype. auto: numpy on the CPU in float32, else torch."
-        ),
-    ] = BackendName.auto,
     explain: Annotated[
         bool,
         typer.Option(
@@ -635,14 +465,6 @@ def generate(
             "weighted most (on stderr).",
         ),
     ] = False,
-    slide: Annotated[
-        int | None,
-        typer.Option(
-            help="Context window policy past block_size: when the window is full, drop its oldest SLIDE tokens and "
-            "re-read the rest in one pass (1 = always the last block_size tokens, as nanoGPT; larger = faster, "
-            "shorter context right after a slide). Default: block_size // 4."
-        ),
-    ] = None,
 ) -> None:
     """Continue a prompt with a trained model: text on stdout, everything else on stderr.
 
@@ -652,42 +474,18 @@ def generate(
     import os
     import secrets
 
-    # Before torch loads OpenMP: a token's work is a few hundred tiny parallel regions. Threads that spin
-    # long between them keep each other off a busy CPU (5-25 tokens/s on 2 shared cores), threads that
-    # never spin pay a wake-up per region (108 vs 195 tokens/s idle); a short spin keeps most of both
-    # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    from minigpt.decode import Generation, TextStream, check_sampling, encode_prompt, write_text
-    from minigpt.engines import choose_backend, load_engine
-    from minigpt.memory import check_fits, inference_bytes
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Generate")
+    from minigpt.decode import Generation, encode_prompt
     from minigpt.rundir import RunDir
 
-    if slide is not None and slide < 1:
-        raise MinigptError(f"--slide must be at least 1, got {slide}", exit_code=2)
-    check_sampling(temperature, top_k, top_p)
-    stops = list(stop or [])
-    TextStream(stops)  # rejects an empty stop string before any loading
+    settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
     if as_json and stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
-    text = _read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, prompt_file)
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
-    if explain and quantize != QuantizeName.none:
-        raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
-    engine_name = choose_backend(
-        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path,
-        quantize=quantize.value,
-    )  # fmt: skip
-    # A decode step is a few hundred small memory-bound operations: a second thread gains little on an
-    # idle CPU and, waiting at every one for a core that other work holds, costs 2-10x on a shared one
-    # (bench_generate.py), for NumPy's BLAS and torch's OpenMP alike. The environment overrides both.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value, quantize.value)
-    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
-        needed = inference_bytes(RunDir(model).model_config(), num_samples)
-        check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")
+    engine, tokenizer = _generation_engine(model, run_on, explain, settings.num_samples)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
         typer.echo(
@@ -695,14 +493,55 @@ def generate(
             f"{engine.block_size}: keeping its last {engine.block_size}",
             err=True,
         )
-    gen = Generation(
-        engine, tokenizer, ids, max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=secrets.randbits(31) if seed is None else seed, stop=stops, slide=slide,
+    gen = Generation(engine, tokenizer, ids, **settings.generation(secrets.randbits(31)))
+    _write_generation(gen, model, as_json, stream)
+    if explain:  # choose_backend sends --explain to torch
+        import shutil
+
+        from minigpt.attention_views import explain_lines
+
+        for line in explain_lines(
+            engine.model, tokenizer, ids, gen.samples, shutil.get_terminal_size().columns
+        ):
+            typer.echo(line, err=True)
+    typer.echo(gen.summary(), err=True)
+
+
+def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_samples: int) -> tuple[Any, Any]:
+    """The engine and tokenizer `generate` decodes with, the memory its samples need checked."""
+    import os
+
+    from minigpt.engines import choose_backend, load_engine
+    from minigpt.memory import check_fits, inference_bytes
+    from minigpt.rundir import RunDir
+
+    if explain and run_on.quantize != "none":
+        raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
+    engine_name = choose_backend(
+        run_on.backend, run_on.device, run_on.dtype, explain=explain, weights=RunDir(model).weights_path,
+        quantize=run_on.quantize,
     )  # fmt: skip
+    # one thread per decode (README: "Generate"); the environment overrides both
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    engine, tokenizer = load_engine(model, engine_name, run_on.device, run_on.dtype, run_on.quantize)
+    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
+        needed = inference_bytes(RunDir(model).model_config(), num_samples)
+        check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")
+    return engine, tokenizer
+
+
+def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None) -> None:
+    """The samples on stdout: streamed text, or one JSON object at the end."""
+    import os
+
+    from minigpt.decode import write_text
+    from minigpt.views import print_json
+
     try:
         if as_json:
             gen.run()
-            _emit_json({"model": str(model), **gen.to_json()})
+            print_json({"model": str(model), **gen.to_json()})
             return
         write_text(gen, sys.stdout, stream=sys.stdout.isatty() if stream is None else stream)
     except KeyboardInterrupt:
@@ -712,29 +551,6 @@ def generate(
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    if explain:  # choose_backend sends --explain to torch
-        _explain_tokens(engine.model, tokenizer, ids, gen.samples)
-    typer.echo(gen.summary(), err=True)
-
-
-def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: list[Any]) -> None:
-    """For every generated token, the earlier tokens each last-layer head attended to most (stderr)."""
-    import shutil
-
-    from minigpt.attention import explain_last, format_explain, token_label
-
-    width = shutil.get_terminal_size().columns
-    for n, sample in enumerate(samples):
-        if len(samples) > 1:
-            typer.echo(f"sample {n + 1}:", err=True)
-        context = list(prompt_ids)
-        for token in sample.token_ids:
-            focus = explain_last(model, context, tokenizer, top=3)
-            typer.echo(
-                f"{token_label(tokenizer.decode_bytes([token])):>8} ← {format_explain(focus, width, 11)}",
-                err=True,
-            )
-            context.append(token)
 
 
 @app.command()
@@ -768,6 +584,7 @@ def main() -> None:
 
 
 @app.command()
+@with_options(options_of(EngineConfig, skip=("quantize",)))
 def serve(
     run: Annotated[
         Path | None, typer.Argument(help="Run directory to serve (default: the newest under checkpoints/).")
@@ -797,13 +614,7 @@ def serve(
             help="Require `Authorization: Bearer KEY` on every /v1 route.",
         ),
     ] = None,
-    backend: Annotated[
-        BackendName, typer.Option(help="Engine, as for generate: auto is numpy on the CPU in float32.")
-    ] = BackendName.auto,
-    device: Annotated[DeviceName, typer.Option(help="Where to run (the torch engine).")] = DeviceName.auto,
-    dtype: Annotated[DtypeName, typer.Option(help="Weights and KV cache type (the torch engine).")] = (
-        DtypeName.auto
-    ),
+    given: Given = NO_OPTIONS,
     max_batch: Annotated[
         int, typer.Option(min=1, help="Rows (samples of all requests) decoded together at most; caps n.")
     ] = 32,
@@ -840,7 +651,8 @@ def serve(
     if not paths:
         paths = [RunDir.latest().path]
         typer.echo(f"using {paths[0]}", err=True)
+    run_on = EngineConfig(**given.of(EngineConfig))
     models = load_models(
-        paths, backend.value, device.value, dtype.value, max_rows=max_batch, max_waiting=queue
+        paths, run_on.backend, run_on.device, run_on.dtype, max_rows=max_batch, max_waiting=queue
     )
     run_server(models, host, port, api_key or None, Limits(max_tokens=max_tokens, max_n=max_batch))

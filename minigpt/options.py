@@ -37,6 +37,7 @@ def _parameter(option: Option) -> inspect.Parameter:
         help=option.help_text(),
         rich_help_panel=s.panel,
         parser=_reader(s.parse) if s.parse else None,
+        metavar=s.metavar,
     )
     return inspect.Parameter(
         option.name,

@@ -38,13 +38,12 @@ class Setting:
 
     help: str
     panel: str | None = None
-    choices: tuple[str, ...] = ()  # the values it accepts, checked by the parser ("" for none)
+    choices: tuple[str, ...] = ()  # the values it accepts, checked as the option is parsed
     flags: tuple[str, ...] = ()  # option names; default --field-name (a bool: --field-name/--no-field-name)
     parse: Callable[[str], Any] | None = None  # reads the option's text into the field's value
     shown: str | None = None  # the default as help states it, where the field's default does not say it
-    by: Mapping[str, Mapping[str, Any]] | None = (
-        None  # defaults that depend on a case: {case: {field: value}}
-    )
+    by: Mapping[str, Mapping[str, Any]] | None = None  # defaults by case: {case: {field: value}}
+    metavar: str | None = None  # what help shows for the value, where its type does not say it
 
 
 def setting(default: Any = None, help: str = "", **how: Any) -> Any:
@@ -94,7 +93,13 @@ class Option:
             return s.shown
         if s.by is not None:
             return ", ".join(f"{case}: {self.spell(values[self.name])}" for case, values in s.by.items())
-        return None if self.default is None or self.default is MISSING else self.spell(self.default)
+        if (
+            self.default is None
+            or self.default is MISSING
+            or (self.default is False and "/" not in self.flags[0])
+        ):
+            return None  # no default, or a flag that is off unless given
+        return self.spell(self.default)
 
     def help_text(self) -> str:
         """The help with its default appended (the bracket escaped: the help is rich markup, where

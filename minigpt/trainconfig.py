@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from minigpt.config import ARCHS, GPTConfig
@@ -98,6 +99,7 @@ class TrainConfig:
     max_time: float | None = setting(  # seconds
         None, "Finish within this much wall time, e.g. 90s, 10m, 1h30m (a bare number is seconds): the whole "
         "command, start-up and the final evaluation included.", panel=BUDGET, parse=parse_duration,
+        metavar="<duration>",
     )  # fmt: skip
     max_tokens: int | None = setting(
         None, "Stop after this many training tokens (over the whole run).", panel=BUDGET
@@ -216,6 +218,44 @@ class TrainConfig:
 
 
 _KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "text"}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where a run is written, what it starts from, and how many processes on this machine train it."""
+
+    out: Path | None = setting(
+        None, "Run directory to write.", panel=RUN, shown="checkpoints/<first file's name>"
+    )
+    resume: Path | None = setting(
+        None, "Continue this run with its saved settings. Budget options given with it replace the saved "
+        "budget as a whole (--max-time then counts this command's time). FILE... given with it say where "
+        "the run's text is now, if it moved.", panel=RUN,
+    )  # fmt: skip
+    allow_data_change: bool = setting(
+        False, "With --resume: go on even if the text differs from what the run trained on.", panel=RUN,
+        flags=("--allow-data-change",),
+    )  # fmt: skip
+    init_from: Path | None = setting(
+        None, "Start from this run's weights and tokenizer, with a fresh optimizer.", panel=RUN
+    )
+    overwrite: bool = setting(
+        False, "Replace an existing run directory at --out.", panel=RUN, flags=("--overwrite",)
+    )
+    nproc: int | None = setting(
+        None, "Train in N processes on this machine (one per GPU) through torch.distributed.run.", panel=RUN
+    )
+
+    # what a resume may be given besides a budget: the rest is the saved run's
+    WITH_RESUME = ("resume", "allow_data_change", "overwrite", "nproc")
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
+
+    @property
+    def processes(self) -> int:
+        return self.nproc or 1
 
 
 def _check_field_types(config: Any) -> None:
