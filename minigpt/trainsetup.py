@@ -19,7 +19,7 @@ from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
 from minigpt.memory import check_fits, training_bytes
-from minigpt.model import GPT
+from minigpt.model import GPT, build_model
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
@@ -28,7 +28,6 @@ from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
 from minigpt.trainstep import Runtime, time_evaluation
-from minigpt.weights import build_model
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation

@@ -709,7 +709,7 @@ from minigpt.config import ARCHS, GPTConfig
 from minigpt.model import GPT
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
-from minigpt.weights import model_tensors
+from minigpt.model import model_tensors
 
 # a slow disk: every file is written in two halves 20 ms apart, so most kills land in the middle of a write
 def write_halves(path, data):
