@@ -47,7 +47,7 @@ TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (
 SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
 MAX_META_BYTES = 1 << 20  # a token cache entry's JSON is a few hundred bytes
 # Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), so
-# only their text is searched for one (a search costs ~5 ms per MB)
+# only their text is searched for one (a search that would cost time on every megabyte of the others)
 _SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # the temp files _Staging writes: .<final name>.<pid>@<host>.tmp

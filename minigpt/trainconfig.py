@@ -14,12 +14,9 @@ from minigpt.presets import GPT2_VOCAB, PRESETS, model_config
 from minigpt.presets import preset as get_preset
 from minigpt.settings import ARCH, BUDGET, EVAL, MODEL, OPT, RUN, check_choices, nested, nested_names, setting
 
-# Defaults by device. CPU: searched on tinyshakespeare (char) under a 70 s budget on 2 cores
-# (bench/bench_train.py); at that budget a 2-layer model's extra steps beat more depth, small batches
-# beat large ones, and holding the peak lr for half the run then decaying linearly to 0 (wsd) beat
-# cosine to lr/10 by 0.01 in loss; then the modern architecture and Muon each lowered the loss at equal
-# wall time (bench/bench_recipe.py). GPU: nanoGPT's shakespeare_char recipe without dropout, as published
-# (no GPU here to measure the newer options on).
+# Defaults by device. CPU: what bench/bench_train.py and bench/bench_recipe.py found best for a short CPU
+# budget (README: "Defaults" and the recipe ablation). GPU: nanoGPT's shakespeare_char recipe without dropout,
+# as published (no GPU here to measure the newer options on).
 RECIPES: dict[str, dict[str, Any]] = {
     "cpu": dict(preset="nano", arch="modern", optimizer="muon", batch_size=16, lr=8e-3, schedule="wsd"),
     "gpu": dict(preset="small", arch="gpt2", optimizer="adamw", batch_size=64, lr=1e-3, schedule="cosine"),

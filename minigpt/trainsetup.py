@@ -33,7 +33,7 @@ from minigpt.trainstep import Runtime, time_evaluation
 # replaced by the measured time after the first evaluation
 SAVE_BYTES_PER_SECOND = 200e6
 # what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
+# Python, which tears torch down (README: "Budget")
 EXIT_SECONDS = 1.0
 
 SamplerFactory = Callable[[np.ndarray, int, int, int, int, int], BatchSampler]
