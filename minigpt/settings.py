@@ -40,7 +40,9 @@ class Setting:
     panel: str | None = None
     choices: tuple[str, ...] = ()  # the values it accepts, checked as the option is parsed
     flags: tuple[str, ...] = ()  # option names; default --field-name (a bool: --field-name/--no-field-name)
-    parse: Callable[[str], Any] | None = None  # reads the option's text into the field's value
+    parse: Callable[[str], Any] | None = (
+        None  # reads the option's text (and str() of what it gave) into a value
+    )
     shown: str | None = None  # the default as help states it, where the field's default does not say it
     by: Mapping[str, Mapping[str, Any]] | None = None  # defaults by case: {case: {field: value}}
     metavar: str | None = None  # what help shows for the value, where its type does not say it
