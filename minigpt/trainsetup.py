@@ -24,6 +24,7 @@ from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
 from minigpt.rundir import DEFAULT_ROOT, RunDir
+from minigpt.settings import options_of
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
@@ -127,7 +128,7 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
     hashed); the cache folder is this machine's, never one a config.json names."""
     if not isinstance(saved, dict) or not isinstance(saved.get("paths"), list):
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
-    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors"}
+    known = {o.name for o in options_of(DataConfig)}
     settings = {k: v for k, v in saved.items() if k in known}
     settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
     moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])
