@@ -163,8 +163,8 @@ class Given:
         self.options = {o.name: o for o in options}
         self.values = {k: v for k, v in values.items() if v is not None}
 
-    def __iter__(self) -> Iterator[Option]:
-        return (self.options[name] for name in self.values)
+    def items(self) -> Iterator[tuple[Option, Any]]:
+        return ((self.options[name], value) for name, value in self.values.items())
 
     def of(self, config: type) -> dict[str, Any]:
         """Keyword arguments for `config`: its own fields given, nested ones collected in their dict."""
@@ -177,7 +177,8 @@ class Given:
 
     def flags(self, *, skip: tuple[str, ...] = ()) -> list[str]:
         """The given options' names as a user typed them (--n-layer), minus `skip` (field names)."""
-        return [o.flag for o in self if o.name not in skip]
+        spelled = {o.name: "--" + o.spell(v) if isinstance(v, bool) else o.flag for o, v in self.items()}
+        return [flag for name, flag in spelled.items() if name not in skip]
 
 
 NO_OPTIONS = Given({}, ())  # a command's `given` parameter before `minigpt.options` fills it in

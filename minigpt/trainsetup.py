@@ -85,7 +85,9 @@ def plan_run(
     shaped = [name for name in ("preset", "arch") if getattr(cfg, name) is not None]
     shaped += [name for name in cfg.overrides if name != "dropout"]
     if shaped:
-        raise UsageError(f"init_from takes the model's shape from that run: drop {', '.join(shaped)}")
+        flags = {o.name: o.flag for o in options_of(TrainConfig)}
+        drop = ", ".join(flags[name] for name in shaped)
+        raise UsageError(f"--init-from takes the model's shape from that run: drop {drop}")
     source = RunDir(init_from)
     shape = replace(source.model_config(), **cfg.overrides)
     return RunPlan(cfg, data, out, False, init_from, overwrite, source.tokenizer(), shape)

@@ -112,7 +112,7 @@ def test_given_values_reach_the_config_and_the_command_line_round_trips() -> Non
     assert result.exit_code == 0, result.output
     assert seen["config"] == Outer(rate=0.5, tied=False, count=21000, inner={"width": 3, "shape": "square"})
     assert seen["name"] == "x" and seen["loud"] is True
-    assert sorted(seen["flags"]) == ["--count", "--rate", "--shape", "--tie", "--width"]
+    assert sorted(seen["flags"]) == ["--count", "--rate", "--shape", "--untie", "--width"]
     untouched: dict[str, Any] = {}
     assert CliRunner().invoke(_app(untouched), ["run", "y"]).exit_code == 0
     assert untouched["config"] == Outer() and untouched["flags"] == []
