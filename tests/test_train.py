@@ -234,8 +234,26 @@ def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     steps = [r["step"] for r in RunDir(out).read_metrics() if r["kind"] == "eval"]
     assert steps[-1] == 8
-    result = runner.invoke(app, ["train", "--resume", str(out), "--lr", "1"])
+    result = runner.invoke(app, ["train", "--resume", str(out), "--lr", "1", "--untie", "--out", "x"])
     assert result.exit_code == 2 and "only budget options" in result.output
+    assert "(got --untie, --lr, --out)" in result.output  # in help order
+    fine_tune = [
+        "train",
+        str(text_file),
+        "--init-from",
+        str(out),
+        "--out",
+        str(tmp_path / "ft"),
+        "--max-iters",
+        "1",
+    ]
+    result = runner.invoke(app, [*fine_tune, "--n-layer", "3", "--arch", "modern"])
+    assert (
+        result.exit_code == 2
+        and "takes the model's shape from that run: drop --arch, --n-layer" in result.output
+    )
+    assert runner.invoke(app, [*fine_tune, "--dropout", "0.1"]).exit_code == 0  # dropout is a training choice
+    assert RunDir(tmp_path / "ft").model_config().dropout == 0.1
 
 
 def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
