@@ -10,6 +10,36 @@ from minigpt.errors import MinigptError
 from minigpt.params import count_params
 
 FLOAT32 = 4
+# values of the additive score's pre-activations materialised at once (16 MiB in float32), unless a single
+# query's row is larger: a chunk holds at least one query
+SCORE_CHUNK_VALUES = 2**22
+# a training step keeps up to this many such tensors alive at once: the recomputed tanh, its gradient and
+# the gradient of its input (the backward pass of one chunk)
+_TRAINING_COPIES = 4
+
+
+def score_chunks(queries: int, keys: int, window: int, per_pair: int) -> list[tuple[int, int, int, int]]:
+    """How the additive score materialises its (queries, keys, per_pair) pre-activations: (first query, end,
+    first key, end) of each chunk, as many queries as SCORE_CHUNK_VALUES holds (at least one), each over
+    only the keys its queries may see (the keys are the latest positions in order, the queries the last of
+    them, each seeing itself and the window - 1 positions before it)."""
+    rows = max(1, SCORE_CHUNK_VALUES // max(1, keys * per_pair))
+    offset = keys - queries
+    return [
+        (t, min(t + rows, queries), max(0, offset + t - window + 1), offset + min(t + rows, queries))
+        for t in range(0, queries, rows)
+    ]
+
+
+def score_bytes(config: GPTConfig, batch: int, training: bool) -> int:
+    """What the attention score needs beyond the scaled dot product's: for additive, the largest chunk of
+    pre-activations `score_chunks` plans over a full block (several copies in training), else nothing."""
+    if config.attn_score != "additive":
+        return 0
+    T = config.block_size
+    per_pair = batch * config.n_head * config.additive_width
+    largest = max((t1 - t0) * (k1 - k0) for t0, t1, k0, k1 in score_chunks(T, T, T, per_pair))
+    return largest * per_pair * FLOAT32 * (_TRAINING_COPIES if training else 1)
 
 
 def available_bytes() -> int | None:
@@ -31,17 +61,19 @@ def inference_bytes(config: GPTConfig, batch: int = 1) -> int:
     weights = count_params(config).exact_total * FLOAT32
     per_position = 2 * batch * config.kv_heads * config.head_dim * FLOAT32
     kv_cache = per_position * config.cached_positions
-    return weights + kv_cache
+    return weights + kv_cache + score_bytes(config, batch, training=False)
 
 
 def training_bytes(config: GPTConfig, batch: int) -> int:
     """Weights, gradients and AdamW's two moments in float32, plus the activations one micro-batch keeps
     for the backward pass (per layer about 34·C + 5·H·T values a token, after Korthikanti et al. 2022,
-    and the logits with their gradient)."""
+    and the logits with their gradient; general's mapped queries, additive's W₁q and W₂k on top) and the
+    additive score's chunk."""
     params = count_params(config).exact_total
     T, C, H, L, V = config.block_size, config.n_embd, config.n_head, config.n_layer, config.vocab_size
-    activations = batch * T * (L * (34 * C + 5 * H * T) + 3 * V) * FLOAT32
-    return 4 * params * FLOAT32 + activations
+    score = {"general": C, "additive": 2 * H * config.additive_width}.get(config.attn_score, 0)
+    activations = batch * T * (L * (34 * C + 5 * H * T + score) + 3 * V) * FLOAT32
+    return 4 * params * FLOAT32 + activations + score_bytes(config, batch, training=True)
 
 
 def check_fits(needed: int, what: str, fix: str) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
+from minigpt.memory import score_chunks
 from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
@@ -98,11 +99,31 @@ def qkv(
     q = q.reshape(B, T, w.n_head, hd).transpose(0, 2, 1, 3)
     k = k.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
     v = v.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
+    if w.score == "general":  # W acts on the projected queries, so it folds into W_Q
+        q = q @ w.score_maps[0].swapaxes(-1, -2)
     if w.q_norm is not None and w.k_norm is not None:
         q, k = norm(w.q_norm, q), norm(w.k_norm, k)
     if rope is not None:
         q, k = rotate(q, rope), rotate(k, rope)
     return q, k, v
+
+
+def attention_logits(w: AttentionWeights[np.ndarray], q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Logits (B, n_kv_head, group, T, S) of the queries q (B, n_kv_head, group, T, hd) over the keys k
+    (B, n_kv_head, 1, S, hd) by the layer's score: q·k/√hd, q·k (dot; general, whose W qkv applied), or
+    additive's vᵀtanh(W₁q + W₂k), left -inf where no query of a chunk may look (the caller masks the rest)."""
+    if w.score != "additive":
+        logits = q @ k.swapaxes(-1, -2)
+        return logits * np.float32(1.0 / math.sqrt(q.shape[-1])) if w.score == "scaled" else logits
+    # each head's maps, grouped as the queries are: (n_kv_head, group, out, in)
+    w1, w2, v = (m.reshape(q.shape[1], q.shape[2], *m.shape[1:]) for m in w.score_maps)
+    qa, ka = q @ w1.swapaxes(-1, -2), k @ w2.swapaxes(-1, -2)  # (B, n_kv, group, T or S, d_a)
+    B, G, T, S = q.shape[0], q.shape[2], q.shape[3], k.shape[3]
+    logits = np.full((B, q.shape[1], G, T, S), -np.inf, dtype=np.float32)
+    for t0, t1, k0, k1 in score_chunks(T, S, w.window, B * w.n_head * qa.shape[-1]):
+        pre = qa[..., t0:t1, None, :] + ka[..., None, k0:k1, :]  # the memory score_chunks bounds
+        logits[..., t0:t1, k0:k1] = (np.tanh(pre, out=pre) @ v[:, :, None].swapaxes(-1, -2))[..., 0]
+    return logits
 
 
 def attend(
@@ -116,7 +137,7 @@ def attend(
         k, v = cache.update(layer, k, v)
     # each key/value head serves a group of consecutive query heads: (B, n_kv_head, group, T, hd)
     q = q.reshape(B, w.n_kv_head, w.n_head // w.n_kv_head, T, -1)
-    scores = (q @ k[:, :, None].swapaxes(-1, -2)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
+    scores = attention_logits(w, q, k[:, :, None])
     if T > 1:  # one new query sees every key the cache hands back
         scores[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf
     y = (softmax(scores) @ v[:, :, None]).reshape(B, w.n_head, T, -1)
