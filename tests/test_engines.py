@@ -47,11 +47,12 @@ class Case:
     prompt_len: int = 3
     slide: int | None = None
     seed: int = 0  # of the weights and the prompts: one whose greedy text does not repeat a token
+    score: str = "scaled"  # --attn-score
 
     def config(self) -> GPTConfig:
         return GPTConfig(
             vocab_size=37, block_size=self.block_size, n_layer=2, n_head=self.n_head, n_embd=32,
-            bias=self.bias, tie_embeddings=self.tied,
+            bias=self.bias, tie_embeddings=self.tied, attn_score=self.score,
         )  # fmt: skip
 
 
@@ -61,6 +62,11 @@ CASES = [
     Case(tied=False, n_head=4, block_size=8, batch=2, prompt_len=21, slide=5),  # prompts longer than it
     Case(bias=False, n_head=4, block_size=32, samples=3, prompt_len=7, slide=32),  # one prefill, 3 rows
     Case(n_head=1, block_size=12, prompt_len=40),
+    # the attention scores, the prefill over the block, then sliding and several rows
+    Case(score="dot", n_head=4, batch=2, prompt_len=9, slide=3),
+    Case(score="general", tied=False, n_head=4, block_size=8, batch=2, prompt_len=21, slide=5),
+    Case(score="additive", bias=False, n_head=4, samples=3, prompt_len=16, slide=1, seed=1),
+    Case(score="additive", n_head=2, block_size=12, batch=2, prompt_len=30, seed=1),
 ]
 
 

@@ -578,6 +578,11 @@ ATTACKS = [
         "unknown pos 'alibi'",
     ),
     Attack(
+        "config.json attn_score 'cosine'",
+        with_run(edit_config(lambda c: c["model"].update(attn_score="cosine")), *GENERATE),
+        "unknown attn_score 'cosine'",
+    ),
+    Attack(
         "config.json window past block_size",
         with_run(edit_config(lambda c: c["model"].update(window=10**12)), *GENERATE),
         "must be at most block_size",
