@@ -155,7 +155,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--steps", type=int, default=600, help="--max-iters of the equal-steps rows (0: none)"
+        "--steps", type=int, default=300, help="--max-iters of the equal-steps rows (0: none)"
     )
     parser.add_argument("--time", type=float, default=90, help="--max-time of the equal-time rows (0: none)")
     parser.add_argument(
