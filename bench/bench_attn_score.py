@@ -80,27 +80,10 @@ def val_windows(run: RunDir, block: int, n: int = 16) -> torch.Tensor:
 def train(score: str, d_head: int, budget: list[str], tmp: Path) -> dict[str, float]:
     """One whole `minigpt train` command and what it reports."""
     out = tmp / f"{score}-{d_head}-{time.monotonic_ns()}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "minigpt",
-        "train",
-        str(SHAKESPEARE),
-        "--tokenizer",
-        "char",
-        "--out",
-        str(out),
-    ]
-    cmd += [
-        "--attn-score",
-        score,
-        "--n-head",
-        str(HEADS[d_head]),
-        "--seed",
-        str(SEED),
-        "--eval-every",
-        "1000000",
-    ]
+    flags = (
+        f"--tokenizer char --attn-score {score} --n-head {HEADS[d_head]} --seed {SEED} --eval-every 1000000"
+    )
+    cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--out", str(out), *flags.split()]
     env = {**os.environ, "MINIGPT_CACHE_DIR": str(tmp / "cache")}
     started = time.perf_counter()
     proc = subprocess.Popen(
