@@ -114,6 +114,13 @@ def train(score: str, d_head: int, budget: list[str], tmp: Path) -> dict[str, fl
     )
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
@@ -155,7 +162,7 @@ def main() -> None:
     if args.time:
         budgets[f"{args.time:g} s"] = ["--max-time", f"{args.time:g}", "--max-iters", "1000000"]
     print(
-        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, load {load()}",
+        f"# {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, load {load()}",
         file=sys.stderr,
     )
     loads = [load()]
