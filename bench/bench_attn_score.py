@@ -187,7 +187,10 @@ def main() -> None:
                 f"Equal budget: {name} (`--max-iters` / `--max-time`), {args.rounds} round(s), medians",
                 results,
             )
-    print(f"\n1-min load averages around the runs: {', '.join(loads)}")
+    print(
+        f"\n{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}; 1-min load averages around the runs:"
+    )
+    print(", ".join(loads))
 
 
 if __name__ == "__main__":
