@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TextIO
 from minigpt.errors import MinigptError, UsageError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from minigpt.kvcache import KVCache
     from minigpt.tokenizer import Tokenizer
 
@@ -52,8 +54,9 @@ SAMPLE_SEPARATOR = "\n---------------\n"
 
 
 class Engine(Protocol):
-    """One backend's model, as the decode loop drives it. Logits and random generators are the backend's
-    own types: the loop only hands them back to `sample`."""
+    """One backend's model, as the decode loop and the server drive it. Logits, caches and random
+    generators are the backend's own types: callers only hand them back to the engine; `log_probs` turns
+    logits into NumPy for what is shown to people."""
 
     name: str  # "torch" or "numpy"
     device: str
@@ -68,9 +71,20 @@ class Engine(Protocol):
         """An empty KV cache of `batch` rows."""
         ...
 
-    def forward(self, ids: Sequence[Sequence[int]], cache: KVCache[Any] | None) -> Any:
-        """Last-position logits after feeding ids (B rows of T tokens) at cache.pos; without a cache, a
-        full forward pass over ids. A 1-row feed into an empty cache of B rows gives logits for all B."""
+    def forward(
+        self, ids: Sequence[Sequence[int]], cache: KVCache[Any] | None, *, every_position: bool = False
+    ) -> Any:
+        """Last-position logits (B, V) after feeding ids (B rows of T tokens) at cache.pos; without a cache,
+        a full forward pass over ids. A 1-row feed into an empty cache of B rows gives logits for all B.
+        every_position: logits (B, T, V) of every fed position (scoring a prompt), the same pass."""
+        ...
+
+    def gather(self, parts: Sequence[tuple[KVCache[Any], int, int]]) -> KVCache[Any]:
+        """A new cache of rows start:stop of each (cache, start, stop), in order, at their common position."""
+        ...
+
+    def log_probs(self, logits: Any) -> np.ndarray:
+        """float64 NumPy log-probabilities (log-softmax over the last axis) of this engine's logits."""
         ...
 
     def sample(

@@ -1,0 +1,177 @@
+"""Choices a decoding engine makes by measuring on this machine: its weights' layout and its threads.
+
+Layout: `fastest` times alternatives (the same step over weights in each layout) round robin and
+returns the quickest, once, when an engine loads.
+
+Threads: measured on the steps themselves, not fixed.
+
+A decoding step streams every weight through matrix-vector products, between a few hundred small
+operations. More threads stream faster while the memory has bandwidth to spare and the cores are free;
+on a machine whose cores other work holds, each of those operations waits for its slowest thread, and two
+threads can be several times slower than one. The best count depends on the CPU, the model, the number
+of rows and the load of the moment, so the engine measures it: for each number of rows, its first steps
+run on each candidate count in turn (`trials` each), the count with the lowest median time is kept, and
+every `every` steps the trial runs again, so a change of load is followed. A trial step is a real step:
+measuring costs no start-up time, only the difference between the counts over a few steps.
+
+A thread count named in the environment (OMP_NUM_THREADS, or the BLAS library's own variable) is used
+as given, untried.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+__all__ = ["BLAS_ENV", "ThreadTuner", "blas_tuner", "cores", "env_threads", "fastest", "thread_candidates"]
+
+
+def fastest(runs: Mapping[str, Callable[[], object]], rounds: int = 3) -> str:
+    """The name of the quickest run: each is called once untimed (first touches), then `rounds` times,
+    round robin so that every one sees the same moments of load, and the lowest median wins."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(rounds + 1):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return min(runs, key=lambda name: statistics.median(times[name]))
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity mask, where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def thread_candidates(available: int) -> list[int]:
+    """1, 2, 4, ... up to the available cores, and the core count itself."""
+    counts, n = [], 1
+    while n < available:
+        counts.append(n)
+        n *= 2
+    return [*counts, available]
+
+
+def env_threads(names: Sequence[str]) -> int | None:
+    """The thread count the first of these environment variables sets (a positive integer), else None."""
+    for name in names:
+        value = os.environ.get(name, "").strip().split(",")[0]
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+class _Trial:
+    """Steps of one number of rows: the candidates' timings while trying, and the count chosen."""
+
+    def __init__(self, candidates: Sequence[int]) -> None:
+        self.candidates = candidates
+        self.times: dict[int, list[float]] = {n: [] for n in candidates}
+        self.chosen: int | None = None
+        self.since = 0  # steps since the count was chosen
+
+    @property
+    def trying(self) -> bool:
+        return bool(self.times)
+
+    def next(self) -> int:
+        if not self.trying:
+            assert self.chosen is not None
+            return self.chosen
+        # round robin: every candidate sees the same moments of load
+        return min(self.candidates, key=lambda n: len(self.times[n]))
+
+    def record(self, threads: int, seconds: float, trials: int, every: int) -> None:
+        if not self.trying:
+            self.since += 1
+            if self.since >= every:  # time to look again
+                self.times = {n: [] for n in self.candidates}
+            return
+        self.times[threads].append(seconds)
+        if all(len(t) >= trials for t in self.times.values()):
+            self.chosen = min(self.candidates, key=lambda n: statistics.median(self.times[n]))
+            self.times, self.since = {}, 0
+
+
+class ThreadTuner:
+    """Picks the thread count of each decoding step from the timings of earlier steps with as many rows.
+
+    `get_threads` and `set_threads` read and switch the backend's thread pool, which belongs to the whole
+    process (another engine may have switched it); `clock` is injectable so tests can fake time. Use
+    `with tuner.step(rows): <one forward pass>`.
+    """
+
+    def __init__(
+        self,
+        get_threads: Callable[[], int],
+        set_threads: Callable[[int], None],
+        candidates: Sequence[int],
+        *,
+        trials: int = 3,
+        every: int = 500,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not candidates:
+            raise ValueError("no thread counts to choose from")
+        self.candidates = list(candidates)
+        self.trials = trials
+        self.every = every
+        self._get, self._set = get_threads, set_threads
+        self._clock = clock
+        self._by_rows: dict[int, _Trial] = {}
+
+    def chosen(self, rows: int) -> int | None:
+        """The count chosen for steps of `rows` rows (None until their first trial has finished)."""
+        if len(self.candidates) == 1:
+            return self.candidates[0]
+        trial = self._by_rows.get(rows)
+        return None if trial is None else trial.chosen
+
+    def use(self, threads: int) -> None:
+        """Switch the backend to `threads` threads (nothing to do when it runs on that many already)."""
+        if threads != self._get():
+            self._set(threads)
+
+    @contextmanager
+    def step(self, rows: int) -> Iterator[None]:
+        """Run one decoding step of `rows` rows on the count this tuner picks, timing it."""
+        if len(self.candidates) == 1:
+            self.use(self.candidates[0])
+            yield
+            return
+        trial = self._by_rows.setdefault(rows, _Trial(self.candidates))
+        threads = trial.next()
+        self.use(threads)
+        start = self._clock()
+        yield
+        trial.record(threads, self._clock() - start, self.trials, self.every)
+
+
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def blas_tuner(threads: int | None = None) -> ThreadTuner:
+    """A tuner over NumPy's BLAS threads: `threads` fixed, else the environment's, else chosen by timing
+    among `thread_candidates(cores())`. threadpoolctl (imported only then) switches the pool."""
+    if threads is None:
+        fixed = env_threads(BLAS_ENV)
+        if fixed is not None:  # the library read it at start-up: nothing to switch
+            return ThreadTuner(lambda: fixed, lambda n: None, [fixed])
+    from threadpoolctl import ThreadpoolController
+
+    blas = ThreadpoolController().select(user_api="blas").lib_controllers
+
+    def get_threads() -> int:
+        return blas[0].get_num_threads() if blas else 1
+
+    def set_threads(n: int) -> None:
+        for lib in blas:
+            lib.set_num_threads(n)
+
+    return ThreadTuner(get_threads, set_threads, [threads] if threads else thread_candidates(cores()))
