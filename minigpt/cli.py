@@ -1143,11 +1143,8 @@ def generate(
         backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path,
         quantize=quantize.value,
     )  # fmt: skip
-    # A decode step is a few hundred small memory-bound operations: a second thread gains little on an
-    # idle CPU and, waiting at every one for a core that other work holds, costs 2-10x on a shared one
-    # (bench_generate.py), for NumPy's BLAS and torch's OpenMP alike. The environment overrides both.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # threads: the engine times its first steps on each count (minigpt.engines.tuning); the environment
+    # (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS) fixes them instead
     engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value, quantize.value)
     if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
         needed = inference_bytes(RunDir(model).model_config(), num_samples)
@@ -1285,8 +1282,7 @@ def serve(
     """
     import os
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets them, before torch or NumPy load
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets it, before torch loads
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

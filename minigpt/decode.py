@@ -67,6 +67,11 @@ class Engine(Protocol):
     # oldest entries and decoding goes on; learned positions slide the window and re-read it instead
     rotary: bool
 
+    @property
+    def threads(self) -> int:
+        """CPU threads the latest step ran on (minigpt.engines.tuning chooses them)."""
+        ...
+
     def new_cache(self, batch: int) -> KVCache[Any]:
         """An empty KV cache of `batch` rows."""
         ...
@@ -442,6 +447,7 @@ class Generation:
             "device": self.engine.device,
             "dtype": self.engine.dtype,
             "quantize": self.engine.quantize,
+            "threads": self.engine.threads if self.engine.device == "cpu" else None,
             "time_to_first_token_s": round(self.time_to_first_token, 4),
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
@@ -461,10 +467,12 @@ class Generation:
         total = sum(len(ids) for ids in self.token_ids)
         seed = "greedy" if self.sampling.temperature == 0 else f"seed {self.sampling.seed}"
         quantized = "" if self.engine.quantize == "none" else f", {self.engine.quantize} weights"
+        threads = self.engine.threads
+        on_cpu = f", {threads} thread{'s' * (threads > 1)}" if self.engine.device == "cpu" else ""
         return (
             f"{total:,} tokens in {self.seconds:.2f} s ({self.tokens_per_second:,.1f} tokens/s, first after "
-            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}{quantized}), "
-            f"{seed}"
+            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}{on_cpu}"
+            f"{quantized}), {seed}"
         )
 
 

@@ -302,6 +302,10 @@ class NumpyEngine:
         self.weights = trees[self.layout]
         self._head = _head(self.weights, self.layout == "input-major")
 
+    @property
+    def threads(self) -> int:
+        return self.tuner.last
+
     def new_cache(self, batch: int) -> Cache:
         c = self.config
         shapes = [(batch, c.kv_heads, window, c.head_dim) for window in c.layer_windows]

@@ -93,6 +93,10 @@ class TorchEngine:
         self.layout = self._fastest(trees) if len(trees) > 1 and cpu else next(iter(trees))
         self.weights = trees[self.layout]
 
+    @property
+    def threads(self) -> int:
+        return self.tuner.last
+
     @torch.inference_mode()
     def new_cache(self, batch: int) -> KVCache[torch.Tensor]:
         return self.model.new_cache(batch)

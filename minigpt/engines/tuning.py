@@ -29,16 +29,20 @@ from contextlib import contextmanager
 __all__ = ["BLAS_ENV", "ThreadTuner", "blas_tuner", "cores", "env_threads", "fastest", "thread_candidates"]
 
 
-def fastest(runs: Mapping[str, Callable[[], object]], rounds: int = 3) -> str:
+def fastest(
+    runs: Mapping[str, Callable[[], object]],
+    rounds: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> str:
     """The name of the quickest run: each is called once untimed (first touches), then `rounds` times,
     round robin so that every one sees the same moments of load, and the lowest median wins."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for round_ in range(rounds + 1):
         for name, run in runs.items():
-            start = time.perf_counter()
+            start = clock()
             run()
             if round_:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     return min(runs, key=lambda name: statistics.median(times[name]))
 
 
@@ -125,6 +129,7 @@ class ThreadTuner:
         self._get, self._set = get_threads, set_threads
         self._clock = clock
         self._by_rows: dict[int, _Trial] = {}
+        self.last = self.candidates[0]  # the count the latest step or prefill ran on
 
     def chosen(self, rows: int) -> int | None:
         """The count chosen for steps of `rows` rows (None until their first trial has finished)."""
@@ -137,6 +142,7 @@ class ThreadTuner:
         """Switch the backend to `threads` threads (nothing to do when it runs on that many already)."""
         if threads != self._get():
             self._set(threads)
+        self.last = threads
 
     @contextmanager
     def step(self, rows: int) -> Iterator[None]:

@@ -1,0 +1,115 @@
+"""Choices the engines make by measuring: the fastest layout, and the thread count of each step (fake clocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minigpt.engines import tuning
+from minigpt.engines.tuning import ThreadTuner, blas_tuner, env_threads, fastest, thread_candidates
+
+
+class Clock:
+    """A fake clock whose steps take as long as the test says for the current thread count."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Pool:
+    """A stand-in thread pool: records every switch."""
+
+    def __init__(self, threads: int = 2) -> None:
+        self.threads = threads
+        self.switches: list[int] = []
+
+    def get(self) -> int:
+        return self.threads
+
+    def set(self, n: int) -> None:
+        self.threads = n
+        self.switches.append(n)
+
+
+def run_steps(
+    tuner: ThreadTuner, pool: Pool, clock: Clock, cost: dict[int, float], n: int, rows: int = 1
+) -> list[int]:
+    """n steps, each taking cost[threads] seconds; the thread count each ran on."""
+    used = []
+    for _ in range(n):
+        with tuner.step(rows):
+            used.append(pool.threads)
+            clock.now += cost[pool.threads]
+    return used
+
+
+def test_trials_go_round_robin_then_the_fastest_count_stays() -> None:
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2, 4], trials=3, every=100, clock=clock)
+    used = run_steps(tuner, pool, clock, {1: 3.0, 2: 1.0, 4: 2.0}, 20)
+    assert used[:9] == [1, 2, 4] * 3  # every candidate sees the same moments
+    assert used[9:] == [2] * 11 and tuner.chosen(1) == 2
+    assert pool.switches == [1, 2, 4] * 3 + [2]  # the pool is switched only when the count changes
+
+
+def test_the_median_decides_not_one_lucky_step() -> None:
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=3, clock=clock)
+    costs = iter([1.0, 0.1, 1.0, 5.0, 1.0, 5.0])  # 2 threads: one fast step, two slow ones
+    for _ in range(6):
+        with tuner.step(1):
+            clock.now += next(costs)
+    assert tuner.chosen(1) == 1
+
+
+def test_each_number_of_rows_has_its_own_choice_and_a_change_of_load_is_followed() -> None:
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=2, every=10, clock=clock)
+    run_steps(tuner, pool, clock, {1: 1.0, 2: 2.0}, 4, rows=1)
+    run_steps(tuner, pool, clock, {1: 2.0, 2: 1.0}, 4, rows=8)
+    assert (tuner.chosen(1), tuner.chosen(8), tuner.chosen(3)) == (1, 2, None)
+    # the machine gets quieter: after `every` steps the rows-1 trial runs again and picks 2 threads
+    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 0.5}, 20, rows=1)
+    assert used[:10] == [1] * 10 and used[10:14] == [1, 2, 1, 2] and used[14:] == [2] * 6
+    assert tuner.chosen(1) == 2
+
+
+def test_a_fixed_count_is_never_tried_against_another() -> None:
+    pool, clock = Pool(3), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [3], clock=clock)
+    assert run_steps(tuner, pool, clock, {3: 1.0}, 5) == [3] * 5 and pool.switches == []
+    assert tuner.chosen(7) == 3
+
+
+def test_thread_candidates_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert [thread_candidates(n) for n in (1, 2, 6, 8)] == [[1], [1, 2], [1, 2, 4, 6], [1, 2, 4, 8]]
+    for name in tuning.BLAS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert env_threads(tuning.BLAS_ENV) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")  # OpenMP's nested form: the outer level counts
+    assert env_threads(tuning.BLAS_ENV) == 3
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "0")  # not a count: the next variable decides
+    assert env_threads(tuning.BLAS_ENV) == 3
+    assert blas_tuner().candidates == [3]
+    assert blas_tuner(1).candidates == [1]  # an explicit count beats the environment
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(tuning, "cores", lambda: 4)
+    assert blas_tuner().candidates == [1, 2, 4]
+
+
+def test_fastest_times_every_run_round_robin_and_takes_the_lowest_median() -> None:
+    clock = Clock()
+    calls: list[str] = []
+    costs = {"a": iter([9.0, 2.0, 2.0, 2.0]), "b": iter([1.0, 3.0, 0.5, 3.0])}
+
+    def run(name: str):
+        def go() -> None:
+            calls.append(name)
+            clock.now += next(costs[name])
+
+        return go
+
+    assert fastest({"a": run("a"), "b": run("b")}, rounds=3, clock=clock) == "a"  # the untimed first call
+    assert calls == ["a", "b"] * 4  # and b's one fast step do not count
