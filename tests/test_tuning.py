@@ -48,16 +48,27 @@ def run_steps(
 def test_trials_go_round_robin_then_the_fastest_count_stays() -> None:
     pool, clock = Pool(), Clock()
     tuner = ThreadTuner(pool.get, pool.set, [1, 2, 4], trials=3, every=100, clock=clock)
-    used = run_steps(tuner, pool, clock, {1: 3.0, 2: 1.0, 4: 2.0}, 20)
+    used = run_steps(tuner, pool, clock, {1: 1.2, 2: 1.0, 4: 1.1}, 20)
     assert used[:9] == [1, 2, 4] * 3  # every candidate sees the same moments
     assert used[9:] == [2] * 11 and tuner.chosen(1) == 2
     assert pool.switches == [1, 2, 4] * 3 + [2]  # the pool is switched only when the count changes
 
 
+def test_a_count_far_slower_than_the_best_leaves_the_trial_after_one_step() -> None:
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2, 4], trials=3, clock=clock)
+    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 1.2, 4: 5.0}, 8)
+    assert used == [1, 2, 4, 1, 2, 1, 2, 1]  # 4 threads: one step of 5 s, then out
+    assert tuner.chosen(1) == 1
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=3, clock=clock)
+    assert run_steps(tuner, pool, clock, {1: 1.0, 2: 9.0}, 4) == [1, 2, 1, 1] and tuner.chosen(1) == 1
+
+
 def test_the_median_decides_not_one_lucky_step() -> None:
     pool, clock = Pool(), Clock()
     tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=3, clock=clock)
-    costs = iter([1.0, 0.1, 1.0, 5.0, 1.0, 5.0])  # 2 threads: one fast step, two slow ones
+    costs = iter([1.0, 0.9, 1.0, 1.4, 1.0, 1.4])  # 2 threads: one fast step, two slow ones
     for _ in range(6):
         with tuner.step(1):
             clock.now += next(costs)
@@ -71,8 +82,8 @@ def test_each_number_of_rows_has_its_own_choice_and_a_change_of_load_is_followed
     run_steps(tuner, pool, clock, {1: 2.0, 2: 1.0}, 4, rows=8)
     assert (tuner.chosen(1), tuner.chosen(8), tuner.chosen(3)) == (1, 2, None)
     # the machine gets quieter: after `every` steps the rows-1 trial runs again and picks 2 threads
-    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 0.5}, 20, rows=1)
-    assert used[:10] == [1] * 10 and used[10:14] == [1, 2, 1, 2] and used[14:] == [2] * 6
+    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 0.8}, 20, rows=1)
+    assert used == [1] * 8 + [1, 2, 1, 2] + [2] * 8  # 2 of its 10 steps since the choice came before
     assert tuner.chosen(1) == 2
 
 

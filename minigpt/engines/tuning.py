@@ -10,8 +10,9 @@ operations. More threads stream faster while the memory has bandwidth to spare a
 on a machine whose cores other work holds, each of those operations waits for its slowest thread, and two
 threads can be several times slower than one. The best count depends on the CPU, the model, the number
 of rows and the load of the moment, so the engine measures it: for each number of rows, its first steps
-run on each candidate count in turn (`trials` each), the count with the lowest median time is kept, and
-every `every` steps the trial runs again, so a change of load is followed. A trial step is a real step:
+run on each candidate count in turn (`trials` each, a count more than 1.5 times slower than the best
+dropped after its first step), the count with the lowest median time is kept, and every `every` steps the
+trial runs again, so a change of load is followed. A trial step is a real step:
 measuring costs no start-up time, only the difference between the counts over a few steps.
 
 A thread count named in the environment (OMP_NUM_THREADS, or the BLAS library's own variable) is used
@@ -72,7 +73,14 @@ def env_threads(names: Sequence[str]) -> int | None:
 
 
 class _Trial:
-    """Steps of one number of rows: the candidates' timings while trying, and the count chosen."""
+    """Steps of one number of rows: the timings of the candidates still in the running, and the count chosen.
+
+    A candidate whose fastest step is more than PRUNE times the fastest of all leaves the trial at once:
+    on a busy machine a count that loses loses by several times, and three such steps would cost more
+    than the trial can win.
+    """
+
+    PRUNE = 1.5
 
     def __init__(self, candidates: Sequence[int]) -> None:
         self.candidates = candidates
@@ -89,7 +97,7 @@ class _Trial:
             assert self.chosen is not None
             return self.chosen
         # round robin: every candidate sees the same moments of load
-        return min(self.candidates, key=lambda n: len(self.times[n]))
+        return min(self.times, key=lambda n: len(self.times[n]))
 
     def record(self, threads: int, seconds: float, trials: int, every: int) -> None:
         if not self.trying:
@@ -98,8 +106,11 @@ class _Trial:
                 self.times = {n: [] for n in self.candidates}
             return
         self.times[threads].append(seconds)
-        if all(len(t) >= trials for t in self.times.values()):
-            self.chosen = min(self.candidates, key=lambda n: statistics.median(self.times[n]))
+        if all(self.times.values()):
+            best = min(min(t) for t in self.times.values())
+            self.times = {n: t for n, t in self.times.items() if min(t) <= self.PRUNE * best}
+        if len(self.times) == 1 or all(len(t) >= trials for t in self.times.values()):
+            self.chosen = min(self.times, key=lambda n: statistics.median(self.times[n]))
             self.times, self.since = {}, 0
 
 
