@@ -34,12 +34,12 @@ class Pool:
 
 
 def run_steps(
-    tuner: ThreadTuner, pool: Pool, clock: Clock, cost: dict[int, float], n: int, rows: int = 1
+    tuner: ThreadTuner, pool: Pool, clock: Clock, cost: dict[int, float], n: int, key: object = 1
 ) -> list[int]:
     """n steps, each taking cost[threads] seconds; the thread count each ran on."""
     used = []
     for _ in range(n):
-        with tuner.step(rows):
+        with tuner.step(key):
             used.append(pool.threads)
             clock.now += cost[pool.threads]
     return used
@@ -75,14 +75,24 @@ def test_the_median_decides_not_one_lucky_step() -> None:
     assert tuner.chosen(1) == 1
 
 
+def test_prefills_compare_per_token() -> None:
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=2, clock=clock)
+    for tokens, threads, seconds in [(10, 1, 0.6), (100, 2, 5.0), (20, 1, 1.2), (50, 2, 2.5)]:
+        with tuner.step("prefill", work=tokens):
+            assert pool.threads == threads
+            clock.now += seconds
+    assert tuner.chosen("prefill") == 2  # 0.05 s a token against 0.06, though each of its passes took longer
+
+
 def test_each_number_of_rows_has_its_own_choice_and_a_change_of_load_is_followed() -> None:
     pool, clock = Pool(), Clock()
     tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=2, every=10, clock=clock)
-    run_steps(tuner, pool, clock, {1: 1.0, 2: 2.0}, 4, rows=1)
-    run_steps(tuner, pool, clock, {1: 2.0, 2: 1.0}, 4, rows=8)
+    run_steps(tuner, pool, clock, {1: 1.0, 2: 2.0}, 4, key=1)
+    run_steps(tuner, pool, clock, {1: 2.0, 2: 1.0}, 4, key=8)
     assert (tuner.chosen(1), tuner.chosen(8), tuner.chosen(3)) == (1, 2, None)
     # the machine gets quieter: after `every` steps the rows-1 trial runs again and picks 2 threads
-    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 0.8}, 20, rows=1)
+    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 0.8}, 20, key=1)
     assert used == [1] * 8 + [1, 2, 1, 2] + [2] * 8  # 2 of its 10 steps since the choice came before
     assert tuner.chosen(1) == 2
 

@@ -318,11 +318,8 @@ class NumpyEngine:
     ) -> np.ndarray:
         idx = np.asarray(ids, dtype=np.int64)
         rows, new = idx.shape
-        if cache is not None and new == 1 and not every_position:
-            with self.tuner.step(rows):
-                return self._forward(self.weights, self._head, idx, cache, every_position)
-        self.tuner.use(max(self.tuner.candidates))  # a prefill: matrix products with room for every core
-        return self._forward(self.weights, self._head, idx, cache, every_position)
+        with self.tuner.step((rows, new == 1), work=new):
+            return self._forward(self.weights, self._head, idx, cache, every_position)
 
     def _forward(
         self,

@@ -111,11 +111,8 @@ class TorchEngine:
     ) -> torch.Tensor:
         idx = torch.tensor(ids, dtype=torch.long, device=self._device)
         rows, new = idx.shape
-        if cache is not None and new == 1 and not every_position:
-            with self.tuner.step(rows):
-                return self._forward(self.weights, idx, cache, every_position)
-        self.tuner.use(max(self.tuner.candidates))  # a prefill: matrix products with room for every core
-        return self._forward(self.weights, idx, cache, every_position)
+        with self.tuner.step((rows, new == 1), work=new):
+            return self._forward(self.weights, idx, cache, every_position)
 
     def _forward(
         self,

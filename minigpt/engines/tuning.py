@@ -10,10 +10,11 @@ operations. More threads stream faster while the memory has bandwidth to spare a
 on a machine whose cores other work holds, each of those operations waits for its slowest thread, and two
 threads can be several times slower than one. The best count depends on the CPU, the model, the number
 of rows and the load of the moment, so the engine measures it: for each number of rows, its first steps
-run on each candidate count in turn (`trials` each, a count more than 1.5 times slower than the best
+(and separately its first prefills, per token) run on each candidate count in turn (`trials` each, a count more than 1.5 times slower than the best
 dropped after its first step), the count with the lowest median time is kept, and every `every` steps the
-trial runs again, so a change of load is followed. A trial step is a real step:
-measuring costs no start-up time, only the difference between the counts over a few steps.
+trial runs again, so a change of load is followed. A trial step is a real step: measuring costs no
+start-up time, only the difference between the counts over a few steps. The first pass of a kind runs on
+the smallest count, one thread: on a busy machine a first pass on every core can take a second.
 
 A thread count named in the environment (OMP_NUM_THREADS, or the BLAS library's own variable) is used
 as given, untried.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 __all__ = ["BLAS_ENV", "ThreadTuner", "blas_tuner", "cores", "env_threads", "fastest", "thread_candidates"]
@@ -115,7 +116,7 @@ class _Trial:
 
 
 class ThreadTuner:
-    """Picks the thread count of each decoding step from the timings of earlier steps with as many rows.
+    """Picks the thread count of each forward pass from the timings of earlier passes of its kind.
 
     `get_threads` and `set_threads` read and switch the backend's thread pool, which belongs to the whole
     process (another engine may have switched it); `clock` is injectable so tests can fake time. Use
@@ -139,14 +140,14 @@ class ThreadTuner:
         self.every = every
         self._get, self._set = get_threads, set_threads
         self._clock = clock
-        self._by_rows: dict[int, _Trial] = {}
-        self.last = self.candidates[0]  # the count the latest step or prefill ran on
+        self._by_key: dict[Hashable, _Trial] = {}
+        self.last = self.candidates[0]  # the count the latest pass ran on
 
-    def chosen(self, rows: int) -> int | None:
-        """The count chosen for steps of `rows` rows (None until their first trial has finished)."""
+    def chosen(self, key: Hashable) -> int | None:
+        """The count chosen for steps of this kind (None until their first trial has finished)."""
         if len(self.candidates) == 1:
             return self.candidates[0]
-        trial = self._by_rows.get(rows)
+        trial = self._by_key.get(key)
         return None if trial is None else trial.chosen
 
     def use(self, threads: int) -> None:
@@ -156,18 +157,20 @@ class ThreadTuner:
         self.last = threads
 
     @contextmanager
-    def step(self, rows: int) -> Iterator[None]:
-        """Run one decoding step of `rows` rows on the count this tuner picks, timing it."""
+    def step(self, key: Hashable, work: float = 1.0) -> Iterator[None]:
+        """Run one forward pass of the kind `key` names (the engines: its rows, and whether it is a
+        one-token step or a prefill) on the count this tuner picks, timing it per unit of `work` (a
+        prefill's tokens), so that passes of one kind but different lengths compare."""
         if len(self.candidates) == 1:
             self.use(self.candidates[0])
             yield
             return
-        trial = self._by_rows.setdefault(rows, _Trial(self.candidates))
+        trial = self._by_key.setdefault(key, _Trial(self.candidates))
         threads = trial.next()
         self.use(threads)
         start = self._clock()
         yield
-        trial.record(threads, self._clock() - start, self.trials, self.every)
+        trial.record(threads, (self._clock() - start) / work, self.trials, self.every)
 
 
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
