@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from minigpt.engines import tuning
-from minigpt.engines.tuning import ThreadTuner, blas_tuner, env_threads, fastest, thread_candidates
+from minigpt.engines.tuning import (
+    ThreadTuner,
+    blas_tuner,
+    env_threads,
+    fastest,
+    pick_layout,
+    thread_candidates,
+)
+from minigpt.errors import UsageError
 
 
 class Clock:
@@ -134,3 +144,41 @@ def test_fastest_times_every_run_round_robin_and_takes_the_lowest_median() -> No
 
     assert fastest({"a": run("a"), "b": run("b")}, rounds=3, clock=clock) == "a"  # the untimed first call
     assert calls == ["a", "b"] * 4  # and b's one fast step do not count
+
+
+def test_a_layout_is_measured_once_per_machine_and_model_then_remembered(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "cache"))
+    built: list[str] = []
+    forms = {"a": lambda: built.append("a") or "A", "b": lambda: built.append("b") or "B"}
+    timed: list[dict[str, str]] = []
+
+    def fastest_of(trees: dict[str, str]) -> str:
+        timed.append(trees)
+        return "b"
+
+    key = {"engine": "test", "model": [1, [[2, 3]]]}
+    assert pick_layout("auto", forms, fastest_of, key) == ("b", "B")
+    assert timed == [{"a": "A", "b": "B"}] and built == ["a", "b"]  # both built once, timed together
+    built.clear()
+    assert pick_layout("auto", forms, fastest_of, key) == ("b", "B")
+    assert len(timed) == 1 and built == ["b"]  # read back: only the chosen form is built
+    assert pick_layout("auto", forms, fastest_of, {**key, "model": [2, [[2, 3]]]})[0] == "b"
+    assert len(timed) == 2  # another model shape is measured anew
+    assert pick_layout("a", forms, fastest_of, key) == ("a", "A")  # a layout named is taken as given
+    assert pick_layout("auto", forms, fastest_of, {**key, "new": 1}, can_measure=False) == ("a", "A")
+    assert len(timed) == 2
+    with pytest.raises(UsageError, match="unknown layout 'c'"):
+        pick_layout("c", forms, fastest_of, key)
+    # a damaged cache is measured over and rewritten; so is a choice that is no longer offered
+    tuning.cache_file().write_text("{not json")
+    assert pick_layout("auto", forms, fastest_of, key)[0] == "b" and len(timed) == 3
+    stored = json.loads(tuning.cache_file().read_text())
+    stored[next(iter(stored))] = "z"
+    tuning.cache_file().write_text(json.dumps(stored))
+    assert pick_layout("auto", forms, fastest_of, key)[0] == "b" and len(timed) == 4
+    # an unwritable cache directory costs a measurement each time, never an error
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")
+    assert pick_layout("auto", forms, fastest_of, key)[0] == "b" and len(timed) == 5

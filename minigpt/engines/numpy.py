@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from minigpt.config import GPTConfig
-from minigpt.engines.tuning import blas_tuner, fastest
+from minigpt.engines.tuning import blas_tuner, fastest, model_key, pick_layout
 from minigpt.errors import UsageError
 from minigpt.kvcache import KVCache, first_position, gather_rows
 from minigpt.memory import available_bytes, inference_bytes
@@ -247,20 +247,8 @@ def sample_next(
 LAYOUTS = ("auto", "output-major", "input-major")
 
 
-def _layout_trees(
-    config: GPTConfig, weights: ModelWeights[np.ndarray], layout: str
-) -> dict[str, ModelWeights[np.ndarray]]:
-    """The decoding forms of the tree to choose from: the file's (out, in) weights, input-major copies."""
-    fused = for_decoding(weights, np.concatenate)
-    have = available_bytes()
-    if layout == "auto" and have is not None and inference_bytes(config) > have:
-        layout = "output-major"  # no room to time a second copy of every matrix
-    trees = {}
-    if layout in ("auto", "output-major"):
-        trees["output-major"] = fused
-    if layout in ("auto", "input-major"):
-        trees["input-major"] = for_decoding(fused, np.concatenate, lambda a: np.ascontiguousarray(a.T))
-    return trees
+def _transposed(weights: ModelWeights[np.ndarray]) -> ModelWeights[np.ndarray]:
+    return for_decoding(weights, np.concatenate, lambda a: np.ascontiguousarray(a.T))
 
 
 class NumpyEngine:
@@ -294,12 +282,18 @@ class NumpyEngine:
         self.rotary = config.pos == "rope"
         self.tuner = blas_tuner(threads)
         arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
-        trees = _layout_trees(config, weights_by_name(config, arrays), layout)
+        fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
         self._inverse = (
             None if config.pos != "rope" else inverse_frequencies(config.rope_base, config.head_dim)
         )
-        self.layout = self._fastest(trees) if len(trees) > 1 else next(iter(trees))
-        self.weights = trees[self.layout]
+        have = available_bytes()  # timing both layouts needs room for a second copy of every matrix
+        self.layout, self.weights = pick_layout(
+            layout,
+            {"output-major": lambda: fused, "input-major": lambda: _transposed(fused)},
+            self._fastest,
+            {"engine": "numpy", "numpy": np.__version__, "model": model_key(config)},
+            have is None or inference_bytes(config) <= have,
+        )
         self._head = _head(self.weights, self.layout == "input-major")
 
     @property

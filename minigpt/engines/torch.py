@@ -7,7 +7,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from minigpt.engines.tuning import ThreadTuner, cores, env_threads, fastest, thread_candidates
+from minigpt.engines.tuning import (
+    ThreadTuner,
+    cores,
+    env_threads,
+    fastest,
+    model_key,
+    pick_layout,
+    thread_candidates,
+)
 from minigpt.errors import UsageError
 from minigpt.kvcache import KVCache, gather_rows
 from minigpt.model import GPT
@@ -85,13 +93,16 @@ class TorchEngine:
         self.tuner = torch_tuner(threads) if cpu else ThreadTuner(lambda: 1, lambda n: None, [1])
         with torch.no_grad():
             tree = quantize_weights(for_decoding(model.weights(), torch.cat), quantize)
-            trees = {"output-major": tree}
-            if layout != "output-major" and quantize == "none":
-                trees["input-major"] = for_decoding(tree, torch.cat, lambda t: t.t().contiguous())
-            if layout == "input-major":
-                del trees["output-major"]
-        self.layout = self._fastest(trees) if len(trees) > 1 and cpu else next(iter(trees))
-        self.weights = trees[self.layout]
+        forms = {"output-major": lambda: tree}
+        if quantize == "none":  # int8 weights have the one layout their kernel reads
+            forms["input-major"] = lambda: for_decoding(tree, torch.cat, _transposed)
+        key = {
+            "engine": "torch",
+            "torch": torch.__version__,
+            "dtype": self.dtype,
+            "model": model_key(model.config),
+        }
+        self.layout, self.weights = pick_layout(layout, forms, self._fastest, key, cpu)
 
     @property
     def threads(self) -> int:
@@ -159,6 +170,11 @@ class TorchEngine:
 
     def rng(self, seed: int) -> torch.Generator:
         return make_generator(seed, self._device)
+
+
+@torch.no_grad()
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous()
 
 
 def torch_tuner(threads: int | None = None) -> ThreadTuner:

@@ -1,7 +1,10 @@
 """Choices a decoding engine makes by measuring on this machine: its weights' layout and its threads.
 
 Layout: `fastest` times alternatives (the same step over weights in each layout) round robin and
-returns the quickest, once, when an engine loads.
+returns the quickest. It depends on the CPU, the BLAS library and the model's shapes, not on the moment,
+so `remembered` keeps the answer per machine and shape in the cache directory ($MINIGPT_CACHE_DIR, else
+~/.cache/minigpt, as for token caches): the first load on a machine measures (a fraction of a second),
+later loads read it.
 
 Threads: measured on the steps themselves, not fixed.
 
@@ -22,13 +25,38 @@ as given, untried.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
-__all__ = ["BLAS_ENV", "ThreadTuner", "blas_tuner", "cores", "env_threads", "fastest", "thread_candidates"]
+from minigpt.errors import MinigptError, UsageError
+from minigpt.files import atomic_write_json, read_bounded
+from minigpt.weights import expected_shapes
+
+if TYPE_CHECKING:
+    from minigpt.config import GPTConfig
+
+W = TypeVar("W")
+
+__all__ = [
+    "BLAS_ENV",
+    "ThreadTuner",
+    "blas_tuner",
+    "cores",
+    "env_threads",
+    "fastest",
+    "model_key",
+    "pick_layout",
+    "remembered",
+    "thread_candidates",
+]
 
 
 def fastest(
@@ -46,6 +74,77 @@ def fastest(
             if round_:
                 times[name].append(clock() - start)
     return min(runs, key=lambda name: statistics.median(times[name]))
+
+
+def cache_file() -> Path:
+    """Where measured choices are kept: tuning.json in the cache directory (minigpt.data's rule)."""
+    env = os.environ.get("MINIGPT_CACHE_DIR")
+    return (Path(env) if env else Path.home() / ".cache" / "minigpt") / "tuning.json"
+
+
+def machine() -> str:
+    """This CPU as a cache key: its model name and the cores this process may use."""
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {cores()} cores"
+
+
+def remembered(key: Mapping[str, object], choices: Sequence[str], measure: Callable[[], str]) -> str:
+    """The choice stored for `key` (with this machine added) in the cache file, else `measure()`'s, which
+    is then stored. A missing, damaged or unwritable cache only means measuring again."""
+    path = cache_file()
+    name = json.dumps({"machine": machine(), **key}, sort_keys=True)
+    stored: dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError, MinigptError):
+        loaded = json.loads(read_bounded(path))
+        stored = loaded if isinstance(loaded, dict) else {}
+    choice = stored.get(name)
+    if isinstance(choice, str) and choice in choices:
+        return choice
+    choice = measure()
+    with contextlib.suppress(OSError, MinigptError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {**stored, name: choice})
+    return choice
+
+
+def model_key(config: GPTConfig) -> list[object]:
+    """What a layout's speed depends on in a model: its matrices' shapes and how many layers repeat them."""
+    shapes = {shape for shape in expected_shapes(config).values() if len(shape) == 2}
+    return [config.n_layer, sorted(shapes)]
+
+
+def pick_layout(
+    requested: str,
+    forms: Mapping[str, Callable[[], W]],
+    fastest_of: Callable[[dict[str, W]], str],
+    key: Mapping[str, object],
+    can_measure: bool = True,
+) -> tuple[str, W]:
+    """The layout and weights a loading engine keeps: the form `requested` names, or for 'auto' the fastest
+    of `forms` (each built only when needed): remembered for `key` on this machine, else timed by
+    `fastest_of` on all of them and remembered. Without `can_measure` (no room for two copies, or no
+    CPU clock to trust), 'auto' is the first form."""
+    built: dict[str, W] = {}
+
+    def make(name: str) -> W:
+        if name not in built:
+            built[name] = forms[name]()
+        return built[name]
+
+    if requested == "auto":
+        first = next(iter(forms))
+        if not can_measure or len(forms) == 1:
+            requested = first
+        else:
+            requested = remembered(key, list(forms), lambda: fastest_of({name: make(name) for name in forms}))
+    if requested not in forms:
+        raise UsageError(f"unknown layout {requested!r} here: choose one of auto, {', '.join(forms)}")
+    return requested, make(requested)
 
 
 def cores() -> int:
