@@ -375,6 +375,8 @@ def main() -> None:
     tok = tokenizer()
     load_before = load_line()
     with tempfile.TemporaryDirectory() as tmp:
+        # the layouts are measured in this run (its first loads), not read from an earlier one
+        os.environ["MINIGPT_CACHE_DIR"] = str(Path(tmp) / "cache")
         runs = {}
         for arch, config in ARCHS.items():
             torch.manual_seed(0)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from minigpt.config import GPTConfig
-from minigpt.engines.tuning import blas_tuner, fastest, model_key, pick_layout
+from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout
 from minigpt.errors import UsageError
 from minigpt.kvcache import KVCache, first_position, gather_rows
 from minigpt.memory import available_bytes, inference_bytes
@@ -299,7 +299,7 @@ class NumpyEngine:
         self.layout, self.weights = pick_layout(
             layout,
             {"output-major": lambda: fused, "input-major": lambda: _transposed(fused)},
-            self._fastest,
+            self._step_times,
             {"engine": "numpy", "numpy": np.__version__, "model": model_key(config)},
             have is None or inference_bytes(config) <= have,
         )
@@ -340,8 +340,8 @@ class NumpyEngine:
             return logits
         return np.broadcast_to(logits, (cache.batch, *logits.shape[1:]))
 
-    def _fastest(self, trees: dict[str, ModelWeights[np.ndarray]]) -> str:
-        """The layout whose one-token steps run fastest, on the thread count a step starts with."""
+    def _step_times(self, trees: dict[str, ModelWeights[np.ndarray]]) -> dict[str, float]:
+        """Each layout's best time for a one-token step, on the thread count a step starts with."""
         heads = {name: _head(tree, name == "input-major") for name, tree in trees.items()}
         cache, idx = self.new_cache(1), np.zeros((1, 1), dtype=np.int64)
         self.tuner.use(self.tuner.candidates[0])
@@ -349,7 +349,7 @@ class NumpyEngine:
         def step(name: str) -> Callable[[], object]:
             return lambda: (cache.reset(), self._forward(trees[name], heads[name], idx, cache, False))
 
-        return fastest({name: step(name) for name in trees})
+        return best_times({name: step(name) for name in trees})
 
     def gather(self, parts: Sequence[tuple[Cache, int, int]]) -> Cache:
         return gather_rows(self.new_cache, parts)

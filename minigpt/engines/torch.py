@@ -9,9 +9,9 @@ import torch
 
 from minigpt.engines.tuning import (
     ThreadTuner,
+    best_times,
     cores,
     env_threads,
-    fastest,
     model_key,
     pick_layout,
     thread_candidates,
@@ -102,7 +102,7 @@ class TorchEngine:
             "dtype": self.dtype,
             "model": model_key(model.config),
         }
-        self.layout, self.weights = pick_layout(layout, forms, self._fastest, key, cpu)
+        self.layout, self.weights = pick_layout(layout, forms, self._step_times, key, cpu)
 
     @property
     def threads(self) -> int:
@@ -138,8 +138,8 @@ class TorchEngine:
         return logits.expand(cache.batch, *logits.shape[1:])
 
     @torch.inference_mode()
-    def _fastest(self, trees: dict[str, ModelWeights[torch.Tensor]]) -> str:
-        """The layout whose one-token steps run fastest, on the thread count a step starts with."""
+    def _step_times(self, trees: dict[str, ModelWeights[torch.Tensor]]) -> dict[str, float]:
+        """Each layout's best time for a one-token step, on the thread count a step starts with."""
         cache = self.new_cache(1)
         idx = torch.zeros((1, 1), dtype=torch.long, device=self._device)
         self.tuner.use(self.tuner.candidates[0])
@@ -147,7 +147,7 @@ class TorchEngine:
         def step(name: str) -> Callable[[], object]:
             return lambda: (cache.reset(), self._forward(trees[name], idx, cache, False))
 
-        return fastest({name: step(name) for name in trees})
+        return best_times({name: step(name) for name in trees})
 
     @torch.inference_mode()
     def gather(self, parts: Sequence[tuple[KVCache[torch.Tensor], int, int]]) -> KVCache[torch.Tensor]:

@@ -1,10 +1,10 @@
 """Choices a decoding engine makes by measuring on this machine: its weights' layout and its threads.
 
-Layout: `fastest` times alternatives (the same step over weights in each layout) round robin and
-returns the quickest. It depends on the CPU, the BLAS library and the model's shapes, not on the moment,
-so `remembered` keeps the answer per machine and shape in the cache directory ($MINIGPT_CACHE_DIR, else
-~/.cache/minigpt, as for token caches): the first load on a machine measures (a fraction of a second),
-later loads read it.
+Layout: `best_times` times alternatives (the same step over weights in each layout) round robin. The
+answer depends on the CPU, the BLAS library and the model's shapes, not on the moment, so `remembered`
+keeps each layout's best time per machine and shape in the cache directory ($MINIGPT_CACHE_DIR, else
+~/.cache/minigpt, as for token caches): the first three loads on a machine measure (a fraction of a
+second each), later loads read the answer.
 
 Threads: measured on the steps themselves, not fixed.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import atomic_write_json, read_bounded
@@ -51,7 +52,7 @@ __all__ = [
     "blas_tuner",
     "cores",
     "env_threads",
-    "fastest",
+    "best_times",
     "model_key",
     "pick_layout",
     "remembered",
@@ -59,14 +60,14 @@ __all__ = [
 ]
 
 
-def fastest(
+def best_times(
     runs: Mapping[str, Callable[[], object]],
     rounds: int = 5,
     clock: Callable[[], float] = time.perf_counter,
-) -> str:
-    """The name of the quickest run: each is called once untimed (first touches), then `rounds` times,
-    round robin so that every one sees the same moments of load, and the lowest time wins (as STREAM
-    takes it: other work on the machine only ever slows a run down)."""
+) -> dict[str, float]:
+    """Each run's best time: each is called once untimed (first touches), then `rounds` times, round
+    robin so that every one sees the same moments of load. The best, as STREAM takes it: other work on
+    the machine only ever slows a run down."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for round_ in range(rounds + 1):
         for name, run in runs.items():
@@ -74,7 +75,7 @@ def fastest(
             run()
             if round_:
                 times[name].append(clock() - start)
-    return min(runs, key=lambda name: min(times[name]))
+    return {name: min(t) for name, t in times.items()}
 
 
 def cache_file() -> Path:
@@ -94,23 +95,42 @@ def machine() -> str:
     return f"{name}, {cores()} cores"
 
 
-def remembered(key: Mapping[str, object], choices: Sequence[str], measure: Callable[[], str]) -> str:
-    """The choice stored for `key` (with this machine added) in the cache file, else `measure()`'s, which
-    is then stored. A missing, damaged or unwritable cache only means measuring again."""
+def remembered(
+    key: Mapping[str, object],
+    choices: Sequence[str],
+    measure: Callable[[], Mapping[str, float]],
+    measurements: int = 3,
+) -> str:
+    """The fastest of `choices` for `key` (with this machine added): each of the first `measurements`
+    calls runs `measure()` (every choice's best time) and keeps every choice's best time over all of
+    them in the cache file; later calls read the answer. A measurement taken while other work held the
+    machine is slower, never faster, so the bests converge on a quiet moment's. A missing, damaged or
+    unwritable cache only means measuring again."""
     path = cache_file()
     name = json.dumps({"machine": machine(), **key}, sort_keys=True)
-    stored: dict[str, object] = {}
+    stored: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, MinigptError):
         loaded = json.loads(read_bounded(path))
         stored = loaded if isinstance(loaded, dict) else {}
-    choice = stored.get(name)
-    if isinstance(choice, str) and choice in choices:
-        return choice
-    choice = measure()
-    with contextlib.suppress(OSError, MinigptError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {**stored, name: choice})
-    return choice
+    entry = stored.get(name)
+    best: dict[str, float] = {}
+    count = 0
+    if (
+        isinstance(entry, dict)
+        and isinstance(entry.get("best"), dict)
+        and isinstance(entry.get("count"), int)
+    ):
+        best = {
+            c: t for c, t in entry["best"].items() if c in choices and isinstance(t, (int, float)) and t > 0
+        }
+        count = entry["count"] if set(best) == set(choices) else 0
+    if count < measurements:
+        times = measure()
+        best = {c: min(times[c], best.get(c, math.inf)) for c in choices}
+        with contextlib.suppress(OSError, MinigptError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {**stored, name: {"best": best, "count": count + 1}})
+    return min(choices, key=lambda c: best[c])
 
 
 def model_key(config: GPTConfig) -> list[object]:
@@ -122,13 +142,13 @@ def model_key(config: GPTConfig) -> list[object]:
 def pick_layout(
     requested: str,
     forms: Mapping[str, Callable[[], W]],
-    fastest_of: Callable[[dict[str, W]], str],
+    times_of: Callable[[dict[str, W]], Mapping[str, float]],
     key: Mapping[str, object],
     can_measure: bool = True,
 ) -> tuple[str, W]:
     """The layout and weights a loading engine keeps: the form `requested` names, or for 'auto' the fastest
-    of `forms` (each built only when needed): remembered for `key` on this machine, else timed by
-    `fastest_of` on all of them and remembered. Without `can_measure` (no room for two copies, or no
+    of `forms` (each built only when needed), as `remembered` keeps it for `key` on this machine from
+    the best times `times_of` measures on all of them. Without `can_measure` (no room for two copies, or no
     CPU clock to trust), 'auto' is the first form."""
     built: dict[str, W] = {}
 
@@ -142,7 +162,7 @@ def pick_layout(
         if not can_measure or len(forms) == 1:
             requested = first
         else:
-            requested = remembered(key, list(forms), lambda: fastest_of({name: make(name) for name in forms}))
+            requested = remembered(key, list(forms), lambda: times_of({name: make(name) for name in forms}))
     if requested not in forms:
         raise UsageError(f"unknown layout {requested!r} here: choose one of auto, {', '.join(forms)}")
     return requested, make(requested)
