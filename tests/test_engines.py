@@ -22,10 +22,9 @@ from minigpt.engines import choose_backend, load_engine
 from minigpt.engines.numpy import NumpyEngine
 from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
-from minigpt.model import GPT
+from minigpt.model import GPT, model_tensors
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
-from minigpt.weights import model_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 
