@@ -90,7 +90,7 @@ def load_engine(
     `device` in `dtype`, 'auto' resolved as minigpt.device does, linear layers in `quantize` form) or
     'numpy' (the CPU in float32), with its weights in the layout its steps run fastest in. CPU threads:
     `threads` fixes them, else the environment does, else each engine chooses them by timing its steps
-    (`minigpt.engines.threads`)."""
+    (`minigpt.engines.tuning`)."""
     run = RunDir(run_dir)
     if backend == "torch":
         from minigpt.device import resolve_device, resolve_dtype

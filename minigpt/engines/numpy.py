@@ -69,8 +69,8 @@ def linear(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    # GPT-2's gelu_new, torch's gelu(approximate="tanh"): 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = c (x + a x³),
-    # the form with the fewest operations
+    # GPT-2's gelu_new, torch's gelu(approximate="tanh"): 0.5 x (1 + tanh(u)) = x sigmoid(2u) with
+    # u = c (x + a x³), the form with the fewest operations
     e = x * x
     e *= np.float32(-2.0 * 0.044715) * _GELU_C
     e -= np.float32(2.0) * _GELU_C
@@ -267,7 +267,7 @@ class NumpyEngine:
     'output-major' keeps the file's (out, in) matrices, 'input-major' holds transposed copies, and 'auto'
     times a one-token step in each and keeps the faster (the file is never changed). The BLAS library's
     threads: `threads` fixes them, else the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does,
-    else they are chosen from the steps' timings (`minigpt.engines.threads`).
+    else they are chosen from the steps' timings (`minigpt.engines.tuning`).
     """
 
     name = "numpy"

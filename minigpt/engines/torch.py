@@ -71,7 +71,7 @@ class TorchEngine:
     (minigpt.quantize) or, in float, in `layout`: 'output-major' (torch's own), 'input-major' (transposed
     copies) or 'auto', which on the CPU times a one-token step in each and keeps the faster. CPU threads:
     `threads` fixes them, else OMP_NUM_THREADS does, else they are chosen by timing the steps
-    (`minigpt.engines.threads`).
+    (`minigpt.engines.tuning`).
     """
 
     name = "torch"

@@ -9,15 +9,16 @@ second each), later loads read the answer.
 Threads: measured on the steps themselves, not fixed.
 
 A decoding step streams every weight through matrix-vector products, between a few hundred small
-operations. More threads stream faster while the memory has bandwidth to spare and the cores are free;
-on a machine whose cores other work holds, each of those operations waits for its slowest thread, and two
-threads can be several times slower than one. The best count depends on the CPU, the model, the number
-of rows and the load of the moment, so the engine measures it: for each number of rows, its first steps
-(and separately its first prefills, per token) run on each candidate count in turn (`trials` each, a count more than 1.5 times slower than the best
-dropped after its first step), the count with the lowest median time is kept, and every `every` steps the
-trial runs again, so a change of load is followed. A trial step is a real step: measuring costs no
-start-up time, only the difference between the counts over a few steps. The first pass of a kind runs on
-the smallest count, one thread: on a busy machine a first pass on every core can take a second.
+operations. More threads stream faster while the memory has bandwidth to spare and the cores are free; on
+a machine whose cores other work holds, each of those operations waits for its slowest thread, and two
+threads can be several times slower than one. The best count depends on the CPU, the model, the number of
+rows and the load of the moment, so the engine measures it: for each number of rows, its first steps (and
+separately its first prefills, per token) run on each candidate count in turn (`trials` each, a count
+more than 1.5 times slower than the best dropped after its first step), the count with the lowest median
+time is kept, and every `every` steps the trial runs again, so a change of load is followed. A trial step
+is a real step: measuring costs no start-up time, only the difference between the counts over a few
+steps. The first pass of a kind runs on the smallest count, one thread: on a busy machine a first pass on
+every core can take a second.
 
 A thread count named in the environment (OMP_NUM_THREADS, or the BLAS library's own variable) is used
 as given, untried.
