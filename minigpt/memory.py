@@ -24,22 +24,32 @@ def score_chunks(queries: int, keys: int, window: int, per_pair: int) -> list[tu
     first key, end) of each chunk, as many queries as SCORE_CHUNK_VALUES holds (at least one), each over
     only the keys its queries may see (the keys are the latest positions in order, the queries the last of
     them, each seeing itself and the window - 1 positions before it)."""
-    rows = max(1, SCORE_CHUNK_VALUES // max(1, keys * per_pair))
-    offset = keys - queries
-    return [
-        (t, min(t + rows, queries), max(0, offset + t - window + 1), offset + min(t + rows, queries))
-        for t in range(0, queries, rows)
-    ]
+    rows = _chunk_rows(keys, per_pair)
+    return [_chunk(t, rows, queries, keys, window) for t in range(0, queries, rows)]
+
+
+def _chunk_rows(keys: int, per_pair: int) -> int:
+    return max(1, SCORE_CHUNK_VALUES // max(1, keys * per_pair))
+
+
+def _chunk(first: int, rows: int, queries: int, keys: int, window: int) -> tuple[int, int, int, int]:
+    end, offset = min(first + rows, queries), keys - queries
+    return first, end, max(0, offset + first - window + 1), offset + end
 
 
 def score_bytes(config: GPTConfig, batch: int, training: bool) -> int:
     """What the attention score needs beyond the scaled dot product's: for additive, the largest chunk of
-    pre-activations `score_chunks` plans over a full block (several copies in training), else nothing."""
+    pre-activations `score_chunks` plans over a full block (several copies in training), else nothing.
+    Over a full block every chunk reaches back to the first key, so the largest is one of the last two:
+    computed from those alone, as a block size from a stranger's config.json may be huge."""
     if config.attn_score != "additive":
         return 0
     T = config.block_size
     per_pair = batch * config.n_head * config.additive_width
-    largest = max((t1 - t0) * (k1 - k0) for t0, t1, k0, k1 in score_chunks(T, T, T, per_pair))
+    rows = _chunk_rows(T, per_pair)
+    last = (T - 1) // rows * rows
+    chunks = (_chunk(first, rows, T, T, T) for first in {max(0, last - rows), last})
+    largest = max((t1 - t0) * (k1 - k0) for t0, t1, k0, k1 in chunks)
     return largest * per_pair * FLOAT32 * (_TRAINING_COPIES if training else 1)
 
 

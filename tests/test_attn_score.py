@@ -26,6 +26,7 @@ from minigpt.errors import MinigptError
 from minigpt.hfmap import family_for
 from minigpt.model import GPT
 from minigpt.rundir import RunDir
+from minigpt.tokenizer import CharTokenizer
 from minigpt.weights import AttentionWeights
 
 TEXT = "".join(
@@ -60,10 +61,13 @@ def scaled_up(cfg: GPTConfig, seed: int = 0, scale: float = 3.0) -> GPT:
 # --- each score against its formula --------------------------------------------------------------------
 
 
-def reference_attention(cfg: GPTConfig, w: AttentionWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """Self-attention of x (B, T, C) written out one (row, head, query) at a time: the query's logit over each
-    key by the score's formula, -inf where the query may not look (later keys, or outside its window),
-    softmax, the values weighted; key/value head h // (H / n_kv_head) serves query head h."""
+def reference_probabilities(
+    cfg: GPTConfig, w: AttentionWeights[torch.Tensor], x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of x (B, T, C) over itself written out one (row, head, query) at a time: the query's logit
+    over each key by the score's formula, -inf where the query may not look (later keys, or outside its
+    window), softmax. The probabilities (B, H, T, T) and the values (B, T, n_kv_head, hd) they weight; key/value
+    head h // (H / n_kv_head) serves query head h."""
     B, T, C = x.shape
     H, hd, kv = cfg.n_head, cfg.head_dim, cfg.kv_heads
     proj = x @ w.c_attn.weight.T + w.c_attn.bias
@@ -71,8 +75,8 @@ def reference_attention(cfg: GPTConfig, w: AttentionWeights[torch.Tensor], x: to
     k = proj[..., H * hd : (H + kv) * hd].reshape(B, T, kv, hd)
     v = proj[..., (H + kv) * hd :].reshape(B, T, kv, hd)
     maps = w.score_maps
-    rows = []
-    for b, i, h in itertools.product(range(B), range(T), range(H)):
+    probs = []
+    for b, h, i in itertools.product(range(B), range(H), range(T)):
         query = maps[0][h] @ q[b, i, h] if cfg.attn_score == "general" else q[b, i, h]
         logits = []
         for j in range(T):
@@ -85,10 +89,18 @@ def reference_attention(cfg: GPTConfig, w: AttentionWeights[torch.Tensor], x: to
                 logits.append(query @ key)
             else:  # additive: vᵀ tanh(W₁q + W₂k)
                 logits.append(maps[2][h, 0] @ torch.tanh(maps[0][h] @ query + maps[1][h] @ key))
-        weights = torch.softmax(torch.stack(logits), dim=0)
-        rows.append(weights @ v[b, :, h // (H // kv)])
-    y = torch.stack(rows).reshape(B, T, C)
-    return y @ w.c_proj.weight.T + w.c_proj.bias
+        probs.append(torch.softmax(torch.stack(logits), dim=0))
+    return torch.stack(probs).reshape(B, H, T, T), v
+
+
+def reference_attention(cfg: GPTConfig, w: AttentionWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Self-attention of x (B, T, C): `reference_probabilities` weighting the values, then the output
+    projection."""
+    B, T, C = x.shape
+    probs, v = reference_probabilities(cfg, w, x)
+    groups = cfg.n_head // cfg.kv_heads
+    y = probs @ v.transpose(1, 2).repeat_interleave(groups, dim=1)  # (B, H, T, hd)
+    return y.transpose(1, 2).reshape(B, T, C) @ w.c_proj.weight.T + w.c_proj.bias
 
 
 SETTINGS = [dict(), dict(n_kv_head=2, window=5, window_pattern="S")]
@@ -158,6 +170,12 @@ def test_query_chunks_bound_the_values_and_cover_every_visible_key() -> None:
             assert (t1 - t0) * (k1 - k0) * per_pair <= max(memory.SCORE_CHUNK_VALUES, keys * per_pair)
             rows = visible[t0:t1]
             assert rows[:, k0:k1].sum() == rows.sum() and rows[:, k0].any() and rows[:, k1 - 1].any()
+    # the estimate is the largest chunk of a full block, as planned chunk by chunk
+    for T, batch in itertools.product((1, 2, 63, 64, 65, 1000), (1, 3, 64, 5000)):
+        cfg = config("additive", block_size=T, n_embd=64)
+        per_pair = batch * cfg.n_head * cfg.additive_width
+        largest = max((t1 - t0) * (k1 - k0) for t0, t1, k0, k1 in memory.score_chunks(T, T, T, per_pair))
+        assert memory.score_bytes(cfg, batch, training=False) == largest * per_pair * 4, (T, batch)
 
 
 # --- the memory the additive score needs, estimated before allocating ------------------------------------
@@ -174,6 +192,12 @@ def test_the_additive_estimate_is_its_largest_chunk_and_train_refuses_it_in_one_
     assert memory.score_bytes(replace(cfg, attn_score="general"), 64, training=True) == 0
     scaled = replace(cfg, attn_score="scaled")
     assert memory.inference_bytes(cfg) > memory.inference_bytes(scaled)
+    # a query's row past the budget: a chunk is that one row, batch · T keys · H · d_a values; on top of
+    # the scaled model's estimate, that and the maps W₁, W₂, v (float32)
+    big = config("additive", block_size=4096, n_embd=64)
+    H, L, hd, da = big.n_head, big.n_layer, big.head_dim, big.additive_width
+    extra = memory.inference_bytes(big, 32) - memory.inference_bytes(replace(big, attn_score="scaled"), 32)
+    assert extra == 4 * ((2 * da * hd + da) * H * L + 32 * 4096 * H * da)
 
     # train: the estimate with the additive chunk is checked before the model exists; it is what tips over
     estimates: dict[str, int] = {}
@@ -311,6 +335,65 @@ def test_the_score_is_saved_and_honoured_by_every_command(runner, additive_run: 
         "error: cannot convert to Hugging Face: this model has --attn-score additive; GPT-2, Llama and Qwen3 "
         "score attention by the scaled dot product only (--attn-score scaled)"
     ]
+
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz .\n")  # 29, the configs' vocabulary
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_every_command_reads_the_score_from_a_saved_run(runner, tmp_path: Path, score: str) -> None:
+    """A saved run of each score, grouped queries and a local first layer: `attention` shows the patterns
+    the loop computes, `generate` gives one text on both engines (sliding past the block), `params`
+    counts the module's tensors row by row, `eval` reads it, and only scaled converts."""
+    cfg = config(score, n_kv_head=2, window=5, window_pattern="S")
+    model = scaled_up(cfg, seed=9)
+    run = tmp_path / "run"
+    RunDir(run).save(model, CharTokenizer(CHARS), extra={})
+    assert RunDir(run).model_config().attn_score == score
+
+    text = "the lazy dog."
+    result = runner.invoke(app, ["attention", text, "-m", str(run), "--layer", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    got = torch.tensor(json.loads(result.stdout)["weights"])  # (H, T, T)
+    ids = torch.tensor([[CHARS.index(c) for c in text]])
+    b = model.weights().h[0]
+    with torch.no_grad():
+        x = tm.norm(b.ln_1, model.transformer.wte.weight[ids] + model.transformer.wpe.weight[: len(text)])
+        want, _ = reference_probabilities(cfg, b.attn, x)
+    torch.testing.assert_close(got, want[0], rtol=1e-4, atol=1e-5)
+    assert torch.all(got[:, 6, :2] == 0)  # the window: position 6 sees positions 2..6 only
+
+    texts = []
+    for backend in ("numpy", "torch"):
+        args = ["generate", "the", "-m", str(run), "-n", "30", "-t", "0", "--backend", backend]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        texts.append(result.stdout)
+    assert texts[0] == texts[1] and len(texts[0]) >= 30
+
+    report = json.loads(runner.invoke(app, ["params", str(run), "--json"]).stdout)
+    assert report["exact_total"] == report["stored_total"] == sum(p.numel() for p in model.parameters())
+    rows = {r["name"]: r["count"] for r in report["breakdown"]}
+    maps = {name: p.numel() for name, p in model.named_parameters() if ".attn.score" in name}
+    score_rows = {name: count for name, count in rows.items() if name.startswith("Score")}
+    assert sum(score_rows.values()) == sum(maps.values())
+    assert len(score_rows) == {"scaled": 0, "dot": 0, "general": 1, "additive": 3}[score]
+
+    window = "the quick brown f"  # block_size + 1 characters: one window, 16 predictions
+    (tmp_path / "t.txt").write_text(window)
+    result = runner.invoke(app, ["eval", str(run), str(tmp_path / "t.txt"), "--json"])
+    assert result.exit_code == 0, result.output
+    ids = torch.tensor([[CHARS.index(c) for c in window]])
+    with torch.no_grad():
+        logits = model(ids[:, :-1], all_logits=True)[0]
+    want_loss = torch.nn.functional.cross_entropy(logits[0], ids[0, 1:]).item()
+    assert json.loads(result.stdout)["loss"] == pytest.approx(want_loss, rel=1e-5)
+
+    if score != "scaled":
+        result = runner.invoke(app, ["convert", "to-hf", str(run), str(tmp_path / "hf")])
+        assert result.exit_code == 1 and not (tmp_path / "hf").exists()
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and f"this model has --attn-score {score};" in lines[0]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])

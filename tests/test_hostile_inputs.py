@@ -582,6 +582,14 @@ ATTACKS = [
         with_run(edit_config(lambda c: c["model"].update(attn_score="cosine")), *GENERATE),
         "unknown attn_score 'cosine'",
     ),
+    Attack(  # rotary positions: no position table, so the KV cache and the additive chunk are the bulk
+        "config.json additive scores over 10**8 positions",
+        with_run(
+            edit_config(lambda c: c["model"].update(attn_score="additive", pos="rope", block_size=10**8)),
+            *GENERATE,
+        ),
+        "GiB of memory",
+    ),
     Attack(
         "config.json window past block_size",
         with_run(edit_config(lambda c: c["model"].update(window=10**12)), *GENERATE),
