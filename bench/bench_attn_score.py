@@ -106,12 +106,20 @@ def train(score: str, d_head: int, budget: list[str], tmp: Path) -> dict[str, fl
         wall=wall,
         steps=last_eval["step"],
         loss=last_eval["val_loss"],
-        tokens_per_s=(steps[-1]["tokens"] - steps[0]["tokens"])
-        / (steps[-1]["elapsed"] - steps[0]["elapsed"]),
+        tokens_per_s=tokens_per_s([*steps, last_eval]),
         peak_mib=usage.ru_maxrss / 1024,
         spread_init=logit_spread(GPT(config), windows),
         spread_end=logit_spread(run.load_model()[0], windows),
     )
+
+
+def tokens_per_s(steps: list[dict[str, Any]]) -> float:
+    """Tokens a second between the first logged step (its start-up left out) and the final evaluation
+    (its training clock stops before evaluating), or over the whole run when a short one logged neither."""
+    first, last = steps[0], steps[-1]
+    if last["elapsed"] > first["elapsed"]:
+        return (last["tokens"] - first["tokens"]) / (last["elapsed"] - first["elapsed"])
+    return last["tokens"] / last["elapsed"]
 
 
 def cpu_model() -> str:
@@ -133,10 +141,12 @@ def table(title: str, results: dict[tuple[int, str], list[dict[str, float]]]) ->
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for (d_head, score), runs in results.items():
         m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        base = statistics.median(r["tokens_per_s"] for r in results[(d_head, "scaled")])
+        scaled = results.get((d_head, "scaled"), [])
+        base = statistics.median(r["tokens_per_s"] for r in scaled) if scaled else 0.0
+        ratio = f"{m['tokens_per_s'] / base:.2f}x" if base else "n/a"  # no scaled run, or no steps timed
         print(
             f"| {d_head} | {score} | {m['steps']:.0f} | {m['loss']:.3f} | {m['tokens_per_s']:,.0f} "
-            f"| {m['tokens_per_s'] / base:.2f}x | {m['peak_mib']:.0f} | {m['spread_init']:.2f} | {m['spread_end']:.2f} |"
+            f"| {ratio} | {m['peak_mib']:.0f} | {m['spread_init']:.2f} | {m['spread_end']:.2f} |"
         )
 
 
