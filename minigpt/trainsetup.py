@@ -126,8 +126,8 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
     known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors"}
     settings = {k: v for k, v in saved.items() if k in known}
-    settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
-    moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])
+    recorded, settings["val_file"] = _recorded_paths(saved)
+    moved = tuple(paths) or recorded
     missing = [p for p in moved if not p.exists()]
     if missing and not paths:
         raise MinigptError(
@@ -138,6 +138,22 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
         return DataConfig(paths=moved, **settings), saved.get("inputs")
     except TypeError as e:
         raise MinigptError(f"{source.config_path}: the data section is damaged ({e})") from None
+
+
+def _recorded_paths(saved: dict[str, Any]) -> tuple[tuple[Path, ...], Path | None]:
+    """The training paths and validation file a run recorded. They are absolute; a run saved before they
+    were kept the paths as given (relative to wherever that command ran), and for those the absolute path
+    each input file had ("inputs") stands in, when every one of them is still there."""
+    paths = tuple(Path(str(p)) for p in saved["paths"])
+    val = Path(str(saved["val_file"])) if saved.get("val_file") else None
+    inputs = [r for r in saved.get("inputs") or [] if isinstance(r, dict) and isinstance(r.get("path"), str)]
+    given = [*paths, *([val] if val else [])]
+    if all(p.is_absolute() for p in given) or not inputs:
+        return paths, val
+    found = {role: [Path(r["path"]) for r in inputs if r.get("role") == role] for role in ("train", "val")}
+    if not found["train"] or not all(p.is_absolute() and p.is_file() for p in found["train"] + found["val"]):
+        return paths, val
+    return tuple(found["train"]), (found["val"][0] if val and len(found["val"]) == 1 else val)
 
 
 def check_launch(nproc: int, plan: RunPlan) -> None:
@@ -160,8 +176,9 @@ def _default_name(data: DataConfig) -> str:
 def data_dict(data: DataConfig) -> dict[str, Any]:
     """`data` as config.json's data section."""
     d = asdict(data)
-    d["paths"] = [str(p) for p in data.paths]
-    d["val_file"] = str(data.val_file) if data.val_file else None
+    # absolute, so that a resume from any folder finds the text, whatever form the paths were given in
+    d["paths"] = [str(p.absolute()) for p in data.paths]
+    d["val_file"] = str(data.val_file.absolute()) if data.val_file else None
     d["cache_dir"] = str(data.cache_dir) if data.cache_dir else None
     return d
 

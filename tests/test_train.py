@@ -859,6 +859,49 @@ def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Pat
     assert runner.invoke(app, args).exit_code == 0
 
 
+@pytest.mark.parametrize("given", ["tiny.txt", "./tiny.txt", "sub/../tiny.txt", "{work}/tiny.txt"])
+def test_resume_from_another_folder_whatever_form_the_path_had(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """`train` given the text by a relative (or absolute) path in one folder, `--resume` from another folder,
+    the run named by an absolute and then by a relative path: config.json's absolute paths find the text."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (work / "tiny.txt").write_text(TEXT, encoding="utf-8")
+    monkeypatch.chdir(work)
+    args = ["train", given.format(work=work), *TINY, "--max-iters", "2", "--out", "checkpoints/tiny"]
+    assert runner.invoke(app, args).exit_code == 0
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["train", "--resume", str(work / "checkpoints/tiny"), "--max-iters", "3"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["train", "--resume", "../work/checkpoints/tiny", "--max-iters", "4"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((work / "checkpoints/tiny" / RunDir.CONFIG).read_text())
+    assert config["metrics"]["last"]["step"] == 4
+    assert config["data"]["paths"] == [str(work / given.format(work=work))]
+
+
+def test_a_run_that_saved_relative_paths_resumes_from_another_folder(
+    runner, text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs saved before the paths were made absolute hold them as given; the absolute path recorded for
+    each input file stands in for them (and the text is still checked by content)."""
+    out = tmp_path / "run"
+    args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    config = json.loads((out / RunDir.CONFIG).read_text())
+    config["data"]["paths"] = [text_file.name]  # as a command run in text_file's folder saved it
+    (out / RunDir.CONFIG).write_text(json.dumps(config))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "3"])
+    assert result.exit_code == 0, result.output
+    (tmp_path / "elsewhere" / text_file.name).write_text(TEXT[::-1], encoding="utf-8")  # a namesake here
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "4"])
+    assert result.exit_code == 0, result.output  # the recorded file, not the namesake
+
+
 def test_a_batch_past_the_machine_is_refused_before_allocating(
     runner, text_file: Path, tmp_path: Path
 ) -> None:
