@@ -104,6 +104,7 @@ def _plan_resume(
         )
     source = RunDir(resume)
     saved = source.read_config()
+    shape = source.model_config(saved)  # checked against the weights before anything else is read
     if not source.has_state():
         raise MinigptError(f"{resume} has no {RunDir.STATE}: nothing to resume")
     saved_cfg = TrainConfig.from_dict(saved["train"])
@@ -112,7 +113,6 @@ def _plan_resume(
         replaced = Budget(**saved_cfg.budget()).describe()
         saved_cfg = saved_cfg.with_budget(cfg.budget())
     data, inputs = _saved_data(saved.get("data"), source, paths)
-    shape = source.model_config(saved)
     return RunPlan(
         saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced,
         saved_inputs=inputs, allow_data_change=allow_data_change,

@@ -550,17 +550,22 @@ ATTACKS = [
     Attack(
         "config.json claims 10**9 layers (numpy engine)",
         with_run(BILLION_LAYERS, *GENERATE, "--backend", "numpy"),
-        "needs about 54,955.5 GiB of memory",
+        "holds 2 layers, config says 1,000,000,000",
     ),
     Attack(
         "config.json claims 10**9 layers (torch engine)",
         with_run(BILLION_LAYERS, *GENERATE, "--backend", "torch"),
-        "check",
+        "holds 2 layers, config says 1,000,000,000",
     ),
     Attack(
         "config.json claims 10**9 layers (eval)",
         with_run(BILLION_LAYERS, "eval", "{run}", str(CORPUS)),
-        "GiB of memory",
+        "holds 2 layers, config says 1,000,000,000",
+    ),
+    Attack(
+        "config.json 65,536 wide over 32-wide weights (params)",
+        with_run(edit_config(lambda c: c["model"].update(n_embd=65536)), "params", "{run}"),
+        "transformer.wte.weight has shape [42, 32], config says [42, 65536]",
     ),
     Attack(
         "config.json window_pattern of a million letters",
