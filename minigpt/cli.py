@@ -64,6 +64,13 @@ class _Group(TyperGroup):
         except MinigptError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
+        except (MemoryError, RuntimeError) as e:  # torch's out-of-memory errors are RuntimeErrors
+            from minigpt.memory import allocation_error, is_allocation_failure
+
+            if not is_allocation_failure(e):
+                raise
+            typer.echo(f"error: {allocation_error(e, ctx.invoked_subcommand)}", err=True)
+            raise typer.Exit(1) from None
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop("standalone_mode", None)

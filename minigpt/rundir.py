@@ -40,7 +40,7 @@ from minigpt.files import (
     to_json,
     write_tensors,
 )
-from minigpt.memory import check_fits, inference_bytes
+from minigpt.memory import allocating, check_fits, inference_bytes
 from minigpt.weights import build_model, check_shapes, model_tensors
 
 if TYPE_CHECKING:
@@ -180,8 +180,10 @@ class RunDir:
     def load_weights(self, config: GPTConfig, framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
         """The best weights as torch tensors or NumPy arrays, checked against `config`'s names and shapes."""
         self.check_weights(config)
-        check_fits(inference_bytes(config), f"the model in {self}", "use a smaller model")
-        tensors, _ = load_tensors(self.weights_path, framework)
+        needed = inference_bytes(config)
+        check_fits(needed, f"the model in {self}", "use a smaller model")
+        with allocating(f"the weights in {self.weights_path}", needed):
+            tensors, _ = load_tensors(self.weights_path, framework)
         check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, self.weights_path)
         bad = next((name for name, t in tensors.items() if not _all_finite(t)), None)
         if bad is not None:  # sampling and attention views cannot work on NaN: say so here, once

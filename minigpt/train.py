@@ -19,6 +19,7 @@ from minigpt.budget import lr_at
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError
+from minigpt.memory import labelled
 from minigpt.reporters import ProgressReporter, QuietReporter, TrainingEnd
 from minigpt.rundir import RunDir
 from minigpt.trainconfig import TrainConfig, parse_duration
@@ -139,16 +140,17 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
     warmup = run.budget.warmup_steps(cfg.warmup, state, run.tokens_per_step)
     lr = lr_at(cfg, state.step, run.budget.progress(state), warmup)
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
-    loss = train_step(
-        run.forward,
-        optimizer,
-        sampler,
-        run.runtime,
-        lr=lr,
-        grad_accum=cfg.grad_accum,
-        grad_clip=cfg.grad_clip,
-        abandon=abandon,
-    )
+    with labelled(run.step_allocation):
+        loss = train_step(
+            run.forward,
+            optimizer,
+            sampler,
+            run.runtime,
+            lr=lr,
+            grad_accum=cfg.grad_accum,
+            grad_clip=cfg.grad_clip,
+            abandon=abandon,
+        )
     if loss is None:
         return None, lr
     if not math.isfinite(loss):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, chan
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
-from minigpt.memory import check_fits, training_bytes
+from minigpt.memory import FLOAT32, Allocating, allocating, check_fits, training_bytes
 from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
@@ -223,6 +224,13 @@ class TrainingRun:
     def model_config(self) -> GPTConfig:
         return self.parts.model.config
 
+    @functools.cached_property
+    def step_allocation(self) -> Allocating:
+        """What a training step allocates, for the one-line error if it runs out of memory."""
+        cfg, shape = self.cfg, self.model_config
+        what = f"a training step on {cfg.batch_size:,} x {shape.block_size:,} tokens (activations, gradients)"
+        return Allocating(what, training_bytes(shape, cfg.batch_size))
+
     @property
     def tokens_per_step(self) -> int:
         cfg = self.cfg
@@ -310,11 +318,14 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
         raise MinigptError("tokenizer is larger than the model's vocabulary")
     fix = "lower batch_size, block_size or the model's size"
     check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
-    model = GPT(shape).to(device)
-    if plan.init_from is not None:
-        source = RunDir(plan.init_from)
-        weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))
-        model.load_state_dict(weights.state_dict())
+    n_params = count_params(shape).exact_total
+    smaller = "pick a smaller model (--preset, --n-layer, --n-embd)"
+    with allocating(f"the model's {n_params:,} parameters", n_params * FLOAT32, smaller):
+        model = GPT(shape).to(device)
+        if plan.init_from is not None:
+            source = RunDir(plan.init_from)
+            weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))
+            model.load_state_dict(weights.state_dict())
     model.train()
     return model
 
