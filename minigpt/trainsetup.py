@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.budget import Budget
+from minigpt.budget import EXIT_SECONDS, Budget
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
 from minigpt.device import resolve_device, resolve_dtype
@@ -28,15 +28,14 @@ from minigpt.rundir import DEFAULT_ROOT, RunDir
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
-from minigpt.trainstep import Runtime, time_evaluation
+from minigpt.trainstep import Runtime, eval_cost
 from minigpt.weights import build_model
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
 SAVE_BYTES_PER_SECOND = 200e6
-# what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
-EXIT_SECONDS = 1.0
+
+__all__ = ["EXIT_SECONDS", "RunPlan", "TrainingRun", "check_launch", "plan_run", "set_up"]
 
 SamplerFactory = Callable[[np.ndarray, int, int, int, int, int], BatchSampler]
 
@@ -331,24 +330,18 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
 
 
 def _reserve_time(run: TrainingRun) -> None:
-    """Before the first evaluation, keep time for the final one from a timed forward pass and a guess at
-    the save, agreed with the other ranks, along with the clock."""
+    """Before the first evaluation, size the evaluations to the time budget and keep time for the final
+    one, from a timed forward pass and a guess at the save, agreed with the other ranks along with the
+    clock."""
     cfg, budget = run.cfg, run.budget
     if budget.max_time is not None:
-        n_params = count_params(run.model_config).exact_total
-        evaluation = time_evaluation(
-            run.forward,
-            run.model_config,
-            run.dataset,
-            cfg.batch_size,
-            cfg.eval_iters,
-            run.runtime,
-            budget.clock,
+        budget.eval_cost = eval_cost(
+            run.forward, run.model_config, run.dataset, cfg.batch_size, run.runtime, budget.clock
         )
-        budget.reserve = evaluation + 16 * n_params / SAVE_BYTES_PER_SECOND + EXIT_SECONDS
-    _, (run.state.elapsed, budget.reserve) = run.runtime.dist.agree_stop(
-        False, budget.elapsed(), budget.reserve
-    )
+        budget.save_seconds = 16 * count_params(run.model_config).exact_total / SAVE_BYTES_PER_SECOND
+        budget.keep_reserve()
+    _, (run.state.elapsed, *shared) = run.runtime.dist.agree_stop(False, budget.elapsed(), *budget.shared())
+    budget.adopt(shared)
 
 
 def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:

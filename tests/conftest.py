@@ -24,6 +24,17 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+class FakeClock:
+    """A clock that moves only when told to: time-dependent code is handed one, so no test depends on how
+    fast the machine is that minute."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Token caches go to a per-session temp dir, never the user's ~/.cache."""
