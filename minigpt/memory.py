@@ -54,16 +54,20 @@ def _address_space_left() -> int | None:
     return soft
 
 
-def _cgroup_left() -> int | None:
-    """cgroup v2's memory.max - memory.current, or v1's limit_in_bytes - usage_in_bytes."""
-    root = Path("/sys/fs/cgroup")
-    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes",
-                                                              "memory/memory.usage_in_bytes")):  # fmt: skip
+def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The cgroup's memory limit less its usage (v2: memory.max, memory.current; v1: memory/...), the page
+    cache it could drop (inactive_file) not counted as used, as `docker stats` counts it."""
+    v1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    for folder, (limit, usage, cache) in (
+        (root, ("memory.max", "memory.current", "inactive_file")),
+        (root / "memory", v1),
+    ):
         with contextlib.suppress(OSError, ValueError):
-            text = (root / limit).read_text().strip()
+            text = (folder / limit).read_text().strip()
             if text == "max" or int(text) >= UNLIMITED:
                 return None
-            return int(text) - int((root / usage).read_text())
+            stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
+            return int(text) - int((folder / usage).read_text()) + int(stat.get(cache, 0))
     return None
 
 
@@ -122,7 +126,6 @@ _LABEL = "_minigpt_allocating"
 SMALLER = {
     "train": "lower --batch-size (--grad-accum keeps the tokens per step) or --block-size, or pick a smaller "
     "--preset",
-    "demo": "lower --max-time or free some memory",
     "generate": "lower -s/--num-samples, or load the weights smaller (--dtype bfloat16 or --quantize int8)",
     "eval": "lower --batch-size or --max-windows",
     "serve": "lower --max-batch",

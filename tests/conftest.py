@@ -35,6 +35,19 @@ class FakeClock:
         return self.now
 
 
+def pytest_report_header() -> list[str]:
+    """The versions this run resolved: CI builds a fresh environment, so a failure names today's releases."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "numpy", "transformers", "tiktoken", "safetensors", "fastapi"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ["versions: " + ", ".join(found)]
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Token caches go to a per-session temp dir, never the user's ~/.cache."""

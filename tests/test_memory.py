@@ -121,6 +121,23 @@ def test_available_memory_counts_an_address_space_limit() -> None:
     assert 0 < available == left < 3 << 30
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_containers_memory_limit_counts_its_droppable_page_cache_as_free(
+    tmp_path: Path, version: int
+) -> None:
+    folder = tmp_path if version == 2 else tmp_path / "memory"
+    folder.mkdir(exist_ok=True)
+    names = ("memory.max", "memory.current", "inactive_file") if version == 2 else (
+        "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")  # fmt: skip
+    (folder / names[0]).write_text(f"{4 << 30}\n")
+    (folder / names[1]).write_text(f"{3 << 30}\n")
+    (folder / "memory.stat").write_text(f"anon 123\n{names[2]} {2 << 30}\n")
+    assert memory._cgroup_left(tmp_path) == 3 << 30  # 4 GiB - 3 GiB used + 2 GiB of it droppable cache
+    (folder / names[0]).write_text("max\n" if version == 2 else f"{2**63 - 4096}\n")
+    assert memory._cgroup_left(tmp_path) is None  # no limit
+    assert memory._cgroup_left(tmp_path / "nowhere") is None
+
+
 def limited(*args: str, fool_the_estimate: bool) -> subprocess.CompletedProcess[str]:
     """`minigpt ARGS` in a child under a 3 GiB address-space limit; with `fool_the_estimate`, its memory
     estimate believes there is a petabyte, so the allocation itself fails (as when the estimate misses

@@ -448,6 +448,15 @@ def open_stream(server: Server, max_tokens: int = 256) -> socket.socket:
     return sock
 
 
+def test_listening_beyond_loopback_without_a_key_warns(runs: Path) -> None:
+    """The README: `minigpt serve` warns when it listens elsewhere without a key; on loopback it does not."""
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        s = Server(runs, str(runs / "tiny"), "--host", host)
+        s.stop()
+        warning = f"warning: listening on {host} without --api-key: anyone who can reach this port can use it"
+        assert any(line.startswith(warning) for line in s.lines) == warned, s.lines
+
+
 def test_busy_server_says_429_and_a_client_that_leaves_frees_its_row(small: Server) -> None:
     def load() -> tuple[int, int]:
         model = request(small.url + "/health")[1]["models"][0]
