@@ -178,6 +178,9 @@ def evaluate_and_save(run: TrainingRun, reporter: ProgressReporter, final: bool 
     else:
         reporter.log(f"skipped the evaluation at step {state.step:,}: it would not finish within max_time")
         return
+    _keep_metrics(
+        run, record or {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3)}
+    )
     evaluated = budget.clock()
     if run.runtime.dist.is_master:
         save_checkpoint(run.rundir, run.parts, run.dataset.tokenizer, state, run.settings, improved)
@@ -198,13 +201,21 @@ def _evaluate(run: TrainingRun, iters: int) -> tuple[dict[str, Any], bool]:
     run.history.append({"kind": "eval", **record})
     if run.runtime.dist.is_master:
         run.rundir.append_metrics({"kind": "eval", **record})
-        run.settings["metrics"] = {
-            "best_val_loss": state.best_val_loss,
-            "best_step": state.best_step,
-            "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes),
-            "last": record,
-        }
     return record, improved
+
+
+def _keep_metrics(run: TrainingRun, last: dict[str, Any]) -> None:
+    """config.json's metrics: the best validation so far (none before an evaluation) and where the run is."""
+    state, dataset = run.state, run.dataset
+    best = math.isfinite(state.best_val_loss)
+    run.settings["metrics"] = {
+        "best_val_loss": state.best_val_loss if best else None,
+        "best_step": state.best_step if best else None,
+        "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes)
+        if best
+        else None,
+        "last": last,
+    }
 
 
 def _sync_clock(run: TrainingRun, stop_requested: bool, step_seconds: float, timed: bool) -> bool:
