@@ -27,9 +27,15 @@ from conftest import ROOT
 FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS = FIXTURES / "corpus.txt"
 MEMORY_LIMIT = 3 << 30  # address space of the child: a read or allocation without bound dies under it
-TIME_LIMIT = 60  # seconds: a hang or a catastrophically backtracking regex runs past it
+# seconds: a hang or a catastrophically backtracking regex runs past it; generous, so that a command slowed
+# down by a loaded machine (importing torch alone takes 10-20 s at load 15) is never taken for one
+TIME_LIMIT = 180
 IGNORED = {".git", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 TRAIN = "--preset tiny --max-iters 1 --eval-iters 1 --batch-size 2 --block-size 16 --device cpu".split()
+
+
+# a case runs up to three commands (train, tamper, resume), each within TIME_LIMIT
+pytestmark = pytest.mark.timeout(3 * TIME_LIMIT + 60)
 
 
 @dataclass(frozen=True)
