@@ -52,8 +52,9 @@ def timed_run(seconds: int, flags: list[str]) -> dict:
         if proc.returncode != 0:
             raise SystemExit(proc.stderr)
         done = re.search(r"^done: .* after ([\d,]+) steps", proc.stderr, re.M)
-        evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        evals = [e for e in evals if e["kind"] == "eval"]
+        metrics = out / "metrics.jsonl"  # absent when no step or evaluation was logged
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        evals = [e for e in records if e["kind"] == "eval"]
         over = [line for line in proc.stderr.splitlines() if line.startswith("over budget")]
         return dict(
             wall=wall,

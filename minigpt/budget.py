@@ -4,9 +4,11 @@ evaluations may cost, and the lr."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minigpt.trainconfig import WARMUP_FRACTION, TrainConfig, format_seconds
@@ -22,6 +24,18 @@ EXIT_SECONDS = 1.0
 # under a time budget an evaluation takes at most this share of it: fewer batches of windows when they cost
 # more (a 50,257-token head, a wide model, a loaded machine), none when one batch costs more than that
 EVAL_SHARE = 0.1
+
+
+def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
+    """A `clock` reading of when this process started (Linux: from /proc; elsewhere: now), so that the wall
+    time of a whole command counts the interpreter's start-up and imports too (seconds on a loaded machine)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5): starttime
+        age = float(Path("/proc/uptime").read_text().split()[0]) - since_boot
+    except (OSError, ValueError, IndexError, AttributeError):
+        return clock()
+    return clock() - max(age, 0.0)
 
 
 @dataclass

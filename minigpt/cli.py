@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from minigpt import __version__
+from minigpt.budget import process_started
 from minigpt.errors import MinigptError
 from minigpt.presets import PRESETS
 from minigpt.rundir import DEFAULT_ROOT
@@ -122,8 +123,9 @@ def _root(
     minigpt generate TEXT   continue TEXT with the latest model
     minigpt params          parameter breakdown of a run, a preset or any shape
     """
-    # `train --max-time` counts from here: the budget is the wall time of the whole command
-    ctx.obj = {"started": time.perf_counter()}
+    # `train --max-time` is the wall time of the whole command: from the process's start when main() runs
+    # it (the interpreter's start-up and imports count), else from here
+    ctx.obj = ctx.obj or {"started": time.perf_counter()}
 
 
 def _emit_json(obj: Any) -> None:
@@ -1235,7 +1237,7 @@ def demo(
 
 
 def main() -> None:
-    app()
+    app(obj={"started": process_started()})
 
 
 @app.command()

@@ -9,10 +9,13 @@ the budget logic is checked exactly and instantly, whatever the machine's load.
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
+from conftest import ROOT, FakeClock
 
 from minigpt.budget import EVAL_SHARE, EXIT_SECONDS, Budget, EvalCost
 from minigpt.data import DataConfig, prepare_data
@@ -142,3 +145,20 @@ def test_eval_cost_and_the_budget_arithmetic() -> None:
     untimed = Budget(max_iters=10, eval_iters=50, eval_cost=cost)  # no time budget: always everything
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=False) == 50
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=True) == 50
+
+
+def test_a_commands_clock_starts_with_its_process() -> None:
+    """`minigpt` run as a program counts its budget from the process's start, so the interpreter's start-up
+    and imports are part of the wall time a --max-time bounds (perf_counter is one monotonic clock across
+    processes on Linux; /proc gives the start to a tick, 10 ms)."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc")
+    code = (
+        "import time; first = time.perf_counter()\n"
+        "from minigpt.budget import process_started\n"
+        "print(first, process_started())\n"
+    )
+    before = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    first, started = map(float, proc.stdout.split())
+    assert before - 0.03 <= started <= first
