@@ -21,6 +21,8 @@ STEP_TIME_WEIGHT = 0.1
 # what a command still does after its final save: the summary, leaving the process group, and exiting
 # Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
 EXIT_SECONDS = 1.0
+# a training step against a forward pass of the same batch: the backward pass costs about two more
+STEP_FORWARDS = 3
 # under a time budget an evaluation takes at most this share of it: fewer batches of windows when they cost
 # more (a 50,257-token head, a wide model, a loaded machine), none when one batch costs more than that
 EVAL_SHARE = 0.1
@@ -79,6 +81,8 @@ class Budget:
     reserve: float = 0.0
     # running estimate of the seconds one optimizer step takes (0: not measured yet)
     step_seconds: float = 0.0
+    # until a step is timed, what one should take: forward and backward, three forward passes of a batch
+    step_estimate: float = 0.0
     clock: Callable[[], float] = time.perf_counter
     origin: float = 0.0  # clock reading at which the run's elapsed time was 0
     eval_iters: int = 0  # batches an evaluation takes when time allows (the config's eval_iters)
@@ -113,7 +117,7 @@ class Budget:
     def _time_for_steps(self) -> float:
         """Of max_time, the seconds by which the last step must have started."""
         assert self.max_time is not None
-        return max(self.max_time - self.reserve - self.step_seconds, 1e-9)
+        return max(self.max_time - self.reserve - (self.step_seconds or self.step_estimate), 1e-9)
 
     def progress(self, state: TrainState) -> float:
         """Fraction of the budget used, in [0, 1]: the largest of steps, time and tokens."""

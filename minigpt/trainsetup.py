@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.budget import EXIT_SECONDS, Budget
+from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, Budget
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
 from minigpt.device import resolve_device, resolve_dtype
@@ -342,6 +342,9 @@ def _reserve_time(run: TrainingRun) -> None:
         budget.keep_reserve()
     _, (run.state.elapsed, *shared) = run.runtime.dist.agree_stop(False, budget.elapsed(), *budget.shared())
     budget.adopt(shared)
+    # so that a first step that cannot finish within the budget (a big model on a loaded machine) is not begun
+    batch = cfg.batch_size * cfg.grad_accum
+    budget.step_estimate = STEP_FORWARDS * budget.eval_cost.window_seconds * batch
 
 
 def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:

@@ -55,7 +55,7 @@ def timed_run(tmp_path: Path, text_file: Path, clock: FakeClock, **cfg: object) 
 
     log = io.StringIO()
     settings = dict(preset="tiny", batch_size=4, eval_iters=50, log_every=10, warmup=2, device="cpu",
-                    dtype="float32", max_time=90.0, **cfg)  # fmt: skip
+                    dtype="float32", **{"max_time": 90.0, **cfg})  # fmt: skip
     result = train(
         TrainConfig(**settings), DataConfig(paths=(text_file,), cache_dir=tmp_path / "cache"),
         out=tmp_path / "run", clock=clock, started=clock.now, on_step=one_second_steps,
@@ -107,6 +107,19 @@ def test_an_evaluation_past_a_large_share_of_a_short_budget_is_skipped_and_the_w
     model, _, config = RunDir(result.out).load_model()
     assert config["metrics"]["best_val_loss"] is None and model.num_params() > 0
     assert config["metrics"]["last"]["step"] == result.state.step  # `runs` and `params` show the steps
+
+
+def test_a_first_step_that_cannot_finish_within_the_budget_is_not_begun(
+    tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward pass over a batch of 4 windows takes 4 s, so a step (forward and backward) should take
+    about 12 s: with 10 s of budget none is begun, and the run ends in time with its untrained weights."""
+    clock = FakeClock()
+    start = clock.now
+    slow_evaluations(monkeypatch, clock, 1.0)
+    result, log = timed_run(tmp_path, text_file, clock, max_time=10.0)
+    assert result.state.step == 0 and result.stop_reason == "reached max_time 10 s"
+    assert clock.now - start + EXIT_SECONDS <= 10.0 and RunDir(result.out).weights_path.is_file()
 
 
 def test_a_late_run_skips_the_final_evaluation_and_says_by_how_much_it_ran_over(
