@@ -389,12 +389,14 @@ def _fused_attention(
 
 
 def attention_logits(w: AttentionWeights[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Float32 logits (B, H, T, S) of the queries q (B, H, T, hd) over the keys k (B, H, S, hd, one head per
-    query head) by the layer's score: q·k/√hd, q·k (dot; general, whose W qkv applied), or additive's
+    """Logits (B, H, T, S), float32 or wider, of the queries q (B, H, T, hd) over the keys k (B, H, S, hd,
+    one head per query head) by the layer's score: q·k/√hd, q·k (dot; general, whose W qkv applied), or additive's
     vᵀtanh(W₁q + W₂k), left -inf where no query of a chunk may look (the caller masks the rest)."""
+    dtype = torch.promote_types(q.dtype, torch.float32)  # half precision upcast; a float64 model stays
     if w.score == "additive":
-        return _additive_logits(q.float(), k.float(), w.score_maps, w.window)
-    logits = q.float() @ k.float().transpose(-2, -1)
+        maps = tuple(m.to(dtype) for m in w.score_maps)
+        return _additive_logits(q.to(dtype), k.to(dtype), maps, w.window)
+    logits = q.to(dtype) @ k.to(dtype).transpose(-2, -1)
     return logits / math.sqrt(q.size(-1)) if w.score == "scaled" else logits
 
 
