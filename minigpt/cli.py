@@ -881,8 +881,8 @@ def _report_conversion(result: Any, what: str) -> None:
     from minigpt.views import conversion_summary
 
     typer.echo(conversion_summary(result, what), err=True)
-    if result.tokenizer_note:
-        typer.echo(f"note: {result.tokenizer_note}", err=True)
+    if result.note:
+        typer.echo(f"note: {result.note}", err=True)
 
 
 @convert_app.command("from-hf")
@@ -897,8 +897,8 @@ def convert_from_hf(
     tokenizer: Annotated[
         str | None,
         typer.Option(
-            help="tiktoken encoding name or .tiktoken file. Default: the directory's own vocab.json + "
-            "merges.txt (or tokenizer.json), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
+            help="tiktoken encoding name or .tiktoken file. Default: the directory's own tokenizer.json "
+            "(or vocab.json + merges.txt), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
         ),
     ] = None,
     tokenizer_file: Annotated[
@@ -933,7 +933,8 @@ def convert_to_hf(
     GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
     windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
-    GPT-2 style tokenizers (r50k_base) also get vocab.json + merges.txt for GPT2Tokenizer.
+    The tokenizer (any kind: bpe, char, tiktoken) is written as tokenizer.json for AutoTokenizer, GPT-2
+    style ones also as vocab.json + merges.txt; a README.md model card describes the model.
     """
     from minigpt.convert import to_hf
     from minigpt.hfmap import ARCHITECTURES, family_for

@@ -113,6 +113,7 @@ def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
 def _gpt2_config(config: GPTConfig) -> dict[str, Any]:
     return {
         "n_positions": config.block_size,
+        "n_ctx": config.block_size,  # what GPT-2's own config.json has, and llama.cpp's converter reads
         "n_embd": config.n_embd,
         "n_layer": config.n_layer,
         "n_head": config.n_head,

@@ -208,6 +208,10 @@ def arch_fields(arch: str | None = None, **flags: Any) -> dict[str, Any]:
     if arch is not None and arch not in ARCHS:
         raise UsageError(f"unknown arch {arch!r}: choose {' or '.join(ARCHS)}")
     chosen = {**(ARCHS[arch] if arch else {}), **{k: v for k, v in flags.items() if v is not None}}
+    if chosen.get("qk_norm") and flags.get("bias") is None:
+        # QK-norm takes Qwen3's layout, which has no biases: so a --qk-norm run exports to Qwen3ForCausalLM
+        # and llama.cpp's qwen3 (an explicit --bias keeps them, and then has no Hugging Face class)
+        chosen["bias"] = False
     if "tie" in chosen:
         chosen["tie_embeddings"] = chosen.pop("tie")
     return chosen
@@ -299,7 +303,8 @@ def default_label(name: str) -> str | None:
     if name == "window":
         return "none, every layer full"
     if name in ARCH_SETTINGS:
-        return ", ".join(f"{a}: {_arch_value(name, v[name])}" for a, v in ARCHS.items())
+        label = ", ".join(f"{a}: {_arch_value(name, v[name])}" for a, v in ARCHS.items())
+        return f"{label}; no-bias with --qk-norm" if name == "bias" else label
     if name == "max_iters":
         return f"{DEFAULT_MAX_ITERS} when no budget is given"
     default = next(f.default for f in fields(TrainConfig) if f.name == name)

@@ -165,14 +165,14 @@ def runs_view(summaries: list[RunSummary], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for name, justify in (("run", "left"), ("data", "left"), ("tokenizer", "left"), ("shape", "left"),
                           ("arch", "left"), ("params", "right"), ("steps", "right"), ("tokens", "right"), ("best val", "right"),
-                          ("bpb", "right"), ("time", "right"), ("age", "right")):  # fmt: skip
+                          ("bpb", "right"), ("time", "right"), ("age", "right"), ("exported", "left")):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for s in summaries:
         table.add_row(
             s.path, s.data, s.tokenizer, s.shape, s.arch, human_count(s.params), _maybe(s.steps, ","),
             "—" if s.tokens is None else human_count(s.tokens), _maybe(s.best_val_loss, ".4f"),
             _maybe(s.best_val_bpb, ".3f"), "—" if s.elapsed is None else human_duration(s.elapsed),
-            human_duration(s.age) + " ago",
+            human_duration(s.age) + " ago", ", ".join(s.exports) or "—",
         )  # fmt: skip
     return table
 
