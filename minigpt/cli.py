@@ -943,6 +943,37 @@ def convert_to_hf(
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
 
 
+class GGUFDtype(str, Enum):
+    f32 = "f32"
+    f16 = "f16"
+    q8_0 = "q8_0"
+
+
+@convert_app.command("to-gguf")
+def convert_to_gguf(
+    run: Annotated[
+        Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
+    ],
+    out: Annotated[Path, typer.Argument(help="The GGUF file to write (e.g. model.gguf).")],
+    dtype: Annotated[
+        GGUFDtype,
+        typer.Option(help="Weight matrices as float32 (exact), float16, or llama.cpp's 8-bit q8_0."),
+    ] = GGUFDtype.f32,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT file.")] = False,
+) -> None:
+    """Export a run as one GGUF file for llama.cpp (needs the gguf extra): GPT-2 architecture as llama.cpp's
+    gpt2; rotary + RMSNorm + SwiGLU as llama, with --qk-norm as qwen3; the tokenizer included. An option
+    llama.cpp cannot run is an error naming it.
+
+    Example: `minigpt convert to-gguf checkpoints/input input.gguf`, then
+    `llama-completion -m input.gguf -p "ROMEO:" -n 50 --temp 0`.
+    """
+    from minigpt.gguf_export import gguf_architecture, to_gguf
+
+    result = to_gguf(run, out, dtype=dtype.value, overwrite=overwrite)
+    _report_conversion(result, f"GGUF ({gguf_architecture(result.config)}, {dtype.value})")
+
+
 class DeviceName(str, Enum):
     auto = "auto"
     cpu = "cpu"
