@@ -105,6 +105,14 @@ def _unicode_to_bytes() -> dict[str, int]:
     return {c: b for b, c in bytes_to_unicode().items()}
 
 
+@lru_cache(maxsize=1)
+def _decode_table() -> dict[int, int]:
+    """str.translate table from GPT-2's characters to the latin-1 characters of their bytes; the code points
+    below 256 that are not among GPT-2's characters go to U+FFFF, which latin-1 cannot encode."""
+    table = {ord(c): b for b, c in bytes_to_unicode().items()}
+    return {**{i: 0xFFFF for i in range(256)}, **table}
+
+
 def token_text(token: bytes) -> str:
     """A token's bytes as GPT-2's printable characters."""
     # latin-1 turns each byte into the code point of the same number, which translate then maps
@@ -113,10 +121,9 @@ def token_text(token: bytes) -> str:
 
 def _token_bytes(text: str) -> bytes | None:
     """The bytes of a byte-level token string, or None if it is not one."""
-    dec = _unicode_to_bytes()
     try:
-        return bytes(dec[c] for c in text)
-    except KeyError:
+        return text.translate(_decode_table()).encode("latin-1")
+    except UnicodeEncodeError:
         return None
 
 
@@ -438,10 +445,25 @@ def _bpe_from_hf(
             "its pre-tokenizer is not a byte-level split minigpt knows (GPT-2's, cl100k's, o200k's or "
             "minigpt's bpe pattern, then ByteLevel)"
         )
-    merges = _merge_pairs(model.get("merges", []))
-    ranks, specials = ranks_from_vocab_merges(model["vocab"], merges, Path(source))
-    specials.update(_added_tokens(data))
+    if own.get("kind") in ("bpe", "tiktoken"):
+        # minigpt's own file: the vocabulary is the ranks (id = rank), the specials are the added tokens, and
+        # the merges follow from the ranks (as the `tokenizers` library uses them, minigpt does not)
+        ranks, specials = _ranks_of(model["vocab"]), _added_tokens(data)
+    else:
+        merges = _merge_pairs(model.get("merges", []))
+        ranks, specials = ranks_from_vocab_merges(model["vocab"], merges, Path(source))
+        specials.update(_added_tokens(data))
     return _ranked(ranks, specials, pattern, own, name)
+
+
+def _ranks_of(vocab: dict[str, Any]) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for text, i in vocab.items():
+        token = _token_bytes(text)
+        if token is None or token in ranks:
+            raise MinigptError(f"{shorten(text)} is not a byte-level BPE token, or is one twice")
+        ranks[token] = i
+    return ranks
 
 
 def tokenizer_from_vocab_merges(vocab: Any, merges_text: str, source: Path, name: str) -> _RankedBPE:
@@ -465,7 +487,7 @@ def _ranked(
     ours = pattern == GPT4_SPLIT_PATTERN and specials == {ENDOFTEXT: len(ranks)}
     if kind == "bpe" or (kind is None and ours):
         return BPETokenizer(ranks, pattern, specials, own_name or "bpe")
-    named = _named_encoding(ranks, specials)
+    named = None if kind == "tiktoken" and own_name else _named_encoding(ranks, specials)
     if named is not None:
         spec = NAMED_ENCODINGS[named]
         return TiktokenTokenizer(own_name or spec.name, spec.pattern, ranks, spec.specials)
