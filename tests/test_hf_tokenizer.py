@@ -140,3 +140,45 @@ def test_pipeline_greedy_text_of_a_default_run(default_run: Path, tmp_path: Path
         ours = runner.invoke(app, ["generate", "--model", str(default_run), "-n", "30", "-t", "0", prompt])
         assert ours.exit_code == 0, ours.output
         assert theirs == prompt + ours.stdout, prompt
+
+
+def _set_pattern(data: dict[str, Any]) -> None:
+    data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a+)+$"
+
+
+def _set_first(data: dict[str, Any], text: str, i: int) -> None:
+    vocab = data["model"]["vocab"]
+    first = next(iter(vocab))
+    del vocab[first]
+    vocab[text] = i
+
+
+DAMAGE = {
+    "a regex of its own": (_set_pattern, "not a byte-level split minigpt knows"),
+    "an id past any vocabulary": (lambda d: _set_first(d, "Ā", 10**12), "token id 1000000000000"),
+    "a token that is not bytes": (lambda d: _set_first(d, "ж", 0), "'ж' is not a byte-level BPE token"),
+    "an unknown kind": (
+        lambda d: d["model"].update(minigpt={"kind": "wordpiece"}),
+        "unknown minigpt tokenizer kind",
+    ),
+    "another model": (lambda d: d["model"].update(type="Unigram"), "not a BPE tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_run_tokenizer_is_a_one_line_error(
+    damage: str, default_run: Path, tmp_path: Path, runner
+) -> None:
+    import shutil
+
+    change, message = DAMAGE[damage]
+    run = tmp_path / "run"
+    shutil.copytree(default_run, run)
+    data = json.loads((run / "tokenizer.json").read_text())
+    change(data)
+    (run / "tokenizer.json").write_text(json.dumps(data))
+    result = runner.invoke(app, ["generate", "--model", str(run), "-n", "1", "x"])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "tokenizer.json" in lines[0] and "Traceback" not in result.output
