@@ -67,7 +67,9 @@ def check(name: str, run_dir: Path, llama: Path, tmp: Path, n: int) -> list[str]
         theirs = llama_text(llama, gguf, prompt, n)
         same = ours == theirs
         shown = ours[:40].replace("\n", "⏎")
-        rows.append(f"| {name} | {prompt!r} | {len(tok.encode(ours))} | {'same' if same else 'DIFFERENT'} | `{shown}` |")
+        rows.append(
+            f"| {name} | {prompt!r} | {len(tok.encode(ours))} | {'same' if same else 'DIFFERENT'} | `{shown}` |"
+        )
     text_file = tmp / "mixed.txt"
     text = MIXED.rstrip() + "\n" + Path(ROOT / "tests" / "conftest.py").read_text()[:2000]
     text_file.write_text(text, encoding="utf-8")
@@ -90,7 +92,14 @@ def main() -> None:
         tmp = Path(tmp_name)
         runs = {
             "default settings (llama)": ["--max-time", args.max_time],
-            "gpt2 + r50k_base (gpt2)": ["--max-time", args.max_time, "--arch", "gpt2", "--tokenizer", "r50k_base"],
+            "gpt2 + r50k_base (gpt2)": [
+                "--max-time",
+                args.max_time,
+                "--arch",
+                "gpt2",
+                "--tokenizer",
+                "r50k_base",
+            ],
         }
         rows = []
         for i, (name, options) in enumerate(runs.items()):

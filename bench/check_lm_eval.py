@@ -40,7 +40,9 @@ def check_run(cmd: list[str], env: dict[str, str] | None = None) -> str:
 
 def serve(run: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     with log.open("w") as f:
-        proc = subprocess.Popen([*MINIGPT, "serve", str(run), "--port", "0"], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(
+            [*MINIGPT, "serve", str(run), "--port", "0"], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT
+        )
     for _ in range(600):
         found = re.search(r"serving on (http://\S+?)/ ", log.read_text())
         if found:
@@ -74,10 +76,14 @@ def compare(served: dict[str, Any], hf: dict[str, Any]) -> list[str]:
     ]
     worst = max(abs(a - b) for a, b in pairs)
     rows.append(f"| minigpt_mc (32 items, 4 choices) | accuracy | {acc[0]:.4f} | {acc[1]:.4f} |")
-    rows.append(f"| minigpt_mc | largest per-choice log-likelihood difference ({len(pairs)} choices) | {worst:.2e} | |")
+    rows.append(
+        f"| minigpt_mc | largest per-choice log-likelihood difference ({len(pairs)} choices) | {worst:.2e} | |"
+    )
     gens = [[s["filtered_resps"][0] for s in r["samples"]["minigpt_gen"]] for r in (served, hf)]
     same = sum(a == b for a, b in zip(*gens, strict=True))
-    rows.append(f"| minigpt_gen (10 prompts, until newline, 16 tokens) | same generations | {same} of {len(gens[0])} | |")
+    rows.append(
+        f"| minigpt_gen (10 prompts, until newline, 16 tokens) | same generations | {same} of {len(gens[0])} | |"
+    )
     return rows
 
 
@@ -93,7 +99,19 @@ def main() -> None:
         run = args.run
         if run is None:
             run = tmp / "default"
-            check_run([*MINIGPT, "train", str(args.text), "--out", str(run), "--max-time", args.max_time, "--device", "cpu"])
+            check_run(
+                [
+                    *MINIGPT,
+                    "train",
+                    str(args.text),
+                    "--out",
+                    str(run),
+                    "--max-time",
+                    args.max_time,
+                    "--device",
+                    "cpu",
+                ]
+            )
         hf = tmp / "hf"
         check_run([*MINIGPT, "convert", "to-hf", str(run), str(hf)])
         block = json.loads((run / "config.json").read_text())["model"]["block_size"]
@@ -108,10 +126,16 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-        theirs = lm_eval(args.lm_eval_python, "hf", f"pretrained={hf},dtype=float32,max_length={block}", tmp / "hf-out")
-        version = check_run([args.lm_eval_python, "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"])
+        theirs = lm_eval(
+            args.lm_eval_python, "hf", f"pretrained={hf},dtype=float32,max_length={block}", tmp / "hf-out"
+        )
+        version = check_run(
+            [args.lm_eval_python, "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"]
+        )
     print(f"lm-evaluation-harness {version.strip()}\n")
-    print("| task | measure | local-completions on `minigpt serve` | `--model hf` on the export |\n|---|---|---:|---:|")
+    print(
+        "| task | measure | local-completions on `minigpt serve` | `--model hf` on the export |\n|---|---|---:|---:|"
+    )
     print("\n".join(compare(served, theirs)))
 
 

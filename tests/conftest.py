@@ -60,10 +60,14 @@ MIXED = (
     "   \n  \n x   "
 )
 # what the default-settings run below learns from: English with some of every script in MIXED
-CORPUS = "".join(
-    f"{w} the quick brown fox jumps over the lazy dog {i % 13}, said {w!r}.\n"
-    for i, w in enumerate(["alpha", "beta", "gamma", "delta", "你好", "世界", "café", "🙂"] * 60)
-) + "def square(x):\n    return x ** 2\n\n\t\ttabs\n" + MIXED[::-1]
+CORPUS = (
+    "".join(
+        f"{w} the quick brown fox jumps over the lazy dog {i % 13}, said {w!r}.\n"
+        for i, w in enumerate(["alpha", "beta", "gamma", "delta", "你好", "世界", "café", "🙂"] * 60)
+    )
+    + "def square(x):\n    return x ** 2\n\n\t\ttabs\n"
+    + MIXED[::-1]
+)
 
 
 @pytest.fixture(scope="session")
