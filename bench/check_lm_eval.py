@@ -9,7 +9,7 @@ every choice's log-likelihood (to 1e-3) and every generation, and prints a markd
 
 lm-evaluation-harness lives in its own environment (it pins its own dependencies):
 
-    python -m venv /tmp/lmeval-venv && /tmp/lmeval-venv/bin/pip install torch==2.13.0 lm-eval accelerate
+    python -m venv /tmp/lmeval-venv && /tmp/lmeval-venv/bin/pip install torch==2.13.0 "lm-eval[api]" accelerate
     python bench/check_lm_eval.py --lm-eval-python /tmp/lmeval-venv/bin/python
 """
 

@@ -919,11 +919,14 @@ def convert_from_hf(
     _report_conversion(result, "minigpt run")
 
 
+_ExportedRun = Annotated[
+    Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
+]
+
+
 @convert_app.command("to-hf")
 def convert_to_hf(
-    run: Annotated[
-        Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
-    ],
+    run: _ExportedRun,
     out: Annotated[Path, typer.Argument(help="Directory to write for transformers' from_pretrained.")],
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
@@ -951,9 +954,7 @@ class GGUFDtype(str, Enum):
 
 @convert_app.command("to-gguf")
 def convert_to_gguf(
-    run: Annotated[
-        Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
-    ],
+    run: _ExportedRun,
     out: Annotated[Path, typer.Argument(help="The GGUF file to write (e.g. model.gguf).")],
     dtype: Annotated[
         GGUFDtype,

@@ -31,7 +31,7 @@ TEXT = "".join(
     for i, w in enumerate(["alpha", "beta", "gamma", "delta"] * 60)
 )
 TINY = ["--preset", "tiny", "--batch-size", "4", "--eval-iters", "2", "--log-every", "5", "--device", "cpu"]
-RUN_FILES = sorted([RunDir.CONFIG, RunDir.TOKENIZER, RunDir.WEIGHTS, RunDir.STATE, RunDir.METRICS])
+RUN_FILES = sorted(RunDir.FILES)
 linux_only = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds workers through /proc")
 
 
