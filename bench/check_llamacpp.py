@@ -84,6 +84,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
     p.add_argument("--max-time", default="60s")
+    p.add_argument("--run", type=Path, help="a run made with every default to check (default: train one)")
     p.add_argument("--tokens", type=int, default=48, help="greedy tokens per prompt (prompt + these <= 64)")
     p.add_argument("--llama", type=Path, default=ROOT.parent / "shared" / "tools" / "llama.cpp" / "bin")
     args = p.parse_args()
@@ -104,7 +105,10 @@ def main() -> None:
         rows = []
         for i, (name, options) in enumerate(runs.items()):
             out = tmp / f"run{i}"
-            run([*MINIGPT, "train", str(args.text), "--out", str(out), "--device", "cpu", *options])
+            if i == 0 and args.run is not None:
+                out = args.run
+            else:
+                run([*MINIGPT, "train", str(args.text), "--out", str(out), "--device", "cpu", *options])
             rows += check(name, out, args.llama, tmp, args.tokens)
     print("| run | prompt | tokens | minigpt vs llama.cpp | text |\n|---|---|---:|---|---|")
     print("\n".join(rows))

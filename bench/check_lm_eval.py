@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 MINIGPT = [sys.executable, "-m", "minigpt"]
 TASKS = "minigpt_mc,minigpt_gen"
 
@@ -64,6 +65,16 @@ def lm_eval(python: str, model: str, args: str, out: Path) -> dict[str, Any]:
         lines = next(out.rglob(f"samples_{task}_*.jsonl")).read_text().splitlines()
         samples[task] = sorted((json.loads(line) for line in lines), key=lambda s: s["doc_id"])
     return {"results": results, "samples": samples}
+
+
+def longest(run: Path) -> int:
+    """The most tokens of a context and a choice in the multiple-choice task: both models score them whole
+    only if it fits in the context (else each truncates its own way)."""
+    from minigpt.rundir import RunDir
+
+    tok = RunDir(run).tokenizer()
+    items = [json.loads(line) for line in (ROOT / "bench" / "lm_eval" / "mc.jsonl").read_text().splitlines()]
+    return max(len(tok.encode(d["context"] + c)) for d in items for c in d["choices"])
 
 
 def compare(served: dict[str, Any], hf: dict[str, Any]) -> list[str]:
@@ -115,6 +126,10 @@ def main() -> None:
         hf = tmp / "hf"
         check_run([*MINIGPT, "convert", "to-hf", str(run), str(hf)])
         block = json.loads((run / "config.json").read_text())["model"]["block_size"]
+        if longest(run) >= block:
+            raise SystemExit(
+                f"an item is {longest(run)} tokens, more than the context minus one ({block - 1})"
+            )
         proc, url = serve(run, tmp / "serve.log")
         try:
             served = lm_eval(
