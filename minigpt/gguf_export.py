@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.config import GPTConfig
+from minigpt.convert import ConvertResult, record_export
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import atomic_path
 from minigpt.hfmap import family_for, qkv_rows
@@ -215,11 +216,9 @@ def _tokenizer(w: gguf.GGUFWriter, gguf: Any, tok: Tokenizer, vocab_size: int) -
 # ---------------------------------------------------------------- the export
 
 
-def to_gguf(run: Path, out: Path, *, dtype: str = "f32", overwrite: bool = False) -> Any:
+def to_gguf(run: Path, out: Path, *, dtype: str = "f32", overwrite: bool = False) -> ConvertResult:
     """Write the run's best weights and tokenizer as the GGUF file `out` (atomically); an existing file is
-    only replaced with `overwrite`. Returns a ConvertResult."""
-    from minigpt.convert import ConvertResult, record_export
-
+    only replaced with `overwrite`."""
     if dtype not in GGUF_DTYPES:
         raise UsageError(f"--dtype {dtype!r}: choose one of {', '.join(GGUF_DTYPES)}")
     run, out = Path(run), Path(out)
