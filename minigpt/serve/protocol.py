@@ -177,12 +177,7 @@ def make_jobs(req: CompletionRequest, tokenizer: Tokenizer, block_size: int, lim
 
 def _checked_ids(tokenizer: Tokenizer, ids: list[int], block_size: int) -> list[int]:
     """A token-id prompt, checked to be ids of the model's tokenizer that fit in its context."""
-    bad = next((i for i in ids if not 0 <= i < tokenizer.vocab_size), None)
-    if bad is None:
-        try:
-            tokenizer.decode_bytes(ids)
-        except MinigptError:
-            bad = next(i for i in ids if not _decodes(tokenizer, i))
+    bad = next((i for i in ids if not (0 <= i < tokenizer.vocab_size and _decodes(tokenizer, i))), None)
     if bad is not None:
         raise ApiError(
             400, f"prompt holds token id {bad}, which is not in this model's vocabulary (0..{tokenizer.vocab_size - 1})",
