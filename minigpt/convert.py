@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
+from minigpt.exports import ConvertResult, record_export
 from minigpt.files import (
     atomic_write_bytes,
     atomic_write_json,
@@ -42,11 +42,11 @@ from minigpt.hftokenizer import (
     tokenizer_from_hf_json,
     tokenizer_from_vocab_merges,
 )
+from minigpt.model import build_model, model_tensors
 from minigpt.modelcard import model_card, write_card
 from minigpt.rundir import FORMAT as RUN_FORMAT
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import NAMED_ENCODINGS, shorten
-from minigpt.weights import build_model, model_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -73,17 +73,6 @@ _STALE_HF_FILES = (
     MINIGPT_TOKENIZER,
     "generation_config.json",
 )
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    """What a conversion wrote: the directory (or file), the model shape, and a one-line note if any."""
-
-    out: Path
-    config: GPTConfig
-    params: int
-    tokenizer: str
-    note: str | None = None  # something the user should know (an export that could not be recorded)
 
 
 # ---------------------------------------------------------------- configs
@@ -387,13 +376,3 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     atomic_write_json(out / HF_CONFIG, hf)  # last: without it the directory is not a model yet
     note = record_export(rundir, "hf", out, architecture=hf["architectures"][0])
     return ConvertResult(out, config, model.num_params(), tok.describe(), note)
-
-
-def record_export(run: RunDir, kind: str, out: Path, **details: Any) -> str | None:
-    """Note the export in the run's exports.jsonl; a run folder that cannot take the note (read-only,
-    say) does not fail the export: the one-line reason comes back instead."""
-    try:
-        run.record_export(kind, out, **details)
-    except MinigptError as e:
-        return f"the export is not recorded in the run ({e})"
-    return None

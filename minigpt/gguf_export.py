@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.config import GPTConfig
-from minigpt.convert import ConvertResult, record_export
-from minigpt.errors import MinigptError, UsageError
+from minigpt.errors import MinigptError
+from minigpt.exports import ConvertResult, GGUFConfig, record_export
 from minigpt.files import atomic_path
 from minigpt.hfmap import family_for, qkv_rows
 from minigpt.rundir import RunDir
@@ -39,9 +39,7 @@ from minigpt.tokenizer import (
 if TYPE_CHECKING:
     import gguf
 
-__all__ = ["GGUF_DTYPES", "gguf_architecture", "to_gguf"]
-
-GGUF_DTYPES = ("f32", "f16", "q8_0")
+__all__ = ["gguf_architecture", "gguf_tensors", "to_gguf"]
 # llama.cpp's pre-tokenizer (tokenizer.ggml.pre) that splits text as each known pattern does
 _PRE_TOKENIZERS = {
     GPT2_SPLIT_PATTERN: "gpt-2",
@@ -216,11 +214,12 @@ def _tokenizer(w: gguf.GGUFWriter, gguf: Any, tok: Tokenizer, vocab_size: int) -
 # ---------------------------------------------------------------- the export
 
 
-def to_gguf(run: Path, out: Path, *, dtype: str = "f32", overwrite: bool = False) -> ConvertResult:
-    """Write the run's best weights and tokenizer as the GGUF file `out` (atomically); an existing file is
-    only replaced with `overwrite`."""
-    if dtype not in GGUF_DTYPES:
-        raise UsageError(f"--dtype {dtype!r}: choose one of {', '.join(GGUF_DTYPES)}")
+def to_gguf(
+    run: Path, out: Path, settings: GGUFConfig = GGUFConfig(), *, overwrite: bool = False
+) -> ConvertResult:
+    """Write the run's best weights and tokenizer as the GGUF file `out` (atomically), matrices in
+    `settings.dtype`; an existing file is only replaced with `overwrite`."""
+    dtype = settings.dtype
     run, out = Path(run), Path(out)
     rundir = RunDir(run)
     _, config, tok = rundir.open()

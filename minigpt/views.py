@@ -15,8 +15,8 @@ from minigpt.rundir import RunDir
 
 if TYPE_CHECKING:
     from minigpt.config import GPTConfig
-    from minigpt.convert import ConvertResult
     from minigpt.evaluate import EvalResult
+    from minigpt.exports import ConvertResult
     from minigpt.runs import RunSummary
 
 
