@@ -21,10 +21,7 @@ from conftest import CORPUS, MIXED, R50K_FILE  # noqa: E402
 from minigpt.cli import app  # noqa: E402
 from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.hftokenizer import bytes_to_unicode  # noqa: E402
-from minigpt.model import (
-    GPT,  # noqa: E402
-    model_tensors,  # noqa: E402
-)
+from minigpt.model import GPT, model_tensors  # noqa: E402
 from minigpt.rundir import RunDir  # noqa: E402
 from minigpt.tokenizer import (  # noqa: E402
     GPT2_SPLIT_PATTERN,
