@@ -16,7 +16,7 @@ import numpy as np
 from minigpt.decode import Engine, Sampling, TextStream, resolve_slide, window_drop
 from minigpt.errors import MinigptError
 from minigpt.kvcache import KVCache
-from minigpt.serve.scoring import prompt_logits
+from minigpt.serve.scoring import prompt_log_probs
 from minigpt.tokenizer import Tokenizer
 
 __all__ = ["Batcher", "Job", "Piece", "QueueFull", "TokenLogprob", "Update", "notify_each"]
@@ -299,8 +299,8 @@ class Batcher:
             by_length.setdefault(len(job.prompt_ids), []).append(job)
         entries: dict[int, list[TokenLogprob]] = {}
         for group in by_length.values():
-            logits = prompt_logits(self.engine, [job.prompt_ids for job in group])
-            for job, rows in zip(group, logits, strict=True):
+            logp = prompt_log_probs(self.engine, [job.prompt_ids for job in group])
+            for job, rows in zip(group, logp, strict=True):
                 entries[id(job)] = _prompt_logprobs(rows, job.prompt_ids, job.logprobs or 0, self.tokenizer)
         for job in jobs:
             pieces = [
@@ -452,12 +452,11 @@ def _logprobs(
     return out
 
 
-def _prompt_logprobs(
-    logits: np.ndarray, ids: list[int], top: int, tokenizer: Tokenizer
-) -> list[TokenLogprob]:
+def _prompt_logprobs(logp: np.ndarray, ids: list[int], top: int, tokenizer: Tokenizer) -> list[TokenLogprob]:
     """Each prompt token's entry: the first has no log-probability, each later one its log-probability after
-    the tokens before it (`logits[i]` predicts `ids[i + 1]`); offsets are where each token's text starts."""
-    scored = _logprobs(logits, ids[1:], top, tokenizer)
+    the tokens before it (`logp[i]` is the distribution of `ids[i + 1]`); offsets are where each token's
+    text starts."""
+    scored = _logprobs(logp, ids[1:], top, tokenizer)
     data = b""
     offsets = []
     for token in ids:

@@ -1,9 +1,8 @@
-"""Scoring prompts: the logits the model gives after every prompt position, for `echo` with `logprobs`
-(each prompt token's log-probability given the ones before it, as lm-evaluation-harness asks for).
+"""Scoring prompts: each prompt token's log-probabilities given the tokens before it, for `echo` with
+`logprobs` (what lm-evaluation-harness's loglikelihood tasks ask for).
 
-One function, so that an engine call returning every position's logits from one prefill can replace the
-loop: today it feeds the prompts through the engine's KV cache one position at a time, all rows together,
-which the decode loop's own parity tests hold equal to a full forward pass.
+Prompts of one length are scored together, in one prefill that returns the logits of every position
+(`Engine.forward(..., every_position=True)`).
 """
 
 from __future__ import annotations
@@ -14,23 +13,14 @@ import numpy as np
 
 from minigpt.decode import Engine
 
-__all__ = ["prompt_logits"]
+__all__ = ["prompt_log_probs"]
 
 
-def _numpy(logits: object) -> np.ndarray:
-    """An engine's logits (a NumPy array or a torch tensor) as float64 NumPy."""
-    if hasattr(logits, "cpu"):
-        logits = logits.float().cpu().numpy()  # type: ignore[attr-defined]
-    return np.asarray(logits, dtype=np.float64)
-
-
-def prompt_logits(engine: Engine, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-    """(B, T - 1, vocab) float64 logits for B prompts of one length T (at most the engine's block_size):
-    [b, i] is what the model predicts after prompts[b][: i + 1], the distribution of prompts[b][i + 1]."""
+def prompt_log_probs(engine: Engine, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    """(B, T - 1, vocab) float64 log-probabilities for B prompts of one length T (at most the engine's
+    block_size): [b, i] is the model's distribution after prompts[b][: i + 1], that of prompts[b][i + 1]."""
     length = len(prompts[0])
     if any(len(p) != length for p in prompts) or length > engine.block_size:
-        raise ValueError("prompt_logits takes prompts of one length, at most block_size tokens")
-    cache = engine.new_cache(len(prompts))
-    rows = [_numpy(engine.forward([[p[i]] for p in prompts], cache)) for i in range(length - 1)]
-    vocab = rows[0].shape[-1] if rows else 0
-    return np.stack(rows, axis=1) if rows else np.zeros((len(prompts), 0, vocab))
+        raise ValueError("prompt_log_probs takes prompts of one length, at most block_size tokens")
+    logits = engine.forward(prompts, engine.new_cache(len(prompts)), every_position=True)
+    return engine.log_probs(logits)[:, :-1]
