@@ -51,6 +51,9 @@ _LAYER_NAME = re.compile(r"^transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")
 Check = tuple[bool, str, str]  # (the config has a problem, the option as a flag, why transformers lacks it)
 
 
+_SCALED_ONLY = "GPT-2, Llama and Qwen3 score attention by the scaled dot product only (--attn-score scaled)"
+
+
 def _has_windows(c: GPTConfig) -> bool:
     return any(w < c.block_size for w in c.layer_windows)
 
@@ -87,7 +90,8 @@ def _rotary_checks(c: GPTConfig) -> list[Check]:
 def family_for(config: GPTConfig, target: str = "Hugging Face") -> str:
     """The model_type a minigpt model converts to, or a one-line error naming the option none can hold
     (llama.cpp's gpt2, llama and qwen3 hold what these do: `target` names the format in the error)."""
-    checks = _gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config)
+    score = (config.attn_score != "scaled", f"--attn-score {config.attn_score}", _SCALED_ONLY)
+    checks = [score, *(_gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config))]
     for failed, option, why in checks:
         if failed:
             raise MinigptError(f"cannot convert to {target}: this model has {option}; {why}")

@@ -16,9 +16,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
+from minigpt.memory import score_chunks
 from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
@@ -37,6 +39,7 @@ __all__ = [
     "GPTConfig",
     "KVCache",
     "attend",
+    "attention_logits",
     "block",
     "attention_mask",
     "build_model",
@@ -88,6 +91,14 @@ def _linear(shapes: Shapes, name: str) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=f"{name}.bias" in shapes)
 
 
+class ScoreMap(nn.Module):
+    """One of the attention score's per-head maps (`weights.score_shapes`), held as `weight`."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(shape))
+
+
 class CausalSelfAttention(nn.Module):
     """Parameters of multi-head causal self-attention (computed by `attend`)."""
 
@@ -98,6 +109,9 @@ class CausalSelfAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = _norm(config, shapes, "attn.q_norm")
             self.k_norm = _norm(config, shapes, "attn.k_norm")
+        for name, shape in shapes.items():
+            if name.startswith("attn.score"):
+                setattr(self, name.split(".")[1], ScoreMap(shape))
 
 
 class MLP(nn.Module):
@@ -151,8 +165,11 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+        maps = []  # initialised last, so every score starts from the same weights for the same seed
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if ".attn.score" in name:
+                maps.append((name, p))
+            elif name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
             elif p.dim() >= 2:
                 nn.init.normal_(p, mean=0.0, std=0.02)
@@ -160,6 +177,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
             else:  # LayerNorm gains
                 nn.init.ones_(p)
+        for name, p in maps:
+            _init_score_map(name, p)
 
     def num_params(self) -> int:
         """Parameters the module holds, a tied tensor counted once."""
@@ -209,6 +228,16 @@ class GPT(nn.Module):
             )
             return logits, loss
         return F.linear(x if all_logits else x[:, -1, :], w.lm_head), None
+
+
+def _init_score_map(name: str, p: torch.Tensor) -> None:
+    """general's W starts as the identity, so general starts as dot and the runs differ by what training does
+    with W; additive's maps start at N(0, 1/fan_in) (LeCun), keeping tanh's inputs at the scale of the
+    queries and keys and the scores at the scale of tanh's outputs."""
+    if name.endswith("attn.score.weight"):
+        p.copy_(torch.eye(p.size(-1)).expand_as(p))
+    else:
+        nn.init.normal_(p, mean=0.0, std=p.size(-1) ** -0.5)
 
 
 def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
@@ -296,6 +325,8 @@ def qkv(
     q = q.view(B, T, w.n_head, hd).transpose(1, 2)
     k = k.view(B, T, w.n_kv_head, hd).transpose(1, 2)
     v = v.view(B, T, w.n_kv_head, hd).transpose(1, 2)
+    if w.score == "general":  # W acts on the projected queries, so it folds into W_Q
+        q = q @ w.score_maps[0].mT
     if w.q_norm is not None and w.k_norm is not None:
         q, k = norm(w.q_norm, q), norm(w.k_norm, k)
     if rope is not None:
@@ -315,40 +346,83 @@ def attend(
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
     each query seeing at most the layer's window.
 
-    Fused SDPA by default; with an `attention` list it computes softmax(QKᵀ/√d) explicitly and appends
-    the probabilities (B, H, T, keys), so inspection reads the very attention the model runs.
+    Fused SDPA for the dot-product scores (scaled, dot, general); with an `attention` list, or for the
+    additive score, it computes softmax(logits) explicitly (masked first) and appends the probabilities
+    (B, H, T, keys) to the list, so inspection reads the very attention the model runs.
     """
     B, T, C = x.shape
     q, k, v = qkv(w, x, rope)
     if cache is not None:
         k, v = cache.update(layer, k, v)
-    if attention is None:
-        y = _fused_attention(q, k, v, w.window, dropout)
+    if attention is None and w.score != "additive":
+        y = _fused_attention(q, k, v, w.window, dropout, None if w.score == "scaled" else 1.0)
     else:
         groups = w.n_head // w.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        scores = attention_logits(w, q, k)
         if T > 1:
             scores = scores.masked_fill(~attention_mask(T, k.size(2), w.window, x.device), float("-inf"))
         probs = scores.softmax(dim=-1)
-        attention.append(probs)
+        if attention is not None:
+            attention.append(probs)
         y = _dropout(probs, dropout).to(v.dtype) @ v
     # reshape is a view, not a copy, for a single new token
     return _dropout(linear(w.c_proj, y.transpose(1, 2).reshape(B, T, C)), dropout)
 
 
 def _fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float, scale: float | None
 ) -> torch.Tensor:
     T, S = q.size(2), k.size(2)
     gqa = k.size(1) != q.size(1)
     # one new query sees every key the cache hands back (it keeps only the layer's window); T queries
     # over T keys within the window are plain causal attention
     if T == 1 or (S == T and window >= T):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=T > 1, scale=scale, enable_gqa=gqa
+        )
     # SDPA's is_causal aligns the mask top-left, wrong when queries start after cached keys
     mask = attention_mask(T, S, window, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa
+    )
+
+
+def attention_logits(w: AttentionWeights[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Logits (B, H, T, S), float32 or wider, of the queries q (B, H, T, hd) over the keys k (B, H, S, hd,
+    one head per query head) by the layer's score: q·k/√hd, q·k (dot; general, whose W qkv applied), or additive's
+    vᵀtanh(W₁q + W₂k), left -inf where no query of a chunk may look (the caller masks the rest)."""
+    dtype = torch.promote_types(q.dtype, torch.float32)  # half precision upcast; a float64 model stays
+    if w.score == "additive":
+        maps = tuple(m.to(dtype) for m in w.score_maps)
+        return _additive_logits(q.to(dtype), k.to(dtype), maps, w.window)
+    logits = q.to(dtype) @ k.to(dtype).transpose(-2, -1)
+    return logits / math.sqrt(q.size(-1)) if w.score == "scaled" else logits
+
+
+def _additive_logits(
+    q: torch.Tensor, k: torch.Tensor, maps: tuple[torch.Tensor, ...], window: int
+) -> torch.Tensor:
+    """vᵀtanh(W₁q + W₂k) of every query and key, materialising the B·H·T·S·d_a pre-activations a chunk
+    of queries at a time (`memory.score_chunks`). Under autograd each chunk is recomputed in the backward
+    pass (checkpoint) rather than kept, so a training step holds one chunk's values, not every chunk's."""
+    w1, w2, v = maps
+    qa, ka = q @ w1.mT, (k @ w2.mT).unsqueeze(2)  # (B, H, T, d_a), (B, H, 1, S, d_a)
+    B, H, T, da = qa.shape
+    logits = qa.new_full((B, H, T, ka.size(3)), float("-inf"))
+    grad = torch.is_grad_enabled() and (qa.requires_grad or ka.requires_grad)
+    for t0, t1, k0, k1 in score_chunks(T, ka.size(3), window, B * H * da):
+        part = (qa[:, :, t0:t1], ka[:, :, :, k0:k1], v)
+        logits[:, :, t0:t1, k0:k1] = (
+            checkpoint(_additive_chunk, *part, use_reentrant=False) if grad else _additive_chunk(*part)
+        )
+    return logits
+
+
+def _additive_chunk(qa: torch.Tensor, ka: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """vᵀtanh(qa + ka) for queries qa (B, H, Tc, d_a) and keys ka (B, H, 1, S, d_a): (B, H, Tc, S)."""
+    pre = qa.unsqueeze(3) + ka  # (B, H, Tc, S, d_a): the memory `score_chunks` bounds
+    return (pre.tanh_() @ v.mT.unsqueeze(1)).squeeze(-1)
 
 
 def mlp(w: MLPWeights[torch.Tensor], x: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:

@@ -64,7 +64,7 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
         f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} head_dim={c.head_dim} "
         f"d_ff={c.d_ff} vocab_size={c.vocab_size:,} block_size={c.block_size:,} "
         f"bias={c.bias} tied={c.tie_embeddings}\npos={c.pos} norm={c.norm} mlp={c.mlp} qk_norm={c.qk_norm} "
-        f"n_kv_head={c.kv_heads}{_windows(c)}"
+        f"n_kv_head={c.kv_heads}{_windows(c)} attn_score={c.attn_score}"
     )
     table = _rows_table(
         f"Parameters of {title}", "Part", report.rows, "Total (GPT-3 style)", report.gpt3_total

@@ -48,6 +48,8 @@ class AttentionWeights(Generic[A]):
     window: int  # the latest positions a query sees, itself included
     q_norm: NormWeights[A] | None  # QK-norm: RMSNorm over each head's dimensions
     k_norm: NormWeights[A] | None
+    score: str = "scaled"  # how a query scores a key (GPTConfig.attn_score)
+    score_maps: tuple[A, ...] = ()  # its per-head maps, as `score_shapes` lists them
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,8 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
             window,
             norm(f"{p}.attn.q_norm", True) if qk else None,
             norm(f"{p}.attn.k_norm", True) if qk else None,
+            config.attn_score,
+            tuple(tensors[f"{p}.{name}"] for name in score_shapes(config)),
         )
         gate = linear(f"{p}.mlp.c_gate") if config.mlp == "swiglu" else None
         mlp = MLPWeights(linear(f"{p}.mlp.c_fc"), linear(f"{p}.mlp.c_proj"), gate, config.mlp)
@@ -180,7 +184,23 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{name}.weight"] = shape
         if config.bias:
             shapes[f"{name}.bias"] = shape[:1]
-    return shapes
+    return {**shapes, **score_shapes(config)}
+
+
+def score_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The attention score's per-head maps within a block, each (n_head, out, in) in torch's Linear layout:
+    general's W on the queries, (Wq)·k; additive's W₁ on the queries, W₂ on the keys and vᵀ,
+    vᵀtanh(W₁q + W₂k). scaled and dot have none."""
+    H, hd, da = config.n_head, config.head_dim, config.additive_width
+    if config.attn_score == "general":
+        return {"attn.score.weight": (H, hd, hd)}
+    if config.attn_score == "additive":
+        return {
+            "attn.score_q.weight": (H, da, hd),
+            "attn.score_k.weight": (H, da, hd),
+            "attn.score_v.weight": (H, 1, da),
+        }
+    return {}
 
 
 def norm_has_bias(config: GPTConfig, name: str) -> bool:

@@ -375,6 +375,29 @@ def write_file(name: str, text: str) -> Callable[[Path], None]:
 
 
 GENERATE = ("generate", "-m", "{run}", "-n", "3", "x")
+
+
+def additive_run_claiming(block_size: int) -> Callable[[Path], list[str]]:
+    """A run of a tiny rotary model with the additive score (its weights do not depend on the block size),
+    whose config.json then claims `block_size` positions: the weights match, the memory estimate refuses."""
+
+    def build(tmp: Path) -> list[str]:
+        from minigpt.config import GPTConfig
+        from minigpt.model import GPT
+        from minigpt.rundir import RunDir
+        from minigpt.tokenizer import CharTokenizer
+
+        config = GPTConfig(
+            vocab_size=26, block_size=32, n_layer=2, n_head=2, n_embd=32, pos="rope", attn_score="additive"
+        )
+        run = tmp / "run"
+        RunDir(run).save(GPT(config), CharTokenizer([chr(97 + i) for i in range(26)]), extra={})
+        edit_config(lambda c: c["model"].update(block_size=block_size))(run)
+        return [part.replace("{run}", str(run)) for part in GENERATE]
+
+    return build
+
+
 BILLION_LAYERS = edit_config(lambda c: c["model"].update(n_layer=10**9))
 
 
@@ -607,6 +630,16 @@ ATTACKS = [
         "config.json rope_base 1e308 and pos 'alibi'",
         with_run(edit_config(lambda c: c["model"].update(pos="alibi", rope_base=1e308)), *GENERATE),
         "unknown pos 'alibi'",
+    ),
+    Attack(
+        "config.json attn_score 'cosine'",
+        with_run(edit_config(lambda c: c["model"].update(attn_score="cosine")), *GENERATE),
+        "unknown attn_score 'cosine'",
+    ),
+    Attack(
+        "config.json additive scores over 10**8 positions",
+        additive_run_claiming(10**8),
+        "GiB of memory",
     ),
     Attack(
         "config.json window past block_size",

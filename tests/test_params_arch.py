@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minigpt.cli import app
-from minigpt.config import GPTConfig
+from minigpt.config import SCORES, GPTConfig
 from minigpt.model import GPT
 from minigpt.params import count_params
 
@@ -26,7 +26,8 @@ OPTIONS = dict(
 
 
 def configs() -> list[GPTConfig]:
-    """Every option combination on every shape, with full, grouped and multi-query attention and windows."""
+    """Every option combination on every shape, with full, grouped and multi-query attention and windows,
+    the attention scores taking turns."""
     out = []
     for (L, H, D, V, T), values in itertools.product(SHAPES, itertools.product(*OPTIONS.values())):
         options = dict(zip(OPTIONS, values, strict=True))
@@ -41,6 +42,7 @@ def configs() -> list[GPTConfig]:
                     n_kv_head=kv,
                     window=window,
                     window_pattern="SL",
+                    attn_score=SCORES[len(out) % len(SCORES)],
                     **options,
                 )  # fmt: skip
             )
@@ -84,6 +86,10 @@ def _row(name: str) -> str:
         "mlp.c_gate.weight": "Gate-projection (SwiGLU)",
         "mlp.c_proj.weight": "Down-projection",
         "lm_head.weight": "Unembedding",
+        "attn.score.weight": "Score map W (general)",
+        "attn.score_q.weight": "Score W₁ (additive, queries)",
+        "attn.score_k.weight": "Score W₂ (additive, keys)",
+        "attn.score_v.weight": "Score v (additive)",
     }
     return next(row for suffix, row in suffixes.items() if name.endswith(suffix))
 

@@ -126,8 +126,11 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     [
         dict(arch="gpt2", optimizer="adamw"),
         dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8),
+        dict(arch="gpt2", optimizer="adamw", attn_score="dot"),
+        dict(arch="gpt2", optimizer="adamw", attn_score="general"),
+        dict(arch="modern", optimizer="muon", n_kv_head=2, window=8, attn_score="additive"),
     ],
-    ids=["gpt2", "modern"],
+    ids=["gpt2", "modern", "dot", "general", "additive"],
 )
 def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str, Any]) -> None:
     """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
