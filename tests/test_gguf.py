@@ -265,6 +265,7 @@ def test_what_llama_cpp_cannot_run_is_a_one_line_error(tmp_path: Path, runner, m
         "window": (dict(**ROTARY, qk_norm=True, bias=False, window=8), "--window 8"),
         "llama window": (dict(**ROTARY, window=8), "--window 8"),
         "relu2": (dict(pos="rope", norm="rmsnorm", mlp="relu2"), "--mlp relu2"),
+        "additive score": (dict(**ROTARY, attn_score="additive"), "--attn-score additive"),
         "char": (dict(**ROTARY), f"all {tok.vocab_size} ids are characters"),
     }
     for name, (options, message) in cases.items():
