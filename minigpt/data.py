@@ -1,31 +1,33 @@
-"""Text files to token ids: input checks, a content-keyed token cache, train/val split and batches."""
+"""Training text as token ids: data settings, preparing a corpus into the token store, splits and batches.
+
+The corpus itself (file formats, the token store, tokenizing beside training, progress) lives in
+minigpt.corpus; this module is the dataset and sampler API that training and evaluation use.
+"""
 
 from __future__ import annotations
 
-import codecs
-import contextlib
 import hashlib
 import json
 import math
 import os
 import re
-import socket
-import sys
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minigpt.corpus.ingest import Ingest, Share
+from minigpt.corpus.inputs import Source, check_encoding, collect_files, hash_sources
+from minigpt.corpus.progress import Progress, text_size
+from minigpt.corpus.readers import ReadOptions, documents
+from minigpt.corpus.sample import corpus_texts, sample_texts
+from minigpt.corpus.store import STORE_FORMAT, Entry, content_key, remove_stale_temps, write_json_atomic
+from minigpt.corpus.streams import GrowingStream, TokenStream, split_first_documents
 from minigpt.errors import MinigptError, UsageError
-from minigpt.files import read_bounded
 from minigpt.tokenizer import (
     DEFAULT_BPE_VOCAB_SIZE,
-    CharTokenizer,
     Tokenizer,
     build_tokenizer,
     check_bpe_vocab_size,
@@ -37,34 +39,53 @@ from minigpt.tokenizer import (
 if TYPE_CHECKING:
     import torch
 
-CACHE_FORMAT = 1  # bump when the token stream for the same text and tokenizer would change
-READ_BYTES = 4 << 20  # bytes read and decoded at a time
-PIECE_CHARS = 1 << 20  # characters per tokenizer call when encoding (one thread each)
-TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (it buffers 64 of them)
-SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
+__all__ = [
+    "BatchSampler",
+    "DataConfig",
+    "Dataset",
+    "bits_per_byte",
+    "eval_batches",
+    "prepare_data",
+    "text_size",
+]
+
 ERRORS_CHOICES = ("strict", "replace", "ignore")
-MAX_META_BYTES = 1 << 20  # a token cache entry's JSON is a few hundred bytes
-# Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), so
-# only their text is searched for one (a search costs ~5 ms per MB)
-_SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-# the temp files _Staging writes: .<final name>.<pid>@<host>.tmp
-_TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d{1,9})@(?P<host>[^@/]*)\.tmp")
+# BPE learns from at most this much text, drawn evenly across the corpus: the tokenizer it learns from 64 MB
+# compresses held-out text as well as one learned from everything (README, bench/bench_corpus.py), and
+# training on it takes seconds whatever the corpus size
+DEFAULT_TOKENIZER_SAMPLE = 64 << 20
+VAL_MAX_BYTES = 32 << 20  # validation text held out at most, whatever --val-fraction says
+TOKENIZER_FORMAT = 2  # bump when the same text and settings would train another tokenizer
+_SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|k|m|g)?\s*")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from '64MB', '1.5GB', '500k' or a bare number of bytes (a UsageError for anything else)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.fullmatch(str(text))
+    if not m:
+        raise UsageError(f"--tokenizer-sample {text!r} is not a size; use e.g. 64MB, 1GB or 500000")
+    scale = {"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9}.get((m[2] or "").lower(), 1)
+    return int(float(m[1]) * scale)
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where the text is and how to read and tokenize it."""
 
-    paths: tuple[Path, ...]  # files and/or directories of .txt files
+    paths: tuple[Path, ...]  # files and/or directories of corpus files
     # bpe at 512 gave the lowest validation bits per byte for equal CPU time (bench/bench_tokenizers.py)
-    tokenizer: str = "bpe"  # a --tokenizer value for build_tokenizer
+    tokenizer: str = "bpe"  # a --tokenizer value for build_tokenizer, or a minigpt tokenizer.json
     vocab_size: int | None = None  # bpe only; DEFAULT_BPE_VOCAB_SIZE when None
-    val_fraction: float = 0.1  # the last fraction of the token stream validates
+    val_fraction: float = 0.1  # whole documents from the start of the corpus validate (at most 32 MB)
     val_file: Path | None = None  # a separate validation text instead
-    encoding: str = "utf-8"
+    encoding: str = "utf-8"  # plain text files
     errors: str = "strict"  # "replace" substitutes U+FFFD for undecodable bytes
     cache_dir: Path | None = None  # default: $MINIGPT_CACHE_DIR or ~/.cache/minigpt
+    text_field: str = "text"  # the JSON field or Parquet column holding each document
+    skip_bad_records: bool = False  # skip (and count) bad JSON lines and Parquet values
+    tokenizer_sample: int = DEFAULT_TOKENIZER_SAMPLE  # bytes of text bpe learns from, drawn evenly
 
     def __post_init__(self) -> None:
         paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else tuple(self.paths)
@@ -72,19 +93,22 @@ class DataConfig:
         for name in ("val_file", "cache_dir"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
+        object.__setattr__(self, "tokenizer_sample", parse_size(self.tokenizer_sample))
         if not self.paths:
-            raise UsageError(
-                "no training text given: pass one or more text files or directories of .txt files"
-            )
+            raise UsageError("no training text given: pass one or more files or directories of text")
         if self.val_file is None and not (
             isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction < 1
         ):
             raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {self.val_fraction!r}")
-        _check_encoding(self.encoding)
+        check_encoding(self.encoding)
         if self.errors not in ERRORS_CHOICES:
             raise UsageError(
                 f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
             )
+        if not (isinstance(self.text_field, str) and self.text_field):
+            raise UsageError("--text-field must name a JSON field or Parquet column, e.g. text")
+        if self.tokenizer_sample < 1 << 20:
+            raise UsageError(f"--tokenizer-sample must be at least 1MB, not {self.tokenizer_sample:,} bytes")
         kind = tokenizer_kind(self.tokenizer)
         if self.vocab_size is not None:
             if kind != "bpe":
@@ -96,22 +120,9 @@ class DataConfig:
         """The cache directory in effect."""
         return self.cache_dir if self.cache_dir is not None else default_cache_dir()
 
-
-def _check_encoding(encoding: str) -> None:
-    """A UsageError unless encoding names a codec that decodes bytes to text (codecs also holds
-    bytes-to-bytes ones such as base64 and zlib, and 'undefined', which refuses everything)."""
-    try:
-        codecs.lookup(encoding)
-    except (LookupError, TypeError):
-        raise UsageError(f"unknown --encoding {encoding!r}; try utf-8, utf-16 or latin-1") from None
-    try:
-        text = codecs.getincrementaldecoder(encoding)().decode(b"", final=True)
-    except (UnicodeError, TypeError, ValueError):  # 'undefined', rot13 (str to str), uu
-        text = None
-    if not isinstance(text, str):
-        raise UsageError(
-            f"--encoding {encoding!r} does not decode bytes to text; try utf-8, utf-16 or latin-1"
-        )
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(self.encoding, self.errors, self.text_field, self.skip_bad_records)
 
 
 def default_cache_dir() -> Path:
@@ -122,30 +133,40 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class Dataset:
-    """Token ids of the training and validation text, memory-mapped from the cache."""
+    """Token ids of the training and validation text, memory-mapped from the token store.
+
+    `train` may still be growing when a run starts before tokenizing ends (see minigpt.corpus.streams):
+    the batch sampler then waits, where it must, for the chunks its batch draws from.
+    """
 
     tokenizer: Tokenizer
-    train: np.ndarray  # 1-D uint16/uint32 memmap of token ids
-    val: np.ndarray
+    train: GrowingStream
+    val: TokenStream
     val_bytes: int  # UTF-8 bytes of the validation text
-    train_bytes: int
-    cache_path: Path  # the training token file
+    store: Path  # the token store's folder
     # each input file: absolute path, role (train or val), size and sha256, recorded so a resume can tell
     # whether the text changed and find it again after the run moved
     inputs: tuple[dict[str, Any], ...] = ()
+    ingest: Ingest | None = None
 
     @property
     def val_bytes_per_token(self) -> float:
         """UTF-8 bytes per validation token: divide loss in bits/token by this to get bits/byte."""
         return self.val_bytes / len(self.val)
 
+    @property
+    def complete(self) -> bool:
+        """Whether every training token is in the store (false while tokenizing runs beside training)."""
+        return self.train.complete
 
-def text_size(n: int) -> str:
-    """47 KB, 1.1 MB, 2.3 GB: a size a person reads at a glance (0.0 MB for 47 KB said nothing)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:,.0f} {unit}"
-    return f"{n:,} bytes"
+    def status(self) -> str | None:
+        """How far tokenizing has come, in words, while it runs; None once it is done."""
+        return None if self.ingest is None or self.complete else self.ingest.status()
+
+    def close(self) -> None:
+        """Stop tokenizing in the background (what is done stays in the store)."""
+        if self.ingest is not None:
+            self.ingest.stop()
 
 
 def bits_per_byte(loss_nats_per_token: float, tokens: int, num_bytes: int) -> float:
@@ -155,568 +176,206 @@ def bits_per_byte(loss_nats_per_token: float, tokens: int, num_bytes: int) -> fl
     return loss_nats_per_token * tokens / (num_bytes * math.log(2))
 
 
-# ---------------------------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class _Source:
-    path: Path
-    size: int
-    digest: str  # sha256 of the bytes
-
-
-def _collect_files(paths: Iterable[Path]) -> list[Path]:
-    files: list[Path] = []
-    for p in paths:
-        try:
-            files.extend(_files_at(p))
-        except OSError as e:  # e.g. a name too long for the filesystem
-            raise MinigptError(f"cannot access {p}: {e.strerror}") from None
-    unique: dict[Path, Path] = {}
-    for f in files:
-        unique.setdefault(f.resolve(), f)
-    return list(unique.values())
-
-
-def _files_at(p: Path) -> list[Path]:
-    """The text file p, or the .txt files under the directory p (hidden ones left out)."""
-    if p.is_dir():
-        found = sorted(
-            f
-            for f in p.rglob("*.txt")
-            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-        )
-        if not found:
-            raise MinigptError(
-                f"{p} is a directory with no .txt files; pass text files or a folder of .txt files"
-            )
-        return found
-    if p.is_file():
-        return [p]
-    if p.exists():
-        raise MinigptError(f"{p} is not a regular file; pass text files or directories of .txt files")
-    raise MinigptError(f"{p}: no such file or directory")
-
-
-def _ascii_compatible(encoding: str) -> bool:
-    name = codecs.lookup(encoding).name
-    return not name.startswith(("utf-16", "utf-32"))
-
-
-def _binary_error(path: Path) -> MinigptError:
-    return MinigptError(
-        f"{path} looks like a binary file (it contains NUL bytes); minigpt trains on text files"
-    )
-
-
-def _hash_source(path: Path, encoding: str, advance: Callable[[int], None]) -> _Source:
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(READ_BYTES):
-                if size == 0 and _ascii_compatible(encoding) and b"\x00" in block[:SNIFF_BYTES]:
-                    raise _binary_error(path)
-                h.update(block)
-                size += len(block)
-                advance(len(block))
-    except OSError as e:
-        raise MinigptError(f"cannot read {path}: {e.strerror}") from None
-    if size == 0:
-        raise MinigptError(f"{path} is empty: there is no text in it")
-    return _Source(path, size, h.hexdigest())
-
-
-def _file_text(src: _Source, encoding: str, errors: str, advance: Callable[[int], None]) -> Iterator[str]:
-    """The decoded text of one file, block by block, checking it is real text as it goes."""
-    decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
-    check_surrogates = not codecs.lookup(encoding).name.startswith(_SURROGATE_FREE_CODECS)
-    offset = 0  # bytes of the file fed to the decoder so far
-    nonblank = False
-    with open(src.path, "rb") as f:
-        while True:
-            block = f.read(READ_BYTES)
-            final = not block
-            state = decoder.getstate()
-            pending = len(state[0]) if isinstance(state[0], bytes) else 0
-            try:
-                text = decoder.decode(block, final=final)
-            except UnicodeDecodeError as e:
-                where = offset - pending + e.start
-                raise MinigptError(
-                    f"{src.path}: invalid {encoding} at byte offset {where:,} ({e.reason}); fix the file, "
-                    f"pass the right --encoding, or replace undecodable bytes with --encoding-errors replace"
-                ) from None
-            offset += len(block)
-            if check_surrogates:
-                text = _without_surrogates(text, src.path, encoding, errors)
-            if text:
-                if "\x00" in text:
-                    raise _binary_error(src.path)
-                nonblank = nonblank or not text.isspace()
-                yield text
-            advance(len(block))
-            if final:
-                break
-    if not nonblank:
-        raise MinigptError(f"{src.path} contains only whitespace: there is no text in it")
-
-
-def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> str:
-    """Text with its lone surrogates (not text: no tokenizer can encode one) treated as undecodable bytes
-    are under `errors`: an error, U+FFFD or dropped."""
-    found = _SURROGATE.search(text)
-    if found is None:
-        return text
-    if errors == "strict":
-        raise MinigptError(
-            f"{path}: decoding it as {encoding} gives a lone surrogate (U+{ord(found.group()):04X}), "
-            f"which is not text; fix the file, pass the right --encoding, or replace such characters with "
-            f"--encoding-errors replace"
-        )
-    return _SURROGATE.sub("\ufffd" if errors == "replace" else "", text)
-
-
 def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "strict") -> str:
-    """The whole text of files (or folders of .txt files), checked as training input is; files joined by newlines."""
-    _check_encoding(encoding)
-    parts = []
-    for path in _collect_files(Path(p) for p in paths):
-        src = _hash_source(path, encoding, lambda n: None)
-        parts.append("".join(_file_text(src, encoding, errors, lambda n: None)))
-    return "\n".join(parts)
+    """The whole text of corpus files (or folders of them), checked as training input is; documents joined by
+    newlines."""
+    check_encoding(encoding)
+    opts = ReadOptions(encoding, errors)
+    docs: list[str] = []
+    for src in hash_sources(collect_files(Path(p) for p in paths), encoding, lambda n: None, 1):
+        current: list[str] = []
+        for piece in documents(src, opts, lambda n: None):
+            if piece is None:
+                docs.append("".join(current))
+                current = []
+            else:
+                current.append(piece)
+    return "\n".join(docs)
 
 
-def _safe_cut(text: str, limit: int) -> int:
-    """A cut point in (limit/2, limit] where every split pattern we use starts a new pre-token anyway,
-    so encoding the pieces separately gives the same ids as encoding the whole text.
+# ---------------------------------------------------------------------------------------------- preparing
+
+
+def prepare_data(
+    config: DataConfig,
+    block_size: int,
+    tokenizer: Tokenizer | None = None,
+    progress: bool | Progress = True,
+    *,
+    background: bool = False,
+    share: Share = Share(),
+) -> Dataset:
+    """Check and hash the inputs, build the tokenizer (or use the one given, e.g. on resume or fine-tuning),
+    tokenize into the token store what is not there yet, and split off validation.
+
+    With `background`, this returns once the validation text and the first training chunk are tokenized and
+    the rest goes on beside training (Dataset.close() stops it); else everything is tokenized first. `share`
+    is this process's part of the files under torchrun: the others tokenize the rest into the same store.
+    Every bad input is a one-line MinigptError naming the file (and line); a bad file found before tokenizing
+    starts leaves nothing written.
+
+    With --val-fraction, validation is whole documents from the start of the corpus (the files in content-
+    hash order); with --val-file, that text. BPE learns from up to --tokenizer-sample bytes drawn evenly
+    from the training files, char from all of their text.
     """
-    lo = limit // 2
-    end = limit
-    # after a newline that a letter or digit follows: no pattern joins "\n" to a following word
-    while (i := text.rfind("\n", lo, end)) >= 0:
-        if text[i + 1].isalnum():
-            return i + 1
-        end = i
-    # else before the space of "word word": the space begins the next word's pre-token
-    end = limit
-    while (i := text.rfind(" ", lo, end)) > 0:
-        if text[i - 1].isalpha() and text[i + 1].isalpha():
-            return i
-        end = i
-    return limit  # no such point (one huge "word"): the split differs but still round-trips exactly
-
-
-def _pieces(blocks: Iterable[str], size: int) -> Iterator[str]:
-    buf = ""
-    for block in blocks:
-        buf = buf + block if buf else block
-        while len(buf) > size:
-            cut = _safe_cut(buf, size)
-            yield buf[:cut]
-            buf = buf[cut:]
-    if buf:
-        yield buf
-
-
-# ---------------------------------------------------------------------------------------------- cache
-
-
-def _key(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
-
-
-def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
-class _Staging:
-    """Cache writes go to temp files and only land (by rename) once every check has passed;
-    on failure the temp files and any directories this run created are removed: nothing is written.
-    """
-
-    def __init__(self) -> None:
-        self.created: list[Path] = []
-        self.moves: list[tuple[Path, Path]] = []
-
-    def temp_for(self, final: Path) -> Path:
-        for d in reversed([final.parent, *final.parent.parents]):
-            if not d.exists():
-                d.mkdir()
-                self.created.append(d)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}@{_host()}.tmp")
-        self.moves.append((tmp, final))
-        return tmp
-
-    def write_json(self, final: Path, obj: Any) -> None:
-        self.temp_for(final).write_text(json.dumps(obj) + "\n", encoding="utf-8")
-
-    def commit(self) -> None:
-        # concurrent runs (torchrun ranks) write identical content; a rename is atomic, the last one wins
-        for tmp, final in self.moves:
-            os.replace(tmp, final)
-        self.moves.clear()
-
-    def abort(self) -> None:
-        for tmp, _ in self.moves:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        for d in reversed(self.created):
-            with contextlib.suppress(OSError):
-                d.rmdir()
-
-
-def _remove_stale_temps(directory: Path) -> None:
-    """Delete the temp files of _Staging writers on this machine that were killed (kill -9, or SIGTERM
-    while tokenizing). A file whose writer process is alive is never touched, nor one from another machine
-    sharing the cache (an NFS home under multi-node torchrun), whose process table we cannot see.
-    """
-    for tmp in directory.glob(".*.tmp"):
-        m = _TEMP_NAME.fullmatch(tmp.name)
-        if m and m["host"] == _host() and not _process_alive(int(m["pid"])):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-
-
-def _host() -> str:
-    """This machine's name as temp file names carry it (a name may hold any byte but NUL)."""
-    return re.sub(r"[@/\\]", "_", socket.gethostname())
-
-
-def _process_alive(pid: int) -> bool:
-    if os.name != "posix":
-        return True  # os.kill(pid, 0) would terminate the process on Windows: assume alive, keep the file
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise UsageError(f"--block-size must be a positive integer, not {block_size!r}")
+    report = progress if isinstance(progress, Progress) else Progress(progress)
+    train_src, val_src = _hash_inputs(config, report, share)
+    root = config.cache_root
+    for part in ("tokenizers", "tokens"):
+        remove_stale_temps(root / part)
+    ingest = None
     try:
-        os.kill(pid, 0)  # signal 0 only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's process
-        pass
-    return True
+        if tokenizer is None:
+            tokenizer = _get_tokenizer(config, train_src, report)
+        ingest = _ingest(config, tokenizer, train_src, val_src, report, share)
+        ingest.run(background)
+        dataset = _split(config, tokenizer, ingest, len(val_src), block_size)
+    except OSError as e:  # an unwritable or full cache
+        raise _cache_error(e, root) from None
+    except BaseException:
+        if ingest is not None:
+            ingest.stop()
+        raise
+    dataset.inputs = tuple(_input_record(s, "train") for s in train_src) + tuple(
+        _input_record(s, "val") for s in val_src
+    )
+    return dataset
 
 
-class _PrepProgress:
-    """Data preparation's progress bars and short notes on stderr, or silence."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def note(self, message: str) -> None:
-        if self.enabled:
-            print(message, file=sys.stderr, flush=True)
-
-    @contextlib.contextmanager
-    def bar(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
-        if not self.enabled:
-            yield lambda n: None
-            return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-        )
-        console = Console(stderr=True)
-        # a bar only makes sense on a terminal; in a log file it would leave blank lines behind
-        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-            task = progress.add_task(description, total=total)
-            yield lambda n: progress.advance(task, n)
+def _hash_inputs(config: DataConfig, report: Progress, share: Share) -> tuple[list[Source], list[Source]]:
+    train_files = collect_files(config.paths)
+    val_files = collect_files([config.val_file]) if config.val_file is not None else []
+    both = {f.resolve() for f in train_files} & {f.resolve() for f in val_files}
+    if both:
+        raise UsageError(f"{next(iter(both))} is both training and validation text; pick one or the other")
+    files = train_files + val_files
+    total = sum(f.stat().st_size for f in files)
+    threads = max(1, default_threads() // share.count)
+    with report.phase("hashing inputs", total) as meter:
+        sources = hash_sources(files, config.encoding, meter, threads)
+    return sources[: len(train_files)], sources[len(train_files) :]
 
 
-def _texts(
-    sources: Sequence[_Source], config: DataConfig, advance: Callable[[int], None], piece: int
-) -> Iterator[str]:
-    for src in sources:
-        yield from _pieces(_file_text(src, config.encoding, config.errors, advance), piece)
+def _cache_error(e: OSError, root: Path) -> MinigptError:
+    where = Path(e.filename) if e.filename else root
+    fix = (
+        "; set MINIGPT_CACHE_DIR to a writable folder with free space"
+        if root in (where, *where.parents)
+        else ""
+    )
+    return MinigptError(f"cannot access {where}: {e.strerror or e}{fix}")
 
 
-def _get_tokenizer(
-    config: DataConfig, sources: Sequence[_Source], staging: _Staging, report: _PrepProgress
-) -> Tokenizer:
+def _get_tokenizer(config: DataConfig, sources: Sequence[Source], report: Progress) -> Tokenizer:
     kind = tokenizer_kind(config.tokenizer)
-    if kind == "tiktoken":
+    if kind in ("tiktoken", "file"):  # fixed vocabularies: nothing to learn
         return build_tokenizer(config.tokenizer, None, None)
     vocab = (config.vocab_size or DEFAULT_BPE_VOCAB_SIZE) if kind == "bpe" else None
-    key = _key(
+    opts = config.read_options
+    key = content_key(
         {
-            "format": CACHE_FORMAT,
+            "format": TOKENIZER_FORMAT,
             "tokenizer": kind,
             "vocab_size": vocab,
-            "encoding": config.encoding,
-            "errors": config.errors,
+            "sample": config.tokenizer_sample if kind == "bpe" else None,
+            "read": [opts.key(s.format) for s in sources],
             "inputs": [s.digest for s in sources],
         }
     )
     path = config.cache_root / "tokenizers" / f"{key}.json"
     if path.is_file():
-        with contextlib.suppress(MinigptError):  # a damaged entry is built again
+        try:
             tok = load_tokenizer_file(path)
             report.note(f"reusing the {tok.describe()} tokenizer built earlier from this text ({path})")
             return tok
+        except MinigptError:  # a damaged entry is built again
+            pass
     total = sum(s.size for s in sources)
+    sampled = kind == "bpe" and total > config.tokenizer_sample
     label = "building char vocabulary" if kind == "char" else f"training bpe tokenizer ({vocab:,} tokens)"
-    start = time.perf_counter()
-    with report.bar(label, total) as advance:
-        tok = build_tokenizer(
-            config.tokenizer, lambda: _texts(sources, config, advance, TRAIN_PIECE_CHARS), config.vocab_size
-        )
-    report.note(f"{label}: {tok.describe()} from {text_size(total)} in {time.perf_counter() - start:.1f}s")
-    staging.write_json(path, tok.to_json())
+    with report.phase(label, _sample_bytes(sources, config.tokenizer_sample) if sampled else total) as meter:
+
+        def texts() -> Iterator[str]:
+            if kind == "char":
+                return corpus_texts(sources, opts, meter)
+            return sample_texts(list(sources), opts, config.tokenizer_sample, meter)
+
+        tok = build_tokenizer(config.tokenizer, texts, config.vocab_size)
+    sample = f"a {text_size(config.tokenizer_sample)} sample of " if sampled else ""
+    report.note(
+        f"{label}: {tok.describe()} from {sample}{text_size(total)} in {meter.clock() - meter.started:.1f}s"
+    )
+    write_json_atomic(path, tok.to_json())
     return tok
 
 
-def _read_meta(meta_path: Path, bin_path: Path, vocab_size: int) -> dict[str, Any] | None:
-    """A cache entry's meta if its token file is intact, else None (the entry is then rebuilt): the
-    file's blake2b is the one recorded when it was written and every id is below vocab_size.
-    """
-    dtype = _token_dtype(vocab_size)
-    try:
-        meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
-        if not _meta_fits(meta, bin_path, dtype):
-            return None
-        digest, top = _scan_tokens(bin_path, dtype)
-    except (OSError, MinigptError, ValueError, RecursionError):  # unreadable, not JSON, or absurdly nested
-        return None
-    return meta if digest == meta["blake2b"] and top < vocab_size else None
-
-
-def _meta_fits(meta: Any, bin_path: Path, dtype: np.dtype) -> bool:
-    """The meta has every field, well typed, and the token file is a regular file of the size it says."""
-    if not isinstance(meta, dict):
-        return False
-    tokens = meta.get("tokens")
-    counts = (tokens, meta.get("text_bytes"))
-    return (
-        meta.get("format") == CACHE_FORMAT
-        and meta.get("dtype") == dtype.name
-        and isinstance(meta.get("blake2b"), str)
-        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts)
-        and bin_path.is_file()  # never open a FIFO planted in the cache
-        and bin_path.stat().st_size == tokens * dtype.itemsize
-    )
-
-
-def _scan_tokens(path: Path, dtype: np.dtype) -> tuple[str, int]:
-    """blake2b of a token file and its largest id, in one pass of bounded memory."""
-    h = hashlib.blake2b(digest_size=16)
-    top = -1
-    with open(path, "rb") as f:
-        while block := f.read(READ_BYTES):
-            h.update(block)
-            ids = np.frombuffer(block, dtype=dtype, count=len(block) // dtype.itemsize)
-            top = max(top, int(ids.max(initial=0)))
-    return h.hexdigest(), top
-
-
-def _encode_stream(
-    sources: Sequence[_Source],
-    tokenizer: Tokenizer,
-    config: DataConfig,
-    out: Path,
-    advance: Callable[[int], None],
-    label: str,
-) -> tuple[int, int]:
-    """Tokenize the sources into `out` (documents joined by <|endoftext|> where the tokenizer has one).
-
-    At most 2 pieces per thread are in memory at once, whatever the input size. Returns
-    (tokens, UTF-8 bytes of text).
-    """
-    dtype = _token_dtype(tokenizer.vocab_size)
-    lengths = tokenizer.text_byte_lengths()
-    threads = default_threads()
-    char = tokenizer if isinstance(tokenizer, CharTokenizer) else None
-    unknown: dict[Path, set[str]] = {}
-    tokens = text_bytes = 0
-
-    def encode(piece: str) -> np.ndarray:
-        return tokenizer.encode_arrays([piece], 1)[0]
-
-    with open(out, "wb") as f, ThreadPoolExecutor(threads) as pool:
-        pending: deque[Future[np.ndarray] | np.ndarray] = deque()
-
-        def write_oldest() -> None:
-            nonlocal tokens, text_bytes
-            item = pending.popleft()
-            ids = item.result() if isinstance(item, Future) else item
-            ids.astype(dtype, copy=False).tofile(f)
-            tokens += len(ids)
-            text_bytes += int(lengths[ids].sum())
-
-        try:
-            for k, src in enumerate(sources):
-                if k and tokenizer.eot_id is not None:
-                    pending.append(np.array([tokenizer.eot_id], dtype=np.uint32))
-                for piece in _pieces(_file_text(src, config.encoding, config.errors, advance), PIECE_CHARS):
-                    if char is not None:
-                        ids = char.lookup(piece)
-                        if (ids < 0).any():
-                            unknown.setdefault(src.path, set()).update(char.unknown_chars(piece))
-                        if not unknown:  # else keep scanning only to list every unknown character at once
-                            pending.append(ids)
-                    else:
-                        pending.append(pool.submit(encode, piece))
-                    while len(pending) > 2 * threads:
-                        write_oldest()
-            while pending and not unknown:
-                write_oldest()
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    if unknown:
-        files = list(unknown)
-        where = f"{label} file {files[0]}" + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
-        raise MinigptError(CharTokenizer.unknown_message(set().union(*unknown.values()), where))
-    return tokens, text_bytes
-
-
-def _get_tokens(
-    sources: Sequence[_Source],
-    tokenizer: Tokenizer,
-    tokenizer_digest: str,
-    config: DataConfig,
-    staging: _Staging,
-    report: _PrepProgress,
-    label: str,
-) -> tuple[Path, dict[str, Any]]:
-    key = _key(
-        {
-            "format": CACHE_FORMAT,
-            "tokenizer": tokenizer_digest,
-            "encoding": config.encoding,
-            "errors": config.errors,
-            "inputs": [s.digest for s in sources],
-        }
-    )
-    bin_path = config.cache_root / "tokens" / f"{key}.bin"
-    meta_path = bin_path.with_suffix(".json")
-    meta = _read_meta(meta_path, bin_path, tokenizer.vocab_size)
-    if meta is not None:
-        report.note(f"reusing cached {label} tokens: {meta['tokens']:,} tokens ({bin_path})")
-        return bin_path, meta
-    if meta_path.exists() or bin_path.exists():
-        report.note(
-            f"cached {label} tokens {bin_path} fail their check (damaged, incomplete or from an older "
-            f"minigpt): tokenizing again"
-        )
+def _sample_bytes(sources: Sequence[Source], budget: int) -> int:
+    """Bytes the sample reads: its share of each plain file, all of each compressed one (read through)."""
     total = sum(s.size for s in sources)
-    start = time.perf_counter()
-    tmp = staging.temp_for(bin_path)
-    with report.bar(f"tokenizing {label} text", total) as advance:
-        tokens, text_bytes = _encode_stream(sources, tokenizer, config, tmp, advance, label)
-    seconds = time.perf_counter() - start
-    dtype = _token_dtype(tokenizer.vocab_size)
-    meta = {
-        "format": CACHE_FORMAT,
-        "tokens": tokens,
-        "dtype": dtype.name,
-        "blake2b": _scan_tokens(tmp, dtype)[0],
-        "text_bytes": text_bytes,
-        "tokenizer": tokenizer.describe(),
-        "inputs": [str(s.path) for s in sources],
-    }
-    staging.write_json(meta_path, meta)
-    report.note(
-        f"tokenized {label} text: {text_size(total)} -> {tokens:,} tokens in {seconds:.1f}s "
-        f"({total / 1e6 / max(seconds, 1e-9):.1f} MB/s)"
-    )
-    return bin_path, meta
+    return sum(s.size if s.compression else budget * s.size // total for s in sources)
 
 
-def _count_bytes(tokens: np.ndarray, lengths: np.ndarray, step: int = 1 << 22) -> int:
-    # in slices, so a huge memmap is never copied whole into memory
-    return sum(int(lengths[tokens[i : i + step]].sum()) for i in range(0, len(tokens), step))
+def _ingest(
+    config: DataConfig,
+    tokenizer: Tokenizer,
+    train_src: list[Source],
+    val_src: list[Source],
+    report: Progress,
+    share: Share,
+) -> Ingest:
+    """The files in tokenizing order (validation files first, then training files by content hash) and
+    their store entries."""
+    digest = hashlib.sha256(json.dumps(tokenizer.to_json(), sort_keys=True).encode()).hexdigest()
+    opts = config.read_options
+    ordered = val_src + sorted(train_src, key=lambda s: (s.digest, str(s.path)))
+    roles = ["validation"] * len(val_src) + ["training"] * len(train_src)
+    root = config.cache_root / "tokens"
+    entries = [
+        Entry(
+            root,
+            content_key(
+                {
+                    "format": STORE_FORMAT,
+                    "tokenizer": digest,
+                    "file": s.digest,
+                    "as": [s.format, s.compression],
+                    "read": opts.key(s.format),
+                }
+            ),
+            tokenizer.vocab_size,
+        )
+        for s in ordered
+    ]
+    threads = max(1, default_threads() // share.count)
+    return Ingest(ordered, entries, tokenizer, opts, report, share, threads, roles)
 
 
-def prepare_data(
-    config: DataConfig, block_size: int, tokenizer: Tokenizer | None = None, progress: bool = True
-) -> Dataset:
-    """Check the inputs, build the tokenizer (or use the one given, e.g. on resume or fine-tuning),
-    tokenize once into the cache (keyed by the content hash of the inputs and the tokenizer), memory-map
-    the tokens and split them. Every bad input is a one-line MinigptError, and then nothing is written.
-
-    Cache layout: <cache>/tokenizers/<key>.json (trained char/bpe tokenizers) and <cache>/tokens/<key>.bin
-    (raw uint16/uint32 ids) with <key>.json beside it (count, dtype, text bytes); entries are never evicted.
-    Concurrent calls are safe (atomic renames) but each tokenizes on a cold cache: under torchrun, prepare
-    on rank 0 first, then the other ranks reuse the cache.
-
-    With --val-fraction the tokenizer learns from all the input text; with --val-file from the training
-    files only, and a char tokenizer then rejects validation characters it never saw.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise UsageError(f"--block-size must be a positive integer, not {block_size!r}")
-    report = _PrepProgress(progress)
-    train_files = _collect_files(config.paths)
-    val_files = _collect_files([config.val_file]) if config.val_file is not None else []
-    both = {f.resolve() for f in train_files} & {f.resolve() for f in val_files}
-    if both:
-        raise UsageError(f"{next(iter(both))} is both training and validation text; pick one or the other")
-    total = sum(f.stat().st_size for f in train_files + val_files)
-    with (
-        report.bar("hashing inputs", total)
-        if total > 64 << 20
-        else contextlib.nullcontext(lambda n: None) as adv
-    ):
-        train_src = [_hash_source(f, config.encoding, adv) for f in train_files]
-        val_src = [_hash_source(f, config.encoding, adv) for f in val_files]
-
-    for part in ("tokenizers", "tokens"):
-        _remove_stale_temps(config.cache_root / part)
-    staging = _Staging()
-    try:
-        if tokenizer is None:
-            tokenizer = _get_tokenizer(config, train_src, staging, report)
-        digest = hashlib.sha256(json.dumps(tokenizer.to_json(), sort_keys=True).encode()).hexdigest()
-        train_bin, train_meta = _get_tokens(train_src, tokenizer, digest, config, staging, report, "training")
-        val_bin, val_meta = train_bin, train_meta
-        if val_src:
-            val_bin, val_meta = _get_tokens(val_src, tokenizer, digest, config, staging, report, "validation")
-        n = int(train_meta["tokens"])
-        if val_src:
-            n_train, n_val = n, int(val_meta["tokens"])
-        else:
-            n_val = max(1, round(n * config.val_fraction))
-            n_train = n - n_val
-        _check_long_enough(config, block_size, n_train, n_val)
-        staging.commit()
-    except OSError as e:  # unreadable input, unwritable cache, full disk
-        staging.abort()
-        where = Path(e.filename) if e.filename else config.cache_root
-        hint = "set MINIGPT_CACHE_DIR to a writable folder with free space"
-        fix = f"; {hint}" if config.cache_root in (where, *where.parents) else ""
-        raise MinigptError(f"cannot access {where}: {e.strerror or e}{fix}") from None
-    except BaseException:
-        staging.abort()
-        raise
-
-    dtype = np.dtype(train_meta["dtype"])
-    stream = np.memmap(train_bin, dtype=dtype, mode="r", shape=(n,))
+def _split(config: DataConfig, tokenizer: Tokenizer, ingest: Ingest, n_val: int, block_size: int) -> Dataset:
     lengths = tokenizer.text_byte_lengths()
-    if val_src:
-        train = stream
-        val = np.memmap(val_bin, dtype=dtype, mode="r", shape=(n_val,))
-        val_bytes, train_bytes = int(val_meta["text_bytes"]), int(train_meta["text_bytes"])
+    dtype = ingest.entries[0].dtype
+    if n_val:
+        val = TokenStream(dtype)
+        val_bytes = 0
+        for _, _, chunk in ingest.walk(0, n_val):
+            val.append(chunk.ids(dtype))
+            val_bytes += chunk.text_bytes
+        start = (n_val, 0, 0)
     else:
-        train, val = stream[:n_train], stream[n_train:]
-        val_bytes = _count_bytes(val, lengths)
-        train_bytes = int(train_meta["text_bytes"]) - val_bytes
-    inputs = tuple(_input_record(src, "train") for src in train_src) + tuple(
-        _input_record(s, "val") for s in val_src
-    )
-    return Dataset(tokenizer, train, val, val_bytes, train_bytes, train_bin, inputs)
+        on_disk = sum(s.size for s in ingest.sources)
+        budget = max(1, min(int(on_disk * config.val_fraction), VAL_MAX_BYTES))
+        split = split_first_documents(ingest, budget, config.val_fraction, lengths)
+        val, val_bytes, start = split.val, split.val_bytes, split.train_start
+    train = GrowingStream(ingest, *start, dtype)
+    while not train.complete and train.total <= block_size:
+        train.refresh(wait=True)
+    _check_long_enough(config, block_size, train, len(val))
+    train.limit = train.total
+    return Dataset(tokenizer, train, val, val_bytes, config.cache_root / "tokens", (), ingest)
 
 
-def _input_record(src: _Source, role: str) -> dict[str, Any]:
+def _input_record(src: Source, role: str) -> dict[str, Any]:
     return {"path": str(src.path.resolve()), "role": role, "bytes": src.size, "sha256": src.digest}
 
 
@@ -741,7 +400,8 @@ def changed_inputs(saved: Any, now: Sequence[dict[str, Any]]) -> str | None:
     return "; ".join(parts) or "the files' roles differ"
 
 
-def _check_long_enough(config: DataConfig, block_size: int, n_train: int, n_val: int) -> None:
+def _check_long_enough(config: DataConfig, block_size: int, train: GrowingStream, n_val: int) -> None:
+    n_train = train.total
     if min(n_train, n_val) > block_size:
         return
     fit = min(n_train, n_val) - 1
@@ -776,8 +436,9 @@ def _window_batch(
 class BatchSampler:
     """Random windows of block_size+1 tokens, drawn with a torch.Generator seeded from (seed, rank, batch).
 
-    Reseeding per batch makes the state just the number of batches drawn, the same on every rank:
-    saving rank 0's state resumes every rank exactly, and rank r of world_size draws its own windows.
+    Reseeding per batch makes the state just the number of batches drawn (and whether the run follows the
+    availability schedule of a corpus still being tokenized, `ramp`), the same on every rank: saving rank
+    0's state resumes every rank exactly, and rank r of world_size draws its own windows.
     """
 
     def __init__(
@@ -788,6 +449,7 @@ class BatchSampler:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        ramp: bool = False,
     ) -> None:
         import torch
 
@@ -812,6 +474,7 @@ class BatchSampler:
         self.rank = rank
         self.world_size = world_size
         self.batches = 0
+        self.ramp = ramp
         self._gen = torch.Generator()
 
     def _batch_seed(self, index: int) -> int:
@@ -822,22 +485,32 @@ class BatchSampler:
         """(x, y): int64 CPU tensors of shape (batch_size, block_size), y shifted one token on."""
         import torch
 
+        if isinstance(self.tokens, GrowingStream):
+            per_batch = self.batch_size * self.block_size * self.world_size
+            length = self.tokens.length_for(self.batches, self.ramp, per_batch)
+        else:
+            length = len(self.tokens)
         self._gen.manual_seed(self._batch_seed(self.batches))
         self.batches += 1
-        high = len(self.tokens) - self.block_size  # starts in [0, high) keep the window in range
+        high = length - self.block_size  # starts in [0, high) keep the window in range
         starts = torch.randint(0, high, (self.batch_size,), generator=self._gen).tolist()
         return _window_batch(self.tokens, starts, self.block_size)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         import torch
 
-        return {"batches": torch.tensor([self.batches], dtype=torch.int64)}
+        return {
+            "batches": torch.tensor([self.batches], dtype=torch.int64),
+            "ramp": torch.tensor([int(self.ramp)], dtype=torch.int64),
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         value = state.get("batches") if isinstance(state, dict) else None
         if value is None or value.numel() != 1 or int(value.item()) < 0:
             raise MinigptError("the saved batch sampler state is damaged (no batch count); start a new run")
         self.batches = int(value.item())
+        ramp = state.get("ramp")  # absent in states saved before corpora were tokenized beside training
+        self.ramp = ramp is not None and ramp.numel() == 1 and bool(ramp.item())
 
 
 def eval_batches(

@@ -115,7 +115,9 @@ NAMED_ENCODINGS: dict[str, NamedEncoding] = {
     ),
 }
 
-TOKENIZER_CHOICES = "char, bpe, " + ", ".join(NAMED_ENCODINGS) + " or a path to a .tiktoken file"
+TOKENIZER_CHOICES = (
+    "char, bpe, " + ", ".join(NAMED_ENCODINGS) + ", a path to a .tiktoken file or a minigpt tokenizer.json"
+)
 
 
 def default_threads() -> int:
@@ -664,9 +666,11 @@ def load_tokenizer_file(path: Path) -> Tokenizer:
 
 
 def tokenizer_kind(spec: str) -> str:
-    """'char', 'bpe' or 'tiktoken' for a --tokenizer value (a UsageError for anything else)."""
+    """'char', 'bpe', 'tiktoken' or 'file' for a --tokenizer value (a UsageError for anything else)."""
     if spec in ("char", "bpe"):
         return spec
+    if spec.endswith(".json"):
+        return "file"  # a minigpt tokenizer.json: a run's, or one `minigpt prepare` names
     if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or _is_file(spec):
         return "tiktoken"
     raise UsageError(f"unknown --tokenizer {spec!r}; choose {TOKENIZER_CHOICES}")
@@ -688,6 +692,8 @@ def build_tokenizer(
     kind = tokenizer_kind(spec)
     if vocab_size is not None and kind != "bpe":
         raise UsageError(f"--vocab-size only applies to --tokenizer bpe (the {spec} vocabulary is fixed)")
+    if kind == "file":
+        return load_tokenizer_file(Path(spec))
     if kind == "tiktoken":
         if spec in NAMED_ENCODINGS:
             return TiktokenTokenizer.from_name(spec)

@@ -14,7 +14,8 @@ import torch
 
 from minigpt.budget import Budget
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
+from minigpt.corpus.inputs import collect_files
+from minigpt.data import BatchSampler, DataConfig, Dataset, changed_inputs, prepare_data
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
@@ -143,7 +144,7 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
 def check_launch(nproc: int, plan: RunPlan) -> None:
     """What `train --nproc N` can check before starting N processes: input files and one GPU per process
     (plan_run has checked the settings and the run directory)."""
-    _collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
+    collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
     device = plan.cfg.device
     if device == "mps":
         raise UsageError("several processes need CUDA GPUs or the CPU; device mps trains in one process")
