@@ -107,7 +107,7 @@ class DataConfig:
             )
         if not (isinstance(self.text_field, str) and self.text_field):
             raise UsageError("--text-field must name a JSON field or Parquet column, e.g. text")
-        if self.tokenizer_sample < 1 << 20:
+        if self.tokenizer_sample < 1_000_000:
             raise UsageError(f"--tokenizer-sample must be at least 1MB, not {self.tokenizer_sample:,} bytes")
         kind = tokenizer_kind(self.tokenizer)
         if self.vocab_size is not None:
@@ -159,6 +159,11 @@ class Dataset:
         """Whether every training token is in the store (false while tokenizing runs beside training)."""
         return self.train.complete
 
+    @property
+    def tokenized_at_start(self) -> bool:
+        """Whether the store held the whole corpus before this call: a run then samples from all of it."""
+        return self.ingest is None or self.ingest.complete_at_start
+
     def status(self) -> str | None:
         """How far tokenizing has come, in words, while it runs; None once it is done."""
         return None if self.ingest is None or self.complete else self.ingest.status()
@@ -196,6 +201,39 @@ def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "str
 # ---------------------------------------------------------------------------------------------- preparing
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """The training and validation files of a DataConfig, hashed."""
+
+    train: list[Source]
+    val: list[Source]
+
+
+def hash_inputs(config: DataConfig, progress: bool | Progress = True, share: Share = Share()) -> Inputs:
+    """Find the input files and hash them by content (each bad path a one-line error)."""
+    report = progress if isinstance(progress, Progress) else Progress(progress)
+    train_files = collect_files(config.paths)
+    val_files = collect_files([config.val_file]) if config.val_file is not None else []
+    both = {f.resolve() for f in train_files} & {f.resolve() for f in val_files}
+    if both:
+        raise UsageError(f"{next(iter(both))} is both training and validation text; pick one or the other")
+    files = train_files + val_files
+    total = sum(f.stat().st_size for f in files)
+    threads = max(1, default_threads() // share.count)
+    with report.phase("hashing inputs", total) as meter:
+        sources = hash_sources(files, config.encoding, meter, threads)
+    return Inputs(sources[: len(train_files)], sources[len(train_files) :])
+
+
+def prepare_tokenizer(config: DataConfig, inputs: Inputs, progress: bool | Progress = True) -> Tokenizer:
+    """The tokenizer config names: loaded, or learned from the training files (and cached by content)."""
+    report = progress if isinstance(progress, Progress) else Progress(progress)
+    try:
+        return _get_tokenizer(config, inputs.train, report)
+    except OSError as e:  # an unwritable or full cache
+        raise _cache_error(e, config.cache_root) from None
+
+
 def prepare_data(
     config: DataConfig,
     block_size: int,
@@ -204,9 +242,10 @@ def prepare_data(
     *,
     background: bool = False,
     share: Share = Share(),
+    inputs: Inputs | None = None,
 ) -> Dataset:
-    """Check and hash the inputs, build the tokenizer (or use the one given, e.g. on resume or fine-tuning),
-    tokenize into the token store what is not there yet, and split off validation.
+    """Check and hash the inputs (unless `inputs` has them), build the tokenizer (or use the one given, e.g.
+    on resume or fine-tuning), tokenize into the token store what is not there yet, and split off validation.
 
     With `background`, this returns once the validation text and the first training chunk are tokenized and
     the rest goes on beside training (Dataset.close() stops it); else everything is tokenized first. `share`
@@ -221,41 +260,26 @@ def prepare_data(
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise UsageError(f"--block-size must be a positive integer, not {block_size!r}")
     report = progress if isinstance(progress, Progress) else Progress(progress)
-    train_src, val_src = _hash_inputs(config, report, share)
+    inputs = inputs if inputs is not None else hash_inputs(config, report, share)
     root = config.cache_root
     for part in ("tokenizers", "tokens"):
         remove_stale_temps(root / part)
+    tokenizer = tokenizer if tokenizer is not None else prepare_tokenizer(config, inputs, report)
     ingest = None
     try:
-        if tokenizer is None:
-            tokenizer = _get_tokenizer(config, train_src, report)
-        ingest = _ingest(config, tokenizer, train_src, val_src, report, share)
+        ingest = _ingest(config, tokenizer, inputs.train, inputs.val, report, share)
         ingest.run(background)
-        dataset = _split(config, tokenizer, ingest, len(val_src), block_size)
-    except OSError as e:  # an unwritable or full cache
-        raise _cache_error(e, root) from None
-    except BaseException:
+        dataset = _split(config, tokenizer, ingest, len(inputs.val), block_size)
+    except BaseException as e:
         if ingest is not None:
             ingest.stop()
+        if isinstance(e, OSError):  # an unwritable or full cache
+            raise _cache_error(e, root) from None
         raise
-    dataset.inputs = tuple(_input_record(s, "train") for s in train_src) + tuple(
-        _input_record(s, "val") for s in val_src
+    dataset.inputs = tuple(_input_record(s, "train") for s in inputs.train) + tuple(
+        _input_record(s, "val") for s in inputs.val
     )
     return dataset
-
-
-def _hash_inputs(config: DataConfig, report: Progress, share: Share) -> tuple[list[Source], list[Source]]:
-    train_files = collect_files(config.paths)
-    val_files = collect_files([config.val_file]) if config.val_file is not None else []
-    both = {f.resolve() for f in train_files} & {f.resolve() for f in val_files}
-    if both:
-        raise UsageError(f"{next(iter(both))} is both training and validation text; pick one or the other")
-    files = train_files + val_files
-    total = sum(f.stat().st_size for f in files)
-    threads = max(1, default_threads() // share.count)
-    with report.phase("hashing inputs", total) as meter:
-        sources = hash_sources(files, config.encoding, meter, threads)
-    return sources[: len(train_files)], sources[len(train_files) :]
 
 
 def _cache_error(e: OSError, root: Path) -> MinigptError:

@@ -14,8 +14,17 @@ import torch
 
 from minigpt.budget import Budget
 from minigpt.config import GPTConfig
+from minigpt.corpus.ingest import Share
 from minigpt.corpus.inputs import collect_files
-from minigpt.data import BatchSampler, DataConfig, Dataset, changed_inputs, prepare_data
+from minigpt.data import (
+    BatchSampler,
+    DataConfig,
+    Dataset,
+    changed_inputs,
+    hash_inputs,
+    prepare_data,
+    prepare_tokenizer,
+)
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
@@ -125,7 +134,8 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
     hashed); the cache folder is this machine's, never one a config.json names."""
     if not isinstance(saved, dict) or not isinstance(saved.get("paths"), list):
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
-    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors"}
+    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors", "text_field",
+             "skip_bad_records", "tokenizer_sample"}  # fmt: skip
     settings = {k: v for k, v in saved.items() if k in known}
     settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
     moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])
@@ -225,10 +235,31 @@ def set_up(
     """Data, model, optimizer, sampler and state (restored on a resume; a new run's directory created),
     the budget's clock started at `started` (a clock reading; None: now), and the reporter told."""
     cfg, runtime, dataset = _prepare(plan, dist, reporter)
+    try:
+        return _set_up_with(plan, dist, reporter, cfg, runtime, dataset, started, clock, make_sampler)
+    except BaseException:
+        dataset.close()  # tokenizing beside training stops with it
+        raise
+
+
+def _set_up_with(
+    plan: RunPlan,
+    dist: DistContext,
+    reporter: ProgressReporter,
+    cfg: TrainConfig,
+    runtime: Runtime,
+    dataset: Dataset,
+    started: float | None,
+    clock: Callable[[], float],
+    make_sampler: SamplerFactory,
+) -> TrainingRun:
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
     sampler = make_sampler(
         dataset.train, model.config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size
     )
+    # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
+    # a resume takes what its checkpoint says
+    sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
     parts = Trainables(model, make_optimizer(model, cfg, runtime.device), sampler)
     rundir = RunDir(plan.out)
     state = TrainState()
@@ -271,8 +302,14 @@ def _prepare(
     planned = plan.shape or cfg.model_config(1)
     runtime = Runtime(device, resolve_dtype(cfg.dtype, device, training_width=planned.n_embd), dist)
     progress = dist.is_master and reporter.data_progress
-    with dist.master_first():
-        dataset = prepare_data(plan.data, planned.block_size, tokenizer=plan.tokenizer, progress=progress)
+    # each process of a machine tokenizes its share of the files into the shared store, beside training
+    share = Share(dist.local_rank, dist.local_world_size)
+    inputs = hash_inputs(plan.data, progress, share)
+    with dist.master_first():  # one process per machine learns (or loads) the tokenizer, the others read it
+        tokenizer = plan.tokenizer or prepare_tokenizer(plan.data, inputs, progress)
+    dataset = prepare_data(
+        plan.data, planned.block_size, tokenizer, progress, background=True, share=share, inputs=inputs
+    )
     return cfg, runtime, dataset
 
 
@@ -338,6 +375,7 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         tokenizer=run.dataset.tokenizer.describe(),
         train_tokens=len(run.dataset.train),
         val_tokens=len(run.dataset.val),
+        data_status=run.dataset.status if not run.dataset.complete else None,
         device=str(runtime.device),
         dtype=str(runtime.dtype).removeprefix("torch."),
         world_size=runtime.dist.world_size,

@@ -94,12 +94,12 @@ class Progress:
 
     @contextlib.contextmanager
     def phase(self, description: str, total: int, bar: bool = True) -> Iterator[Meter]:
-        """A Meter for the phase; on a terminal (and with `bar`) a rich bar follows it, otherwise a plain
-        line is printed every `interval` seconds while the phase runs (none for a phase shorter than that)."""
+        """A Meter for the phase: on a terminal a rich bar follows it (without `bar`, the caller shows it),
+        in a log a plain line is printed every `interval` seconds while it runs (none if it is shorter)."""
         meter = Meter(description, total, self.clock)
-        if not self.enabled:
+        if not self.enabled or (self.terminal and not bar):  # the caller shows the meter (a live panel)
             yield meter
-        elif self.terminal and bar:
+        elif self.terminal:
             with self._bar(meter):
                 yield meter
         else:

@@ -8,11 +8,12 @@ parsed whole; plain text may lose a partial character at the cut, replaced by U+
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import IO, Any
 
-from minigpt.corpus.inputs import READ_BYTES, Source, ascii_compatible
+from minigpt.corpus.inputs import Source, ascii_compatible
 from minigpt.corpus.readers import (
     CORRUPT,
     OPENERS,
@@ -29,6 +30,7 @@ from minigpt.corpus.readers import (
 )
 
 REGION_BYTES = 1 << 18  # bytes per sampled region
+RAW_READ_BYTES = 1 << 14  # a decompressor's reads of a compressed file, so its position is known finely
 TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer
 
 
@@ -96,7 +98,27 @@ def _regions(src: Source, n: int, advance: Callable[[int], None]) -> Iterator[tu
                 advance(len(region))
                 yield target, region
             return
-        yield from _stream_regions(src, raw, OPENERS[src.compression](raw), targets, advance)
+        small = _SmallReads(raw)
+        yield from _stream_regions(src, small, OPENERS[src.compression](small), targets, advance)
+
+
+class _SmallReads(io.RawIOBase):
+    """A file read at most RAW_READ_BYTES at a time, whatever size its reader asks for."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        super().__init__()
+        self.f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.f.read(min(len(buffer), RAW_READ_BYTES))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 def _stream_regions(
@@ -108,7 +130,7 @@ def _stream_regions(
     for target in targets:
         try:
             while raw.tell() < target:
-                block = stream.read(READ_BYTES)
+                block = stream.read(REGION_BYTES)  # small reads: the raw position moves in small steps
                 if not block:
                     return
                 done += len(block)

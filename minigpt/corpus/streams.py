@@ -94,7 +94,11 @@ class GrowingStream(TokenStream):
             if i >= len(self.ingest.sources):
                 self.complete = True
                 return
-            found = self.ingest.wait_chunk(i, k) if wait else self.ingest.chunk(i, k)
+            if wait:
+                waited = self.ingest.wait_chunk(i, k)
+                found: Chunk | bool | None = False if waited is None else waited  # None: no chunk k
+            else:
+                found = self.ingest.chunk(i, k)  # None: not known yet
             if found is None:
                 return
             if found is False:
