@@ -229,7 +229,7 @@ def prepare_tokenizer(config: DataConfig, inputs: Inputs, progress: bool | Progr
     """The tokenizer config names: loaded, or learned from the training files (and cached by content)."""
     report = progress if isinstance(progress, Progress) else Progress(progress)
     try:
-        return _get_tokenizer(config, inputs.train, report)
+        return _get_tokenizer(config, inputs, report)
     except OSError as e:  # an unwritable or full cache
         raise _cache_error(e, config.cache_root) from None
 
@@ -292,23 +292,29 @@ def _cache_error(e: OSError, root: Path) -> MinigptError:
     return MinigptError(f"cannot access {where}: {e.strerror or e}{fix}")
 
 
-def _get_tokenizer(config: DataConfig, sources: Sequence[Source], report: Progress) -> Tokenizer:
+def tokenizer_path(config: DataConfig, inputs: Inputs) -> Path | None:
+    """Where the tokenizer learned from these inputs with these settings is cached (None: nothing to learn)."""
     kind = tokenizer_kind(config.tokenizer)
-    if kind in ("tiktoken", "file"):  # fixed vocabularies: nothing to learn
-        return build_tokenizer(config.tokenizer, None, None)
-    vocab = (config.vocab_size or DEFAULT_BPE_VOCAB_SIZE) if kind == "bpe" else None
+    if kind not in ("bpe", "char"):
+        return None
     opts = config.read_options
     key = content_key(
         {
             "format": TOKENIZER_FORMAT,
             "tokenizer": kind,
-            "vocab_size": vocab,
+            "vocab_size": (config.vocab_size or DEFAULT_BPE_VOCAB_SIZE) if kind == "bpe" else None,
             "sample": config.tokenizer_sample if kind == "bpe" else None,
-            "read": [opts.key(s.format) for s in sources],
-            "inputs": [s.digest for s in sources],
+            "read": [opts.key(s.format) for s in inputs.train],
+            "inputs": [s.digest for s in inputs.train],
         }
     )
-    path = config.cache_root / "tokenizers" / f"{key}.json"
+    return config.cache_root / "tokenizers" / f"{key}.json"
+
+
+def _get_tokenizer(config: DataConfig, inputs: Inputs, report: Progress) -> Tokenizer:
+    path = tokenizer_path(config, inputs)
+    if path is None:  # fixed vocabularies: nothing to learn
+        return build_tokenizer(config.tokenizer, None, None)
     if path.is_file():
         try:
             tok = load_tokenizer_file(path)
@@ -316,21 +322,22 @@ def _get_tokenizer(config: DataConfig, sources: Sequence[Source], report: Progre
             return tok
         except MinigptError:  # a damaged entry is built again
             pass
+    kind, sources, opts = tokenizer_kind(config.tokenizer), inputs.train, config.read_options
     total = sum(s.size for s in sources)
     sampled = kind == "bpe" and total > config.tokenizer_sample
+    vocab = config.vocab_size or DEFAULT_BPE_VOCAB_SIZE
     label = "building char vocabulary" if kind == "char" else f"training bpe tokenizer ({vocab:,} tokens)"
     with report.phase(label, _sample_bytes(sources, config.tokenizer_sample) if sampled else total) as meter:
 
         def texts() -> Iterator[str]:
             if kind == "char":
                 return corpus_texts(sources, opts, meter)
-            return sample_texts(list(sources), opts, config.tokenizer_sample, meter)
+            return sample_texts(sources, opts, config.tokenizer_sample, meter)
 
         tok = build_tokenizer(config.tokenizer, texts, config.vocab_size)
     sample = f"a {text_size(config.tokenizer_sample)} sample of " if sampled else ""
-    report.note(
-        f"{label}: {tok.describe()} from {sample}{text_size(total)} in {meter.clock() - meter.started:.1f}s"
-    )
+    seconds = meter.clock() - meter.started
+    report.note(f"{label}: {tok.describe()} from {sample}{text_size(total)} in {seconds:.1f}s")
     write_json_atomic(path, tok.to_json())
     return tok
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -141,7 +140,9 @@ def test_directory_and_several_files(tmp_path: Path) -> None:
     eot = ds.tokenizer.eot_id
     *docs, after_last = [ds.tokenizer.decode(part) for part in _split(ids, eot)]
     # every file is a document that ends with eot, in content-hash order (notes.md and .hidden left out)
-    assert after_last == "" and sorted(docs) == sorted(["first file\n", "second file\n", "third file\n", make_text(300)])
+    assert after_last == "" and sorted(docs) == sorted(
+        ["first file\n", "second file\n", "third file\n", make_text(300)]
+    )
     # eot is not text: it adds no bytes
     val_text = ds.tokenizer.decode(ds.val[:].tolist())
     assert ds.val_bytes == len(val_text.replace("<|endoftext|>", "").encode())

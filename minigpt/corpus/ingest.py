@@ -99,7 +99,11 @@ class Ingest:
                     self._one(i, encoder, pool, meter)
             self._report(mine, meter)
         except Stopped:
-            pass
+            if self.meter is not None:
+                self.progress.note(
+                    f"tokenizing stopped with the run at {self.meter.status().split(': ', 1)[1]}; the "
+                    f"finished chunks stay in the store and the next run goes on from there"
+                )
         except BaseException as e:  # the consumer raises it on its own thread
             with self._cond:
                 self.error = e
@@ -123,7 +127,12 @@ class Ingest:
         done = entry.done()
         if done is not None:
             chunks = [entry.chunk(k, verify=True) for k in range(done["chunks"])]
-            if all(c is not None for c in chunks):
+            if any(c is None for c in chunks):
+                self.progress.note(
+                    f"the stored tokens of {src.path} ({entry.dir}) fail their check (damaged, incomplete or "
+                    f"from an older minigpt): tokenizing again"
+                )
+            else:
                 for k, c in enumerate(chunks):
                     self._publish(i, k, c)
                 stats.skipped, stats.first_skipped = done["skipped"], str(done.get("first_skipped", ""))
@@ -220,7 +229,7 @@ class Ingest:
     def done_all(self) -> bool:
         return all(self._done)
 
-    def summary(self) -> str:
-        tokens = sum(c.tokens for chunks in self._chunks for c in chunks)
-        text = sum(c.text_bytes for chunks in self._chunks for c in chunks)
-        return f"{text_size(text)} of text -> {tokens:,} tokens"
+    def totals(self) -> tuple[int, int]:
+        """Tokens and text bytes of the chunks known so far (all of them once every file is done)."""
+        chunks = [c for chunks in self._chunks for c in chunks]
+        return sum(c.tokens for c in chunks), sum(c.text_bytes for c in chunks)
