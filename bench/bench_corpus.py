@@ -226,6 +226,23 @@ print(json.dumps({"seconds": seconds, "text": text}))
 """
 
 
+# the bpe learned from a sample of `sample` bytes: its training time, and bytes per token on validation
+SAMPLE = r"""
+import json, sys, time
+from pathlib import Path
+a = json.loads(sys.argv[1])
+sys.path.insert(0, a["root"])
+from minigpt.data import DataConfig, hash_inputs, prepare_tokenizer, prepare_data
+cfg = DataConfig(paths=(Path(a["input"]),), tokenizer_sample=a["sample"], cache_dir=Path(a["cache"]))
+inputs = hash_inputs(cfg, False)
+t = time.perf_counter(); tok = prepare_tokenizer(cfg, inputs, False); seconds = time.perf_counter() - t
+Path(a["out"]).write_text(json.dumps(tok.to_json()))
+ds = prepare_data(DataConfig(paths=(Path(a["input"]),), tokenizer=a["out"], cache_dir=Path(a["cache"])), 256,
+                  progress=False, inputs=inputs)
+print(json.dumps({"seconds": seconds, "bytes_per_token": ds.val_bytes / len(ds.val)}))
+"""
+
+
 def child(code: str, args: dict) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", code, json.dumps(args)], check=True, capture_output=True, text=True
@@ -257,6 +274,65 @@ def first_step(files: Path, tokenizer: str, cache: Path, out: Path) -> tuple[flo
     if seen == "None":
         raise SystemExit(f"no training step seen:\n{res.stderr[-2000:]}")
     return float(seen), float(rss)
+
+
+def sample_cost(work: Path, mb: float, steps: int) -> list[str]:
+    """BPE (512) learned from all of an mb-MB corpus, from the default sample and from a smaller one: its
+    training time, its bytes per token on the validation documents, and the validation bits per byte of the
+    same model trained `steps` steps on each (same seed, same documents)."""
+    from minigpt.data import DEFAULT_TOKENIZER_SAMPLE
+
+    folder = work / "sample_txt"
+    write_corpus(folder, "txt", int(mb * 1e6), seed=1)
+    rows = []
+    try:
+        for sample, label in ((int(mb * 2e6), "all of it"), (DEFAULT_TOKENIZER_SAMPLE, "64 MB (default)"),
+                              (16 << 20, "16 MB")):  # fmt: skip
+            cache, tok = work / "cache-sample", work / "tokenizer.json"
+            shutil.rmtree(cache, ignore_errors=True)
+            args = {
+                "root": str(ROOT),
+                "input": str(folder),
+                "sample": sample,
+                "cache": str(cache),
+                "out": str(tok),
+            }
+            r = child(SAMPLE, args)
+            out = work / "run-sample"
+            cmd = [sys.executable, "-m", "minigpt", "train", str(folder), "--tokenizer", str(tok), "--max-iters",
+                   str(steps), "--out", str(out), "--overwrite", "--device", "cpu", "--seed", "1"]  # fmt: skip
+            env = {**os.environ, "MINIGPT_CACHE_DIR": str(cache)}
+            subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
+            bpb = json.loads((out / "config.json").read_text())["metrics"]["best_val_bpb"]
+            shutil.rmtree(cache, ignore_errors=True)
+            rows.append(
+                f"| {label} | {r['seconds']:.1f} | {r['bytes_per_token']:.3f} | {bpb:.4f} | {load()} |"
+            )
+            print(rows[-1], flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def train_cost(work: Path, fmt: str, folder: Path, steps: int) -> str:
+    """Training tokens/s while the corpus is tokenized beside it (a cold store) and on a tokenized one."""
+    rates = []
+    cache = work / "cache-cost"
+    shutil.rmtree(cache, ignore_errors=True)
+    for _ in ("cold", "warm"):
+        out = work / "run-cost"
+        cmd = [sys.executable, "-m", "minigpt", "train", str(folder), "--max-iters", str(steps), "--log-every",
+               "5", "--eval-every", str(10 * steps), "--out", str(out), "--overwrite", "--device", "cpu"]  # fmt: skip
+        env = {**os.environ, "MINIGPT_CACHE_DIR": str(cache)}
+        subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        steps_ = [r for r in records if r["kind"] == "train" and r["step"] >= 5]
+        first, last = steps_[0], steps_[-1]
+        rates.append((last["tokens"] - first["tokens"]) / (last["elapsed"] - first["elapsed"]))
+    shutil.rmtree(cache, ignore_errors=True)
+    row = f"| {fmt} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[0] / rates[1]:.2f}x | {load()} |"
+    print(row, flush=True)
+    return row
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -315,6 +391,11 @@ def main() -> None:
     parser.add_argument("--formats", default="txt,jsonl.zst,parquet")
     parser.add_argument("--big-gb", type=float, default=0, help="also a run on this many GB (.txt), e.g. 10")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument(
+        "--sample-cost-mb", type=float, default=0, help="measure the tokenizer sample on this"
+    )
+    parser.add_argument("--sample-steps", type=int, default=200, help="training steps per tokenizer")
+    parser.add_argument("--cost-steps", type=int, default=0, help="measure training beside tokenizing")
     parser.add_argument("--skip-phases", action="store_true")
     parser.add_argument("--skip-starts", action="store_true")
     opts = parser.parse_args()
@@ -328,9 +409,11 @@ def main() -> None:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
     print(f"{cpu}, {os.cpu_count()} CPUs, {default_threads()} tokenizer threads, Python {sys.version.split()[0]}; "
           f"load averages (1/5/15 min) beside each row.\n")  # fmt: skip
-    phase_rows, start_rows = [], []
+    phase_rows, start_rows, sample_rows, cost_rows = [], [], [], []
     try:
-        for fmt in opts.formats.split(","):
+        if opts.sample_cost_mb:
+            sample_rows = sample_cost(work, opts.sample_cost_mb, opts.sample_steps)
+        for fmt in filter(None, opts.formats.split(",")):
             folder = work / fmt.replace(".", "_")
             t = time.perf_counter()
             text = write_corpus(folder, fmt, int(opts.gb * 1e9))
@@ -341,6 +424,8 @@ def main() -> None:
                 phase_rows += phases(work, fmt, opts.gb, folder, text)
             if not opts.skip_starts:
                 start_rows += starts(work, fmt, folder)
+            if opts.cost_steps:
+                cost_rows.append(train_cost(work, fmt, folder, opts.cost_steps))
             shutil.rmtree(folder)
         if opts.big_gb:
             folder = work / "big_txt"
@@ -360,6 +445,18 @@ def main() -> None:
     print("| corpus | tokenizer | cold s | warm s | peak RSS MB | load |")
     print("|---|---|---:|---:|---:|---|")
     print("\n".join(start_rows))
+    if cost_rows:
+        print("\n### Training while tokenizing goes on beside it (default bpe and model, steps 5 on)\n")
+        print("| corpus | tokens/s, tokenizing beside | tokens/s, corpus tokenized | ratio | load |")
+        print("|---|---:|---:|---:|---|")
+        print("\n".join(cost_rows))
+    if sample_rows:
+        print(f"\n### BPE learned from a sample of a {opts.sample_cost_mb:g} MB corpus\n")
+        print(
+            f"| learned from | training s | validation bytes/token | val bits/byte after {opts.sample_steps} steps | load |"
+        )
+        print("|---|---:|---:|---:|---|")
+        print("\n".join(sample_rows))
 
 
 if __name__ == "__main__":

@@ -487,3 +487,75 @@ def test_log_progress_prints_plain_lines_while_a_phase_runs() -> None:
         printed.clear()
         assert printed.wait(60)  # a line printed after the 40 bytes were counted
     assert lines[-1].startswith("hashing inputs: 40 bytes of 100 bytes (40%), ")
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+PREPARE_SCRIPT = r"""
+import json, os, sys
+from pathlib import Path
+import minigpt.corpus.ingest as ingest
+from minigpt.data import DataConfig
+from minigpt.prepare import prepare
+
+real = ingest.tokenize_file
+def tokenize_file(*args, **kwargs):  # say which process tokenized which file
+    print("rank", os.environ["RANK"], "tokenized", args[-1].split(" file ", 1)[1], flush=True)
+    return real(*args, **kwargs)
+ingest.tokenize_file = tokenize_file
+folder, tokenizer, cache = sys.argv[1:]
+done = prepare(DataConfig(paths=(Path(folder),), tokenizer=tokenizer, cache_dir=Path(cache)), progress=False)
+print("rank", os.environ["RANK"], "prepared", json.dumps([done.train_tokens, done.val_tokens, done.files]), flush=True)
+"""
+
+
+def test_prepare_under_two_process_torchrun_splits_the_files(tmp_path: Path, bpe_file: Path) -> None:
+    """Each process tokenizes its share of the files into the shared store, then both see all of it; a
+    later single process reuses everything and gets the same tokens."""
+    root = tmp_path / "corpus"
+    files = [
+        write_corpus(root / f"part{n}.jsonl", [doc(i) for i in range(n * 50, n * 50 + 50)]) for n in range(4)
+    ]
+    script = tmp_path / "prepare.py"
+    script.write_text(PREPARE_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINIGPT_DIST_TIMEOUT": "60"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           str(root), str(bpe_file), str(tmp_path / "cache")]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    by_rank = {
+        r: {Path(line.split()[-1]) for line in lines if line.startswith(f"rank {r} tokenized")} for r in "01"
+    }
+    assert by_rank["0"] and by_rank["1"] and not by_rank["0"] & by_rank["1"]
+    assert by_rank["0"] | by_rank["1"] == set(files)
+    results = {line.split(" prepared ")[1] for line in lines if " prepared " in line}
+    assert len(results) == 1  # both processes finished with the whole corpus
+    seen: list[Path] = []
+    real = ingest.tokenize_file
+    try:
+        ingest.tokenize_file = lambda *a, **k: seen.append(a[-1]) or real(*a, **k)  # type: ignore[assignment]
+        alone = prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 8, progress=False)
+    finally:
+        ingest.tokenize_file = real  # type: ignore[assignment]
+    assert seen == [] and json.loads(results.pop()) == [alone.train.total, len(alone.val), 4]
+
+
+def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_the_new_file(
+    tmp_path: Path, bpe_file: Path, tokenized: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "cache"))  # a resume uses this machine's cache
+    root = tmp_path / "corpus"
+    for n in range(2):
+        write_corpus(root / f"part{n}.jsonl", [doc(i) for i in range(n * 60, n * 60 + 60)], "zst")
+    tcfg = TrainConfig(preset="tiny", batch_size=4, eval_iters=2, eval_every=4, max_iters=4, device="cpu",
+                       dtype="float32", block_size=16)  # fmt: skip
+    train(tcfg, DataConfig(paths=(root,), tokenizer=str(bpe_file)), out=tmp_path / "run")
+    added = write_corpus(root / "part2.parquet", [doc(i) for i in range(500, 560)], "gz")
+    tokenized.clear()
+    with pytest.raises(
+        MinigptError, match=r"the text differs from .*new: part2.parquet.gz.*--allow-data-change"
+    ):
+        train(TrainConfig(max_iters=6), resume=tmp_path / "run")
+    resumed = train(TrainConfig(max_iters=6), resume=tmp_path / "run", allow_data_change=True)
+    assert resumed.state.step == 6 and set(tokenized) <= {added}
