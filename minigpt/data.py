@@ -7,7 +7,6 @@ minigpt.corpus; this module is the dataset and sampler API that training and eva
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -358,7 +357,7 @@ def _ingest(
 ) -> Ingest:
     """The files in tokenizing order (validation files first, then training files by content hash) and
     their store entries."""
-    digest = hashlib.sha256(json.dumps(tokenizer.to_json(), sort_keys=True).encode()).hexdigest()
+    digest = tokenizer.digest()
     opts = config.read_options
     ordered = val_src + sorted(train_src, key=lambda s: (s.digest, str(s.path)))
     roles = ["validation"] * len(val_src) + ["training"] * len(train_src)

@@ -6,6 +6,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 from abc import ABC, abstractmethod
@@ -177,6 +178,16 @@ class Tokenizer(ABC):
     def describe(self) -> str:
         """A short human label such as 'char (65 symbols)'."""
         return f"{self.kind} ({self.vocab_size:,} tokens)"
+
+    def digest(self) -> str:
+        """sha256 of everything that decides the ids (what the token store is keyed by); computed once."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            cached = self.__dict__["_digest"] = self._content_hash()
+        return cached
+
+    def _content_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
         """`encode` of each text; kinds backed by native code spread the texts over threads."""
@@ -411,6 +422,13 @@ class _RankedBPE(Tokenizer):
         for token, rank in self.ranks.items():
             lengths[rank] = len(token)
         return lengths
+
+    def _content_hash(self) -> str:
+        # straight from the ranks: to_json's base64 of a 50k-200k vocabulary takes a second
+        h = hashlib.sha256(json.dumps([self.kind, self.pattern, self.specials], sort_keys=True).encode())
+        for token, rank in sorted(self.ranks.items(), key=lambda item: item[1]):
+            h.update(rank.to_bytes(4, "little") + len(token).to_bytes(4, "little") + token)
+        return h.hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         # ranks as base64 token bytes in rank order (null for an unused rank): ~12 bytes per token
