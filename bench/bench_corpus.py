@@ -280,7 +280,7 @@ def sample_cost(work: Path, mb: float, steps: int) -> list[str]:
     """BPE (512) learned from all of an mb-MB corpus, from the default sample and from a smaller one: its
     training time, its bytes per token on the validation documents, and the validation bits per byte of the
     same model trained `steps` steps on each (same seed, same documents)."""
-    from minigpt.data import DEFAULT_TOKENIZER_SAMPLE
+    from minigpt.dataconfig import DEFAULT_TOKENIZER_SAMPLE
 
     folder = work / "sample_txt"
     write_corpus(folder, "txt", int(mb * 1e6), seed=1)

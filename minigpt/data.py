@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,18 +16,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.corpus.ingest import Ingest, Share
-from minigpt.corpus.inputs import Source, check_encoding, collect_files, hash_sources
+from minigpt.corpus.inputs import Source, collect_files, hash_sources
 from minigpt.corpus.progress import Progress, text_size
 from minigpt.corpus.readers import ReadOptions, documents
 from minigpt.corpus.sample import corpus_texts, sample_texts
 from minigpt.corpus.store import STORE_FORMAT, Entry, content_key, remove_stale_temps, write_json_atomic
 from minigpt.corpus.streams import GrowingStream, TokenStream, split_first_documents
+from minigpt.dataconfig import DEFAULT_BPE_VOCAB_SIZE, DataConfig, check_encoding
 from minigpt.errors import MinigptError, UsageError
 from minigpt.tokenizer import (
-    DEFAULT_BPE_VOCAB_SIZE,
     Tokenizer,
     build_tokenizer,
-    check_bpe_vocab_size,
     default_threads,
     load_tokenizer_file,
     tokenizer_kind,
@@ -48,86 +45,8 @@ __all__ = [
     "text_size",
 ]
 
-ERRORS_CHOICES = ("strict", "replace", "ignore")
-# BPE learns from at most this much text, drawn evenly across the corpus: the tokenizer it learns from 64 MB
-# compresses held-out text as well as one learned from everything (README, bench/bench_corpus.py), and
-# training on it takes seconds whatever the corpus size
-DEFAULT_TOKENIZER_SAMPLE = 64 << 20
 VAL_MAX_BYTES = 32 << 20  # validation text held out at most, whatever --val-fraction says
 TOKENIZER_FORMAT = 2  # bump when the same text and settings would train another tokenizer
-_SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|k|m|g)?\s*")
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from '64MB', '1.5GB', '500k' or a bare number of bytes (a UsageError for anything else)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    m = _SIZE.fullmatch(str(text))
-    if not m:
-        raise UsageError(f"--tokenizer-sample {text!r} is not a size; use e.g. 64MB, 1GB or 500000")
-    scale = {"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9}.get((m[2] or "").lower(), 1)
-    return int(float(m[1]) * scale)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the text is and how to read and tokenize it."""
-
-    paths: tuple[Path, ...]  # files and/or directories of corpus files
-    # bpe at 512 gave the lowest validation bits per byte for equal CPU time (bench/bench_tokenizers.py)
-    tokenizer: str = "bpe"  # a --tokenizer value for build_tokenizer, or a minigpt tokenizer.json
-    vocab_size: int | None = None  # bpe only; DEFAULT_BPE_VOCAB_SIZE when None
-    val_fraction: float = 0.1  # whole documents from the start of the corpus validate (at most 32 MB)
-    val_file: Path | None = None  # a separate validation text instead
-    encoding: str = "utf-8"  # plain text files
-    errors: str = "strict"  # "replace" substitutes U+FFFD for undecodable bytes
-    cache_dir: Path | None = None  # default: $MINIGPT_CACHE_DIR or ~/.cache/minigpt
-    text_field: str = "text"  # the JSON field or Parquet column holding each document
-    skip_bad_records: bool = False  # skip (and count) bad JSON lines and Parquet values
-    tokenizer_sample: int = DEFAULT_TOKENIZER_SAMPLE  # bytes of text bpe learns from, drawn evenly
-
-    def __post_init__(self) -> None:
-        paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else tuple(self.paths)
-        object.__setattr__(self, "paths", tuple(Path(p) for p in paths))
-        for name in ("val_file", "cache_dir"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, Path(getattr(self, name)))
-        object.__setattr__(self, "tokenizer_sample", parse_size(self.tokenizer_sample))
-        if not self.paths:
-            raise UsageError("no training text given: pass one or more files or directories of text")
-        if self.val_file is None and not (
-            isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction < 1
-        ):
-            raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {self.val_fraction!r}")
-        check_encoding(self.encoding)
-        if self.errors not in ERRORS_CHOICES:
-            raise UsageError(
-                f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
-            )
-        if not (isinstance(self.text_field, str) and self.text_field):
-            raise UsageError("--text-field must name a JSON field or Parquet column, e.g. text")
-        if self.tokenizer_sample < 1_000_000:
-            raise UsageError(f"--tokenizer-sample must be at least 1MB, not {self.tokenizer_sample:,} bytes")
-        kind = tokenizer_kind(self.tokenizer)
-        if self.vocab_size is not None:
-            if kind != "bpe":
-                raise UsageError(f"--vocab-size only applies to --tokenizer bpe, not {self.tokenizer}")
-            check_bpe_vocab_size(self.vocab_size)
-
-    @property
-    def cache_root(self) -> Path:
-        """The cache directory in effect."""
-        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
-
-    @property
-    def read_options(self) -> ReadOptions:
-        return ReadOptions(self.encoding, self.errors, self.text_field, self.skip_bad_records)
-
-
-def default_cache_dir() -> Path:
-    """$MINIGPT_CACHE_DIR, else ~/.cache/minigpt."""
-    env = os.environ.get("MINIGPT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "minigpt"
 
 
 @dataclass

@@ -6,6 +6,8 @@ store; then every process waits for the whole corpus, so each finishes with ever
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,6 @@ from pathlib import Path
 from minigpt.corpus.ingest import Share
 from minigpt.corpus.progress import Progress, text_size
 from minigpt.data import DataConfig, hash_inputs, prepare_data, prepare_tokenizer, tokenizer_path
-from minigpt.distributed import DistContext
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Prepared:
     val_bytes: int
     store: Path
     seconds: float
+    master: bool = True  # rank 0, or the only process: the one that reports
 
     def describe(self) -> str:
         where = f" ({self.tokenizer_file})" if self.tokenizer_file else ""
@@ -40,32 +42,37 @@ class Prepared:
         )
 
 
-def prepare(
-    config: DataConfig, progress: bool = True, dist: DistContext | None = None, block_size: int = 1
-) -> Prepared:
+def prepare(config: DataConfig, progress: bool = True, block_size: int = 1) -> Prepared:
     """Hash, learn the tokenizer and tokenize `config`'s corpus into the store (this process's share of it
     under torchrun), then wait until all of it is there."""
     started = time.perf_counter()
-    dist = dist if dist is not None else DistContext.from_env("cpu")
-    report = Progress(progress and dist.is_master)
-    share = Share(dist.local_rank, dist.local_world_size)
+    dist = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch loads only under torchrun
+        from minigpt.distributed import DistContext
+
+        dist = DistContext.from_env("cpu")
+    master = dist is None or dist.is_master
+    report = Progress(progress and master)
+    share = Share(dist.local_rank, dist.local_world_size) if dist is not None else Share()
     inputs = hash_inputs(config, report, share)
-    with dist.master_first():  # one process per machine learns the tokenizer, the others read it
-        tokenizer = prepare_tokenizer(config, inputs, report)
+    with dist.master_first() if dist is not None else contextlib.nullcontext():
+        tokenizer = prepare_tokenizer(config, inputs, report)  # one process per machine learns it
     dataset = prepare_data(config, block_size, tokenizer, report, share=share, inputs=inputs)
     while not dataset.train.complete:  # the other processes' files
         dataset.train.refresh(wait=True)
-    train = dataset.train
     _, text = dataset.ingest.totals() if dataset.ingest is not None else (0, 0)
-    dist.barrier()
+    if dist is not None:
+        dist.barrier()
+        dist.close()
     return Prepared(
         tokenizer=tokenizer.describe(),
         tokenizer_file=tokenizer_path(config, inputs),
         files=len(inputs.train) + len(inputs.val),
         text_bytes=text,
-        train_tokens=train.total,
+        train_tokens=dataset.train.total,
         val_tokens=len(dataset.val),
         val_bytes=dataset.val_bytes,
         store=dataset.store,
         seconds=time.perf_counter() - started,
+        master=master,
     )

@@ -29,22 +29,22 @@ from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
 from minigpt.memory import check_fits, training_bytes
-from minigpt.model import GPT
+from minigpt.model import GPT, build_model
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
 from minigpt.rundir import DEFAULT_ROOT, RunDir
+from minigpt.settings import options_of
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
 from minigpt.trainstep import Runtime, time_evaluation
-from minigpt.weights import build_model
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
 SAVE_BYTES_PER_SECOND = 200e6
 # what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
+# Python, which tears torch down (README: "Budget")
 EXIT_SECONDS = 1.0
 
 SamplerFactory = Callable[[np.ndarray, int, int, int, int, int], BatchSampler]
@@ -91,9 +91,15 @@ def plan_run(
     RunDir(out).guard_new(overwrite)
     if init_from is None:
         return RunPlan(cfg, data, out, overwrite=overwrite)
-    source = RunDir(init_from)
     # the shape is the source run's; dropout is a training choice, so cfg's applies
-    shape = replace(source.model_config(), dropout=cfg.dropout)
+    shaped = [name for name in ("preset", "arch") if getattr(cfg, name) is not None]
+    shaped += [name for name in cfg.overrides if name != "dropout"]
+    if shaped:
+        flags = {o.name: o.flag for o in options_of(TrainConfig)}
+        drop = ", ".join(flags[name] for name in shaped)
+        raise UsageError(f"--init-from takes the model's shape from that run: drop {drop}")
+    source = RunDir(init_from)
+    shape = replace(source.model_config(), **cfg.overrides)
     return RunPlan(cfg, data, out, False, init_from, overwrite, source.tokenizer(), shape)
 
 
@@ -134,8 +140,7 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
     hashed); the cache folder is this machine's, never one a config.json names."""
     if not isinstance(saved, dict) or not isinstance(saved.get("paths"), list):
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
-    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors", "text_field",
-             "skip_bad_records", "tokenizer_sample"}  # fmt: skip
+    known = {o.name for o in options_of(DataConfig)}
     settings = {k: v for k, v in saved.items() if k in known}
     settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
     moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])

@@ -443,7 +443,7 @@ def test_a_run_started_while_tokenizing_resumes_bitwise(
     root = many_docs(tmp_path)
     tcfg = TrainConfig(
         preset="tiny", batch_size=4, eval_iters=2, eval_every=4, log_every=4, max_iters=12, warmup=2,
-        device="cpu", dtype="float32", dropout=0.0, block_size=16,
+        device="cpu", dtype="float32", overrides={"dropout": 0.0, "block_size": 16},
     )  # fmt: skip
     straight = train(tcfg, cfg(tmp_path / "a", root, tokenizer=str(bpe_file)), out=tmp_path / "straight")
 
@@ -549,7 +549,7 @@ def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_t
     for n in range(2):
         write_corpus(root / f"part{n}.jsonl", [doc(i) for i in range(n * 60, n * 60 + 60)], "zst")
     tcfg = TrainConfig(preset="tiny", batch_size=4, eval_iters=2, eval_every=4, max_iters=4, device="cpu",
-                       dtype="float32", block_size=16)  # fmt: skip
+                       dtype="float32", overrides={"block_size": 16})  # fmt: skip
     train(tcfg, DataConfig(paths=(root,), tokenizer=str(bpe_file)), out=tmp_path / "run")
     added = write_corpus(root / "part2.parquet", [doc(i) for i in range(500, 560)], "gz")
     tokenized.clear()
@@ -559,3 +559,62 @@ def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_t
         train(TrainConfig(max_iters=6), resume=tmp_path / "run")
     resumed = train(TrainConfig(max_iters=6), resume=tmp_path / "run", allow_data_change=True)
     assert resumed.state.step == 6 and set(tokenized) <= {added}
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def test_prepare_then_train_reuses_everything(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from minigpt.cli import app
+
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "corpus"
+    write_corpus(root / "a.jsonl", [doc(i) for i in range(150)], "gz")
+    lines = "".join(json.dumps({"text": doc(i)}) + "\n" for i in range(150, 300)) + "not json\n"
+    (root / "b.ndjson").write_text(lines)
+    bad = runner.invoke(app, ["prepare", str(root), "--vocab-size", "300"])
+    assert bad.exit_code == 1 and f"{root / 'b.ndjson'}:151: not valid JSON" in bad.output
+    opts = ["--vocab-size", "300", "--skip-bad-records", "--tokenizer-sample", "1MB"]
+    done = runner.invoke(app, ["prepare", str(root), *opts])
+    assert done.exit_code == 0, done.output
+    assert "prepared 2 file(s)" in done.stdout and "tokenizer: bpe (300 tokens) (" in done.stdout
+    train = runner.invoke(
+        app,
+        [
+            "train",
+            str(root),
+            *opts,
+            "--preset",
+            "tiny",
+            "--batch-size",
+            "2",
+            "--max-iters",
+            "2",
+            "--eval-iters",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "run"),
+        ],  # fmt: skip
+    )
+    assert train.exit_code == 0, train.output
+    assert (
+        "reusing the bpe (300 tokens) tokenizer" in train.output
+        and "reusing the tokens of 2 file(s)" in train.output
+    )
+
+
+def test_data_options_are_checked_in_one_line(runner, tmp_path: Path) -> None:
+    from minigpt.cli import app
+
+    path = write_corpus(tmp_path / "a.txt", [doc(1)])
+    for args, message in (
+        (["--tokenizer-sample", "10KB"], "--tokenizer-sample must be at least 1MB"),
+        (["--tokenizer-sample", "lots"], "'lots' is not a size"),
+        (["--text-field", ""], "--text-field must name"),
+    ):
+        result = runner.invoke(app, ["prepare", str(path), *args])
+        assert result.exit_code == 2 and message in result.output, result.output

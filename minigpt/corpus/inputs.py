@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.errors import MinigptError, UsageError
+from minigpt.errors import MinigptError
 
 READ_BYTES = 4 << 20  # bytes read (and hashed, decoded) at a time
 SNIFF_BYTES = 8192  # a NUL byte this early in a plain text file means a binary file, as git decides
@@ -74,23 +74,6 @@ def _files_at(p: Path) -> list[Path]:
     if p.exists():
         raise MinigptError(f"{p} is not a regular file; pass files or directories of {KNOWN}")
     raise MinigptError(f"{p}: no such file or directory")
-
-
-def check_encoding(encoding: str) -> None:
-    """A UsageError unless encoding names a codec that decodes bytes to text (codecs also holds
-    bytes-to-bytes ones such as base64 and zlib, and 'undefined', which refuses everything)."""
-    try:
-        codecs.lookup(encoding)
-    except (LookupError, TypeError):
-        raise UsageError(f"unknown --encoding {encoding!r}; try utf-8, utf-16 or latin-1") from None
-    try:
-        text = codecs.getincrementaldecoder(encoding)().decode(b"", final=True)
-    except (UnicodeError, TypeError, ValueError):  # 'undefined', rot13 (str to str), uu
-        text = None
-    if not isinstance(text, str):
-        raise UsageError(
-            f"--encoding {encoding!r} does not decode bytes to text; try utf-8, utf-16 or latin-1"
-        )
 
 
 def ascii_compatible(encoding: str) -> bool:
