@@ -376,6 +376,10 @@ def starts(work: Path, fmt: str, folder: Path) -> list[str]:
         cache = work / "cache-start"
         shutil.rmtree(cache, ignore_errors=True)
         cold, cold_rss = first_step(folder, tokenizer, cache, work / "run")
+        # the cold run stopped at its first step: finish the store, as `minigpt prepare` does
+        env = {**os.environ, "MINIGPT_CACHE_DIR": str(cache)}
+        cmd = [sys.executable, "-m", "minigpt", "prepare", str(folder), "--tokenizer", tokenizer]
+        subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
         warm, warm_rss = first_step(folder, tokenizer, cache, work / "run")
         shutil.rmtree(cache, ignore_errors=True)
         rows.append(

@@ -64,7 +64,7 @@ class DataConfig:
     )
     skip_bad_records: bool = setting(
         False, "Skip (and count) JSON lines and Parquet values that are not a document, instead of stopping.",
-        panel=DATA, flags=("--skip-bad-records",),
+        panel=DATA,
     )  # fmt: skip
     tokenizer_sample: int = setting(
         DEFAULT_TOKENIZER_SAMPLE, "Bytes of text --tokenizer bpe learns from, drawn evenly across the corpus "

@@ -126,7 +126,8 @@ class Ingest:
         src, entry, stats = self.sources[i], self.entries[i], self.stats[i]
         done = entry.done()
         if done is not None:
-            chunks = [entry.chunk(k, verify=True) for k in range(done["chunks"])]
+            # checksums and id ranges on every thread (zlib and NumPy release the GIL)
+            chunks = list(pool.map(lambda k: entry.chunk(k, verify=True), range(done["chunks"])))
             if any(c is None for c in chunks):
                 self.progress.note(
                     f"the stored tokens of {src.path} ({entry.dir}) fail their check (damaged, incomplete or "
