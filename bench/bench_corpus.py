@@ -182,10 +182,10 @@ import json, resource, sys, time
 from pathlib import Path
 a = json.loads(sys.argv[1])
 sys.path.insert(0, a["root"])
-from minigpt.data import DataConfig, hash_inputs, prepare_tokenizer, prepare_data
+from minigpt.data import DataConfig, find_inputs, prepare_tokenizer, prepare_data
 cfg = DataConfig(paths=(Path(a["input"]),), tokenizer=a["tokenizer"], cache_dir=Path(a["cache"]))
 t = [time.perf_counter()]
-inputs = hash_inputs(cfg, False); t.append(time.perf_counter())
+inputs = find_inputs(cfg, False); t.append(time.perf_counter())
 tok = prepare_tokenizer(cfg, inputs, False); t.append(time.perf_counter())
 ds = prepare_data(cfg, 256, tok, False, inputs=inputs); t.append(time.perf_counter())
 tokens, text = ds.ingest.totals()
@@ -232,9 +232,9 @@ import json, sys, time
 from pathlib import Path
 a = json.loads(sys.argv[1])
 sys.path.insert(0, a["root"])
-from minigpt.data import DataConfig, hash_inputs, prepare_tokenizer, prepare_data
+from minigpt.data import DataConfig, find_inputs, prepare_tokenizer, prepare_data
 cfg = DataConfig(paths=(Path(a["input"]),), tokenizer_sample=a["sample"], cache_dir=Path(a["cache"]))
-inputs = hash_inputs(cfg, False)
+inputs = find_inputs(cfg, False)
 t = time.perf_counter(); tok = prepare_tokenizer(cfg, inputs, False); seconds = time.perf_counter() - t
 Path(a["out"]).write_text(json.dumps(tok.to_json()))
 ds = prepare_data(DataConfig(paths=(Path(a["input"]),), tokenizer=a["out"], cache_dir=Path(a["cache"])), 256,

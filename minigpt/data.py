@@ -16,15 +16,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.corpus.ingest import Ingest, Share
-from minigpt.corpus.inputs import Source, collect_files, hash_sources
+from minigpt.corpus.inputs import Source, collect_files, file_sha256, stamp_sources
 from minigpt.corpus.progress import Progress, text_size
-from minigpt.corpus.readers import ReadOptions, documents
+from minigpt.corpus.readers import WHOLE, ReadOptions, documents
 from minigpt.corpus.sample import corpus_texts, sample_texts
-from minigpt.corpus.store import STORE_FORMAT, Entry, content_key, remove_stale_temps, write_json_atomic
-from minigpt.corpus.streams import GrowingStream, TokenStream, split_first_documents
+from minigpt.corpus.split import Part, plan_split
+from minigpt.corpus.store import (
+    STORE_FORMAT,
+    Entry,
+    FileHashes,
+    content_key,
+    remove_stale_temps,
+    write_json_atomic,
+)
+from minigpt.corpus.streams import GrowingStream, TokenStream, validation_stream
 from minigpt.dataconfig import DEFAULT_BPE_VOCAB_SIZE, DataConfig, check_encoding
 from minigpt.errors import MinigptError, UsageError
 from minigpt.tokenizer import (
+    CharTokenizer,
     Tokenizer,
     build_tokenizer,
     default_threads,
@@ -45,7 +54,6 @@ __all__ = [
     "text_size",
 ]
 
-VAL_MAX_BYTES = 32 << 20  # validation text held out at most, whatever --val-fraction says
 TOKENIZER_FORMAT = 2  # bump when the same text and settings would train another tokenizer
 
 
@@ -105,7 +113,7 @@ def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "str
     check_encoding(encoding)
     opts = ReadOptions(encoding, errors)
     docs: list[str] = []
-    for src in hash_sources(collect_files(Path(p) for p in paths), encoding, lambda n: None, 1):
+    for src in stamp_sources(collect_files(Path(p) for p in paths), encoding, lambda n: None, 1):
         current: list[str] = []
         for piece in documents(src, opts, lambda n: None):
             if piece is None:
@@ -121,14 +129,14 @@ def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "str
 
 @dataclass(frozen=True)
 class Inputs:
-    """The training and validation files of a DataConfig, hashed."""
+    """The training and validation files of a DataConfig, stamped, in the order given."""
 
     train: list[Source]
     val: list[Source]
 
 
-def hash_inputs(config: DataConfig, progress: bool | Progress = True, share: Share = Share()) -> Inputs:
-    """Find the input files and hash them by content (each bad path a one-line error)."""
+def find_inputs(config: DataConfig, progress: bool | Progress = True, share: Share = Share()) -> Inputs:
+    """Find the input files and stamp them (a few blocks of each read; each bad path a one-line error)."""
     report = progress if isinstance(progress, Progress) else Progress(progress)
     train_files = collect_files(config.paths)
     val_files = collect_files([config.val_file]) if config.val_file is not None else []
@@ -138,13 +146,13 @@ def hash_inputs(config: DataConfig, progress: bool | Progress = True, share: Sha
     files = train_files + val_files
     total = sum(f.stat().st_size for f in files)
     threads = max(1, default_threads() // share.count)
-    with report.phase("hashing inputs", total) as meter:
-        sources = hash_sources(files, config.encoding, meter, threads)
+    with report.phase("reading inputs", total) as meter:
+        sources = stamp_sources(files, config.encoding, meter, threads)
     return Inputs(sources[: len(train_files)], sources[len(train_files) :])
 
 
 def prepare_tokenizer(config: DataConfig, inputs: Inputs, progress: bool | Progress = True) -> Tokenizer:
-    """The tokenizer config names: loaded, or learned from the training files (and cached by content)."""
+    """The tokenizer config names: loaded, or learned from the training files (and cached by their stamps)."""
     report = progress if isinstance(progress, Progress) else Progress(progress)
     try:
         return _get_tokenizer(config, inputs, report)
@@ -162,8 +170,8 @@ def prepare_data(
     share: Share = Share(),
     inputs: Inputs | None = None,
 ) -> Dataset:
-    """Check and hash the inputs (unless `inputs` has them), build the tokenizer (or use the one given, e.g.
-    on resume or fine-tuning), tokenize into the token store what is not there yet, and split off validation.
+    """Find and stamp the inputs (unless `inputs` has them), build the tokenizer (or use the one given, e.g.
+    on resume or fine-tuning), split off validation, and tokenize into the token store what is not there.
 
     With `background`, this returns once the validation text and the first training chunk are tokenized and
     the rest goes on beside training (Dataset.close() stops it); else everything is tokenized first. `share`
@@ -171,23 +179,24 @@ def prepare_data(
     Every bad input is a one-line MinigptError naming the file (and line); a bad file found before tokenizing
     starts leaves nothing written.
 
-    With --val-fraction, validation is whole documents from the start of the corpus (the files in content-
-    hash order); with --val-file, that text. BPE learns from up to --tokenizer-sample bytes drawn evenly
-    from the training files, char from all of their text.
+    With --val-fraction, validation is the end of the corpus in the order given (minigpt.corpus.split);
+    with --val-file, that text. BPE learns from up to --tokenizer-sample bytes drawn evenly from the
+    training files, char from all of their text.
     """
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise UsageError(f"--block-size must be a positive integer, not {block_size!r}")
     report = progress if isinstance(progress, Progress) else Progress(progress)
-    inputs = inputs if inputs is not None else hash_inputs(config, report, share)
+    inputs = inputs if inputs is not None else find_inputs(config, report, share)
     root = config.cache_root
-    for part in ("tokenizers", "tokens"):
+    for part in ("tokenizers", "tokens", "splits", "files"):
         remove_stale_temps(root / part)
     tokenizer = tokenizer if tokenizer is not None else prepare_tokenizer(config, inputs, report)
     ingest = None
     try:
-        ingest = _ingest(config, tokenizer, inputs.train, inputs.val, report, share)
+        sources, parts = _parts(config, inputs, tokenizer, report)
+        ingest = _ingest(config, tokenizer, sources, parts, report, share)
         ingest.run(background)
-        dataset = _split(config, tokenizer, ingest, len(inputs.val), block_size)
+        dataset = _split(config, tokenizer, ingest, block_size)
     except BaseException as e:
         if ingest is not None:
             ingest.stop()
@@ -223,7 +232,7 @@ def tokenizer_path(config: DataConfig, inputs: Inputs) -> Path | None:
             "vocab_size": (config.vocab_size or DEFAULT_BPE_VOCAB_SIZE) if kind == "bpe" else None,
             "sample": config.tokenizer_sample if kind == "bpe" else None,
             "read": [opts.key(s.format) for s in inputs.train],
-            "inputs": [s.digest for s in inputs.train],
+            "inputs": [[s.stamp, s.format, s.compression] for s in inputs.train],
         }
     )
     return config.cache_root / "tokenizers" / f"{key}.json"
@@ -261,62 +270,82 @@ def _get_tokenizer(config: DataConfig, inputs: Inputs, report: Progress) -> Toke
 
 
 def _sample_bytes(sources: Sequence[Source], budget: int) -> int:
-    """Bytes the sample reads: its share of each plain file, all of each compressed one (read through)."""
+    """Bytes the sample reads: each file's share of it (a Parquet file, or text in an encoding that cannot
+    be read from its middle, is counted whole as its sample is read)."""
     total = sum(s.size for s in sources)
-    return sum(s.size if s.compression else budget * s.size // total for s in sources)
+    return sum(s.size if s.format == "parquet" else budget * s.size // total for s in sources)
+
+
+def _parts(
+    config: DataConfig, inputs: Inputs, tokenizer: Tokenizer, report: Progress
+) -> tuple[list[Source], list[Part]]:
+    """The corpus's files (training files, then --val-file's) and its parts in tokenizing order: validation
+    first, then the training parts ordered by the files' fingerprints (a shuffle independent of names)."""
+    sources = inputs.train + inputs.val
+    if inputs.val:
+        val = [Part(len(inputs.train) + i, WHOLE, "validation") for i in range(len(inputs.val))]
+        train = [Part(i, WHOLE, "training") for i in range(len(inputs.train))]
+    else:
+        align = not isinstance(tokenizer, CharTokenizer)  # a BPE's cut moves to where a piece starts
+        with report.phase("finding the validation split", _scanned_bytes(config, inputs.train)) as meter:
+            planned = plan_split(
+                inputs.train,
+                config.val_fraction,
+                config.read_options,
+                align,
+                config.cache_root / "splits",
+                meter,
+            )
+        val = [p for p in planned if p.role == "validation"]
+        train = [p for p in planned if p.role == "training"]
+    train.sort(key=lambda p: (sources[p.source].fingerprint, str(sources[p.source].path)))
+    return sources, val + train
+
+
+def _scanned_bytes(config: DataConfig, sources: list[Source]) -> int:
+    """Bytes of the compressed files at the corpus's end that finding the split may decompress through."""
+    want, seen, total = sum(s.size for s in sources) * config.val_fraction, 0, 0
+    for src in reversed(sources):
+        total += src.size if src.compression else 0
+        seen += src.size
+        if seen >= want:
+            break
+    return total
 
 
 def _ingest(
     config: DataConfig,
     tokenizer: Tokenizer,
-    train_src: list[Source],
-    val_src: list[Source],
+    sources: list[Source],
+    parts: list[Part],
     report: Progress,
     share: Share,
 ) -> Ingest:
-    """The files in tokenizing order (validation files first, then training files by content hash) and
-    their store entries."""
+    """The parts and their store entries."""
     digest = tokenizer.digest()
     opts = config.read_options
-    ordered = val_src + sorted(train_src, key=lambda s: (s.digest, str(s.path)))
-    roles = ["validation"] * len(val_src) + ["training"] * len(train_src)
     root = config.cache_root / "tokens"
-    entries = [
-        Entry(
-            root,
-            content_key(
-                {
-                    "format": STORE_FORMAT,
-                    "tokenizer": digest,
-                    "file": s.digest,
-                    "as": [s.format, s.compression],
-                    "read": opts.key(s.format),
-                }
-            ),
-            tokenizer.vocab_size,
-        )
-        for s in ordered
-    ]
+    entries = []
+    for part in parts:
+        src = sources[part.source]
+        key = {
+            "format": STORE_FORMAT,
+            "tokenizer": digest,
+            "file": src.stamp,
+            "as": [src.format, src.compression],
+            "read": opts.key(src.format),
+            "span": part.span.key(),
+        }
+        entries.append(Entry(root, content_key(key), tokenizer.vocab_size))
     threads = max(1, default_threads() // share.count)
-    return Ingest(ordered, entries, tokenizer, opts, report, share, threads, roles)
+    hashes = FileHashes(config.cache_root / "files")
+    return Ingest(sources, parts, entries, tokenizer, opts, report, share, threads, hashes)
 
 
-def _split(config: DataConfig, tokenizer: Tokenizer, ingest: Ingest, n_val: int, block_size: int) -> Dataset:
-    lengths = tokenizer.text_byte_lengths()
-    dtype = ingest.entries[0].dtype
-    if n_val:
-        val = TokenStream(dtype)
-        val_bytes = 0
-        for _, _, chunk in ingest.walk(0, n_val):
-            val.append(chunk.ids(dtype))
-            val_bytes += chunk.text_bytes
-        start = (n_val, 0, 0)
-    else:
-        on_disk = sum(s.size for s in ingest.sources)
-        budget = max(1, min(int(on_disk * config.val_fraction), VAL_MAX_BYTES))
-        split = split_first_documents(ingest, budget, config.val_fraction, lengths)
-        val, val_bytes, start = split.val, split.val_bytes, split.train_start
-    train = GrowingStream(ingest, *start, dtype)
+def _split(config: DataConfig, tokenizer: Tokenizer, ingest: Ingest, block_size: int) -> Dataset:
+    n_val = sum(p.role == "validation" for p in ingest.parts)
+    val, val_bytes = validation_stream(ingest, n_val)
+    train = GrowingStream(ingest, n_val, val.dtype)
     while not train.complete and train.total <= block_size:
         train.refresh(wait=True)
     _check_long_enough(config, block_size, train, len(val))
@@ -325,24 +354,41 @@ def _split(config: DataConfig, tokenizer: Tokenizer, ingest: Ingest, n_val: int,
 
 
 def _input_record(src: Source, role: str) -> dict[str, Any]:
-    return {"path": str(src.path.resolve()), "role": role, "bytes": src.size, "sha256": src.digest}
+    return {"path": str(src.path.resolve()), "role": role, "bytes": src.size, "mtime_ns": src.mtime_ns,
+            "fingerprint": src.fingerprint}  # fmt: skip
 
 
-def changed_inputs(saved: Any, now: Sequence[dict[str, Any]]) -> str | None:
-    """What differs between the inputs a run recorded and the ones found now (by content, not by path),
-    in words; None when the same text is there (a run saved before inputs were recorded counts as same)."""
+def changed_inputs(saved: Any, now: Sequence[dict[str, Any]], cache_root: Path) -> str | None:
+    """What differs between the inputs a run recorded and the ones found now, in words; None when the same
+    text is there. Files are matched by content, not path: by size and sampled content, and a file whose
+    modification time changed by its whole sha256 against the one recorded when it was tokenized (where
+    there is one). A run saved before stamps recorded each file's sha256: those are hashed now."""
     if not isinstance(saved, list) or not saved:
-        return None
+        return None  # a run saved before inputs were recorded
+    old = [r for r in saved if isinstance(r, dict)]
+    legacy = any("fingerprint" not in r for r in old)
 
-    def contents(records: Sequence[Any]) -> list[tuple[str, str]]:
-        return sorted((str(r.get("role")), str(r.get("sha256"))) for r in records if isinstance(r, dict))
+    def key(r: dict[str, Any], current: bool) -> tuple[str, ...]:
+        if not legacy:
+            return str(r.get("role")), str(r.get("bytes")), str(r.get("fingerprint"))
+        return str(r.get("role")), file_sha256(Path(r["path"])) if current else str(r.get("sha256"))
 
-    if contents(saved) == contents(now):
+    old_keys = {key(r, False): r for r in old}
+    new_keys = {key(r, True): r for r in now}
+    gone = [Path(str(r.get("path"))).name for k, r in old_keys.items() if k not in new_keys]
+    added = [Path(r["path"]).name for k, r in new_keys.items() if k not in old_keys]
+    if not legacy and len(old_keys) == len(old) and len(new_keys) == len(now):
+        hashes = FileHashes(cache_root / "files")
+        for k, r in new_keys.items():
+            was = old_keys.get(k)
+            if was is not None and was.get("mtime_ns") != r["mtime_ns"]:
+                recorded = hashes.get({"size": was.get("bytes"), "mtime_ns": was.get("mtime_ns"),
+                                       "fingerprint": was.get("fingerprint")})  # fmt: skip
+                if recorded is not None and recorded != file_sha256(Path(r["path"])):
+                    gone.append(Path(r["path"]).name)
+                    added.append(Path(r["path"]).name)
+    if not gone and not added and sorted(old_keys) == sorted(new_keys):
         return None
-    old = {r.get("sha256"): r for r in saved if isinstance(r, dict)}
-    new = {r["sha256"]: r for r in now}
-    gone = [Path(str(r.get("path"))).name for h, r in old.items() if h not in new]
-    added = [Path(r["path"]).name for h, r in new.items() if h not in old]
     parts = ([f"changed or missing: {', '.join(gone)}"] if gone else []) + (
         [f"new: {', '.join(added)}"] if added else []
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from minigpt.corpus.ingest import Share
 from minigpt.corpus.progress import Progress, text_size
-from minigpt.data import DataConfig, hash_inputs, prepare_data, prepare_tokenizer, tokenizer_path
+from minigpt.data import DataConfig, find_inputs, prepare_data, prepare_tokenizer, tokenizer_path
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Prepared:
 
 
 def prepare(config: DataConfig, progress: bool = True, block_size: int = 1) -> Prepared:
-    """Hash, learn the tokenizer and tokenize `config`'s corpus into the store (this process's share of it
+    """Stamp the inputs, learn the tokenizer and tokenize `config`'s corpus into the store (this process's share of it
     under torchrun), then wait until all of it is there."""
     started = time.perf_counter()
     dist = None
@@ -54,7 +54,7 @@ def prepare(config: DataConfig, progress: bool = True, block_size: int = 1) -> P
     master = dist is None or dist.is_master
     report = Progress(progress and master)
     share = Share(dist.local_rank, dist.local_world_size) if dist is not None else Share()
-    inputs = hash_inputs(config, report, share)
+    inputs = find_inputs(config, report, share)
     with dist.master_first() if dist is not None else contextlib.nullcontext():
         tokenizer = prepare_tokenizer(config, inputs, report)  # one process per machine learns it
     dataset = prepare_data(config, block_size, tokenizer, report, share=share, inputs=inputs)

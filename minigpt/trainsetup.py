@@ -21,7 +21,7 @@ from minigpt.data import (
     DataConfig,
     Dataset,
     changed_inputs,
-    hash_inputs,
+    find_inputs,
     prepare_data,
     prepare_tokenizer,
 )
@@ -63,7 +63,7 @@ class RunPlan:
     tokenizer: Tokenizer | None = None  # a resumed or fine-tuned run's
     shape: GPTConfig | None = None  # likewise
     replaced_budget: str | None = None  # a resume given a new budget: the saved one, in words
-    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, sha256)
+    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, stamp)
     allow_data_change: bool = False  # resume even if the text is not what the run trained on
 
 
@@ -309,7 +309,7 @@ def _prepare(
     progress = dist.is_master and reporter.data_progress
     # each process of a machine tokenizes its share of the files into the shared store, beside training
     share = Share(dist.local_rank, dist.local_world_size)
-    inputs = hash_inputs(plan.data, progress, share)
+    inputs = find_inputs(plan.data, progress, share)
     with dist.master_first():  # one process per machine learns (or loads) the tokenizer, the others read it
         tokenizer = plan.tokenizer or prepare_tokenizer(plan.data, inputs, progress)
     dataset = prepare_data(
@@ -320,7 +320,7 @@ def _prepare(
 
 def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
     """On resume, the text must be what the run trained on (by content), unless the user says otherwise."""
-    change = changed_inputs(plan.saved_inputs, dataset.inputs) if plan.resume else None
+    change = changed_inputs(plan.saved_inputs, dataset.inputs, plan.data.cache_root) if plan.resume else None
     if change and not plan.allow_data_change:
         raise MinigptError(
             f"the text differs from what {plan.out} was trained on ({change}): pass the original files, or "

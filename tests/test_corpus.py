@@ -3,7 +3,9 @@ the tokenizer sample, and training that starts before tokenizing ends (schedule,
 
 from __future__ import annotations
 
+import builtins
 import bz2
+import collections
 import gzip
 import io
 import json
@@ -24,7 +26,7 @@ import minigpt.corpus.encode as encode
 import minigpt.corpus.ingest as ingest
 import minigpt.corpus.readers as readers
 import minigpt.corpus.sample as sample
-from minigpt.corpus.inputs import Source, file_kind
+from minigpt.corpus.inputs import FINGERPRINT_BLOCK, FINGERPRINT_BLOCKS, FINGERPRINT_EDGE, Source, file_kind
 from minigpt.corpus.progress import Meter, Progress
 from minigpt.corpus.readers import ReadOptions
 from minigpt.corpus.sample import sample_texts
@@ -92,8 +94,8 @@ def cfg(tmp_path: Path, *paths: Path, **kw) -> DataConfig:
 
 
 def documents_of(ds) -> list[str]:
-    """The dataset's text split at end-of-text tokens (validation first: it is the corpus' start)."""
-    ids = np.concatenate([ds.val[:], ds.train[:]]).tolist()
+    """The dataset's text split at end-of-text tokens (validation last: it is the corpus' end)."""
+    ids = np.concatenate([ds.train[:], ds.val[:]]).tolist()
     text = ds.tokenizer.decode(ids)
     assert text.endswith(ENDOFTEXT)
     return text[: -len(ENDOFTEXT)].split(ENDOFTEXT)
@@ -163,7 +165,7 @@ def test_a_literal_end_of_text_in_a_document_stays_text(tmp_path: Path, bpe_file
     docs = [doc(1), f"a document that mentions {ENDOFTEXT} in its text\n", doc(2)]
     path = write_corpus(tmp_path / "a.jsonl", docs)
     ds = prepare_data(cfg(tmp_path, path, tokenizer=str(bpe_file)), 4, progress=False)
-    ids = np.concatenate([ds.val[:], ds.train[:]])
+    ids = np.concatenate([ds.train[:], ds.val[:]])
     assert int((ids == ds.tokenizer.eot_id).sum()) == 3  # one per document, none from the text
 
 
@@ -178,7 +180,7 @@ def test_jobs_join_documents_and_cut_long_ones_without_changing_ids(
     )
     tok = ds.tokenizer
     expected = [i for d in docs for i in [*tok.encode(d), tok.eot_id]]
-    assert np.concatenate([ds.val[:], ds.train[:]]).tolist() == expected
+    assert np.concatenate([ds.train[:], ds.val[:]]).tolist() == expected
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -210,7 +212,8 @@ def test_a_bad_json_line_names_file_and_line_or_is_skipped(
     path.write_text("\n".join([*good[:7], line, *good[7:]]) + "\n")
     message = one_line_error(cfg(tmp_path, path, tokenizer=str(bpe_file)), f"{path}:8: {problem}")
     assert "--skip-bad-records" in message
-    assert not (tmp_path / "cache" / "tokens").exists()  # nothing written
+    # the file's end (validation, tokenized first) is stored; nothing of the span holding the bad line
+    assert len(list((tmp_path / "cache" / "tokens").glob("*/done.json"))) == 1
     ds = prepare_data(cfg(tmp_path, path, tokenizer=str(bpe_file), skip_bad_records=True), 4)
     assert documents_of(ds) == [doc(i) for i in range(30)]
     noted = re.escape(f"skipped 1 bad record(s) in {path} (the first: {path}:8: ") + problem
@@ -280,20 +283,24 @@ def test_pyarrow_is_imported_only_for_parquet(tmp_path: Path, bpe_file: Path) ->
 
 
 def test_adding_a_file_tokenizes_only_it(tmp_path: Path, bpe_file: Path, tokenized: list[Path]) -> None:
+    """In a folder of many files, validation is whole files from the end (15% here: the last file, and not
+    enough of the one before to cut it), so a file added anywhere leaves the others' tokens as they are."""
     root = tmp_path / "books"
     first = [
-        write_corpus(root / f"{n}.jsonl", [doc(i) for i in range(k, k + 10)])
-        for n, k in (("a", 0), ("b", 10))
+        write_corpus(root / f"p{n:02d}.jsonl", [doc(i) for i in range(10 * n, 10 * n + 10)])
+        for n in range(10)
     ]
-    prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 4, progress=False)
+    config = cfg(tmp_path, root, tokenizer=str(bpe_file), val_fraction=0.15)
+    ds = prepare_data(config, 4, progress=False)
     assert sorted(tokenized) == sorted(first)
-    added = write_corpus(root / "c.txt", [doc(99)], "xz")
+    assert ds.tokenizer.decode(ds.val[:].tolist()).split(ENDOFTEXT)[:-1] == [doc(i) for i in range(90, 100)]
+    added = write_corpus(root / "c.txt", [doc(999)], "xz")
     tokenized.clear()
-    ds = prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 4, progress=False)
+    ds = prepare_data(config, 4, progress=False)
     assert tokenized == [added]
-    assert sorted(documents_of(ds)) == sorted([doc(i) for i in range(20)] + [doc(99)])
+    assert sorted(documents_of(ds)) == sorted([doc(i) for i in range(100)] + [doc(999)])
     tokenized.clear()
-    prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 4, progress=False)
+    prepare_data(config, 4, progress=False)
     assert tokenized == []  # a second run starts at once
 
 
@@ -305,7 +312,8 @@ def test_a_file_left_half_tokenized_keeps_its_finished_chunks(
     monkeypatch.setattr(encode, "PIECE_CHARS", 200)
     path = write_corpus(tmp_path / "a.jsonl", [doc(i) for i in range(60)])
     whole = documents_of(prepare_data(cfg(tmp_path, path, tokenizer=str(bpe_file)), 4, progress=False))
-    (entry,) = (tmp_path / "cache" / "tokens").iterdir()
+    # the file's training span: the entry with the most chunks (the other is its end, validation)
+    entry = max((tmp_path / "cache" / "tokens").iterdir(), key=lambda e: len(list(e.glob("chunk-*.json"))))
     chunks = sorted(entry.glob("chunk-*.json"))
     assert len(chunks) > 5
     (entry / "done.json").unlink()  # as if the run ended half-way: the last chunks and done.json missing
@@ -326,13 +334,110 @@ def test_tokenizer_file_of_a_run_can_be_given(tmp_path: Path, bpe_file: Path) ->
     assert ds.tokenizer.to_json() == json.loads(bpe_file.read_text())
 
 
+# ---------------------------------------------------------------------------------------------- the split
+
+
+def test_one_text_file_holds_out_its_last_tenth(tmp_path: Path, bpe_file: Path) -> None:
+    """A single text file (tinyshakespeare's case) is one document: the cut falls inside it, at the last
+    10% of its bytes moved on to where a new piece starts, so its two halves tokenize as the whole does."""
+    text = "".join(doc(i, 60) for i in range(300))
+    path = tmp_path / "book.txt"
+    path.write_text(text)
+    ds = prepare_data(cfg(tmp_path, path, tokenizer=str(bpe_file)), 8, progress=False)
+    val = ds.tokenizer.decode(ds.val[:].tolist())
+    assert val.endswith(ENDOFTEXT)
+    tail = val.removesuffix(ENDOFTEXT)
+    start = len(text) - len(tail)
+    assert text.endswith(tail) and 0 <= start - (len(text) - round(len(text) * 0.1)) <= 16
+    assert text[start] == " " and text[start - 1].isalpha() and text[start + 1].isalpha()
+    tok = ds.tokenizer
+    assert ds.train[:].tolist() + ds.val[:].tolist() == tok.encode(text) + [tok.eot_id]
+
+
+def test_validation_is_the_corpus_end_in_whole_documents(tmp_path: Path, bpe_file: Path) -> None:
+    """A folder of JSON lines shards, each larger than the validation share: the cut falls inside the last
+    one at a line, so validation is the corpus's last documents, whole, about --val-fraction of them."""
+    root = tmp_path / "shards"
+    for n in range(3):
+        write_corpus(root / f"s{n}.jsonl", [doc(i) for i in range(100 * n, 100 * n + 100)])
+    ds = prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 4, progress=False)
+    val = ds.tokenizer.decode(ds.val[:].tolist()).split(ENDOFTEXT)
+    k = len(val) - 1
+    assert val[-1] == "" and val[:-1] == [doc(i) for i in range(300 - k, 300)] and 25 <= k <= 35
+    assert sorted(documents_of(ds)) == sorted(doc(i) for i in range(300))
+
+
+class _Counted:
+    """A file object that adds the bytes read through it to `counts[name]`."""
+
+    def __init__(self, f, counts: collections.Counter, name: str) -> None:
+        self._f, self._counts, self._name = f, counts, name
+
+    def read(self, *args):
+        data = self._f.read(*args)
+        self._counts[self._name] += len(data)
+        return data
+
+    def readinto(self, buffer):
+        n = self._f.readinto(buffer)
+        self._counts[self._name] += n or 0
+        return n
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+
+def test_a_warm_run_reads_only_sampled_blocks_of_its_files(
+    tmp_path: Path, bpe_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second run on the same corpus stamps each file from a few blocks and finds its tokens, its split
+    and its tokenizer by those stamps: it reads no file whole (a cold run reads each one at least twice:
+    tokenizing, then hashing)."""
+
+    def noisy(i: int) -> str:  # random numbers keep the compressed files large
+        return f"{np.random.default_rng(i).integers(1 << 62, size=12)} {doc(i)}"
+
+    root = tmp_path / "corpus"
+    files = [
+        write_corpus(root / "a.txt", [doc(i, 60) for i in range(2000)]),
+        write_corpus(root / "b.jsonl", [noisy(i) for i in range(2000, 3000)], "gz"),
+        write_corpus(root / "c.jsonl", [noisy(i) for i in range(3000, 4000)], "zst"),
+    ]
+    assert all(f.stat().st_size > 100_000 for f in files)
+    counts: collections.Counter = collections.Counter()
+    real_open = builtins.open
+    names = {str(f) for f in files}
+
+    def counting_open(file, *args, **kwargs):
+        f = real_open(file, *args, **kwargs)
+        return _Counted(f, counts, str(file)) if str(file) in names else f
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    config = cfg(tmp_path, root, tokenizer=str(bpe_file))
+    prepare_data(config, 8, progress=False)
+    assert all(counts[str(f)] >= 2 * f.stat().st_size for f in files)  # the instrument sees whole reads
+    counts.clear()
+    warm = prepare_data(config, 8, progress=False)
+    assert warm.tokenized_at_start
+    stamp = 2 * FINGERPRINT_EDGE + FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK
+    assert all(0 < counts[str(f)] <= stamp < f.stat().st_size for f in files), counts
+
+
 # ---------------------------------------------------------------------------------------------- the sample
 
 
 def test_the_tokenizer_sample_is_drawn_evenly_and_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Markers at the start, middle and end of every file are all in a sample 1/8 of the corpus' size."""
+    """Markers at the start, middle and end of a plain file are all in a sample 1/8 of the corpus' size; a
+    compressed file (no reading from its middle) gives the regions of its first eighth on disk, its share,
+    so the sample never decompresses more than its size."""
     sources = []
     for n, compression in enumerate([None, "zst"]):
         # each eighth of the file spans several zstd blocks (128 KB), the finest a decompressor can seek
@@ -348,13 +453,13 @@ def test_the_tokenizer_sample_is_drawn_evenly_and_bounded(
         if compression:
             path = path.rename(path.with_name(path.name + ".zst"))
         kind = file_kind(path, explicit=True)
-        sources.append(Source(path, path.stat().st_size, "x", *kind))
+        sources.append(Source(path, path.stat().st_size, 0, "x", *kind))
     total = sum(s.size for s in sources)
     monkeypatch.setattr(sample, "REGION_BYTES", 2000)
     text = "\n".join(sample_texts(sources, ReadOptions(), total // 8, lambda n: None))
-    for n in range(2):
-        seen = {part for part in range(8) if f"marker-{n}-{part} " in text}
-        assert {0, 7} <= seen and len(seen) >= 6, (n, seen)
+    seen = [{part for part in range(8) if f"marker-{n}-{part} " in text} for n in range(2)]
+    assert {0, 7} <= seen[0] and len(seen[0]) >= 6, seen
+    assert seen[1] == {0}, seen
     assert len(text.encode()) < total // 4  # bounded (compressed files: by their compressed size)
 
 
@@ -428,10 +533,11 @@ def test_the_schedule_follows_the_batch_not_the_clock(
 def test_without_the_ramp_batches_draw_from_everything(
     tmp_path: Path, bpe_file: Path, small_chunks: None
 ) -> None:
-    ds = prepare_data(cfg(tmp_path, many_docs(tmp_path), tokenizer=str(bpe_file)), 8, progress=False)
+    root = many_docs(tmp_path)
+    ds = prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 8, progress=False)
     assert ds.tokenized_at_start is False and ds.complete
     assert ds.train.length_for(0, False, 64) == ds.train.total
-    again = prepare_data(cfg(tmp_path, many_docs(tmp_path), tokenizer=str(bpe_file)), 8, progress=False)
+    again = prepare_data(cfg(tmp_path, root, tokenizer=str(bpe_file)), 8, progress=False)
     assert again.tokenized_at_start  # the store held it all: a run on it samples uniformly from step 0
 
 
@@ -500,7 +606,7 @@ from minigpt.prepare import prepare
 
 real = ingest.tokenize_file
 def tokenize_file(*args, **kwargs):  # say which process tokenized which file
-    print("rank", os.environ["RANK"], "tokenized", args[-1].split(" file ", 1)[1], flush=True)
+    print("rank", os.environ["RANK"], "tokenized", args[-1], flush=True)  # "<role> file <path>"
     return real(*args, **kwargs)
 ingest.tokenize_file = tokenize_file
 folder, tokenizer, cache = sys.argv[1:]
@@ -524,11 +630,14 @@ def test_prepare_under_two_process_torchrun_splits_the_files(tmp_path: Path, bpe
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
+    # the parts: three files whole, the last one's start and its end (validation, cut inside it)
     by_rank = {
-        r: {Path(line.split()[-1]) for line in lines if line.startswith(f"rank {r} tokenized")} for r in "01"
+        r: {line.split(" tokenized ", 1)[1] for line in lines if line.startswith(f"rank {r} tokenized")}
+        for r in "01"
     }
     assert by_rank["0"] and by_rank["1"] and not by_rank["0"] & by_rank["1"]
-    assert by_rank["0"] | by_rank["1"] == set(files)
+    assert len(by_rank["0"] | by_rank["1"]) == 5
+    assert {Path(w.split(" file ", 1)[1]) for w in by_rank["0"] | by_rank["1"]} == set(files)
     results = {line.split(" prepared ")[1] for line in lines if " prepared " in line}
     assert len(results) == 1  # both processes finished with the whole corpus
     seen: list[Path] = []
@@ -546,16 +655,14 @@ def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_t
 ) -> None:
     monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "cache"))  # a resume uses this machine's cache
     root = tmp_path / "corpus"
-    for n in range(2):
-        write_corpus(root / f"part{n}.jsonl", [doc(i) for i in range(n * 60, n * 60 + 60)], "zst")
+    for n in range(10):  # validation: the last file whole (see test_adding_a_file_tokenizes_only_it)
+        write_corpus(root / f"p{n:02d}.jsonl", [doc(i) for i in range(n * 30, n * 30 + 30)], "zst")
     tcfg = TrainConfig(preset="tiny", batch_size=4, eval_iters=2, eval_every=4, max_iters=4, device="cpu",
                        dtype="float32", overrides={"block_size": 16})  # fmt: skip
-    train(tcfg, DataConfig(paths=(root,), tokenizer=str(bpe_file)), out=tmp_path / "run")
-    added = write_corpus(root / "part2.parquet", [doc(i) for i in range(500, 560)], "gz")
+    train(tcfg, DataConfig(paths=(root,), tokenizer=str(bpe_file), val_fraction=0.15), out=tmp_path / "run")
+    added = write_corpus(root / "a.parquet", [doc(i) for i in range(500, 512)], "gz")
     tokenized.clear()
-    with pytest.raises(
-        MinigptError, match=r"the text differs from .*new: part2.parquet.gz.*--allow-data-change"
-    ):
+    with pytest.raises(MinigptError, match=r"the text differs from .*new: a.parquet.gz.*--allow-data-change"):
         train(TrainConfig(max_iters=6), resume=tmp_path / "run")
     resumed = train(TrainConfig(max_iters=6), resume=tmp_path / "run", allow_data_change=True)
     assert resumed.state.step == 6 and set(tokenized) <= {added}

@@ -78,11 +78,10 @@ def test_char_dataset_split_and_bytes(tmp_path: Path) -> None:
     ds = prepare_data(config(tmp_path, write(tmp_path / "a.txt", text)), 16, progress=False)
     assert isinstance(ds.tokenizer, CharTokenizer) and set(ds.tokenizer.chars) == set(text)
     assert ds.train[:].dtype == np.uint16 and ds.complete
-    ids = np.concatenate([ds.val[:], ds.train[:]])  # validation is the start of the corpus
-    assert ds.tokenizer.decode(ids.tolist()) == text
-    # one document: the cut falls inside it, at the first character past 10% of its bytes
-    budget = int(len(text.encode()) * 0.1)
-    assert budget <= ds.val_bytes < budget + 4
+    assert ds.tokenizer.decode(all_ids(ds)) == text  # validation is the end of the corpus
+    # one document: the cut falls inside it, at the first character of its last 10% of bytes
+    budget = round(len(text.encode()) * 0.1)
+    assert budget - 4 < ds.val_bytes <= budget
     assert ds.val_bytes == len(ds.tokenizer.decode(ds.val[:].tolist()).encode())
     assert ds.val_bytes_per_token == ds.val_bytes / len(ds.val)
     assert ds.store == tmp_path / "cache" / "tokens" and any(ds.store.glob("*/chunk-000000.bin"))
@@ -116,7 +115,8 @@ def test_chunked_encoding_equals_whole_text(
 
 
 def all_ids(ds: data.Dataset) -> list[int]:
-    return np.concatenate([ds.val[:], ds.train[:]]).tolist()
+    """A one-file corpus's ids: its training part, then its end (validation)."""
+    return np.concatenate([ds.train[:], ds.val[:]]).tolist()
 
 
 def test_shakespeare_r50k_tokens(tmp_path: Path, shakespeare: Path, r50k_file: Path) -> None:
@@ -136,26 +136,21 @@ def test_directory_and_several_files(tmp_path: Path) -> None:
     ds = prepare_data(
         config(tmp_path, tmp_path / "docs", extra, tokenizer="bpe", vocab_size=280), 4, progress=False
     )
-    ids = all_ids(ds)
-    eot = ds.tokenizer.eot_id
-    *docs, after_last = [ds.tokenizer.decode(part) for part in _split(ids, eot)]
-    # every file is a document that ends with eot, in content-hash order (notes.md and .hidden left out)
-    assert after_last == "" and sorted(docs) == sorted(
-        ["first file\n", "second file\n", "third file\n", make_text(300)]
-    )
+    tok, eot = ds.tokenizer, "<|endoftext|>"
+    extra_text = make_text(300)
+    # validation is the corpus's end: the last 10% of the corpus lies inside its last file, extra.txt, so
+    # the cut falls inside it; it ends with end-of-text
+    val_text = tok.decode(ds.val[:].tolist())
+    tail = val_text.removesuffix(eot)
+    assert val_text.endswith(eot) and extra_text.endswith(tail) and 0 < len(tail) < len(extra_text) // 5
+    # training: the other files (notes.md and .hidden left out), each a document ending with end-of-text,
+    # and the start of extra.txt
+    head = extra_text[: len(extra_text) - len(tail)]
+    rest = tok.decode(ds.train[:].tolist()).replace(head, "", 1)
+    assert rest.endswith(eot)
+    assert sorted(rest.split(eot)[:-1]) == ["first file\n", "second file\n", "third file\n"]
     # eot is not text: it adds no bytes
-    val_text = ds.tokenizer.decode(ds.val[:].tolist())
-    assert ds.val_bytes == len(val_text.replace("<|endoftext|>", "").encode())
-
-
-def _split(ids: list[int], sep: int) -> list[list[int]]:
-    parts: list[list[int]] = [[]]
-    for i in ids:
-        if i == sep:
-            parts.append([])
-        else:
-            parts[-1].append(i)
-    return parts
+    assert ds.val_bytes == len(tail.encode())
 
 
 def test_val_file(tmp_path: Path) -> None:
@@ -220,20 +215,23 @@ def test_cache_is_reused_then_invalidated(
     path = write(tmp_path / "a.txt", make_text(2000))
     cfg = config(tmp_path, path, tokenizer="bpe", vocab_size=300)
     first = prepare_data(cfg, 16, progress=False)
-    assert counted == {"encode": 1, "build": 1}
+    assert counted == {"encode": 2, "build": 1}  # the file's start (training) and its end (validation)
     second = prepare_data(cfg, 16, progress=True)
-    assert counted == {"encode": 1, "build": 1}  # neither trained nor tokenized again
+    assert counted == {"encode": 2, "build": 1}  # neither trained nor tokenized again
     err = capsys.readouterr().err
     assert "reusing the tokens of 1 file(s)" in err and "reusing the bpe" in err
     assert all_ids(second) == all_ids(first) and second.tokenizer.to_json() == first.tokenizer.to_json()
 
-    # a different block size or split reuses the same tokens
+    # a different block size reuses the same tokens; a different split cuts the file elsewhere, so its two
+    # spans are tokenized again (the tokenizer is kept)
+    prepare_data(config(tmp_path, path, tokenizer="bpe", vocab_size=300), 8, progress=False)
+    assert counted == {"encode": 2, "build": 1}
     prepare_data(config(tmp_path, path, tokenizer="bpe", vocab_size=300, val_fraction=0.2), 8, progress=False)
-    assert counted == {"encode": 1, "build": 1}
+    assert counted == {"encode": 4, "build": 1}
 
     write(path, make_text(2000, seed=9))
     third = prepare_data(cfg, 16, progress=False)
-    assert counted == {"encode": 2, "build": 2}
+    assert counted == {"encode": 6, "build": 2}
     assert third.tokenizer.decode(all_ids(third)[:-1]) == path.read_text()
 
 
@@ -241,11 +239,12 @@ def test_cache_keyed_by_tokenizer(tmp_path: Path, counted: dict[str, int]) -> No
     path = write(tmp_path / "a.txt", make_text(2000))
     for kw in (dict(tokenizer="bpe", vocab_size=300), dict(tokenizer="bpe", vocab_size=320), {}):
         prepare_data(config(tmp_path, path, **kw), 16, progress=False)
-    assert len(list((tmp_path / "cache" / "tokens").iterdir())) == 3 and counted["encode"] == 3
+    assert len(list((tmp_path / "cache" / "tokens").iterdir())) == 6 and counted["encode"] == 6
 
 
 def chunk_files(tmp_path: Path) -> tuple[Path, Path]:
-    (bin_path,) = (tmp_path / "cache" / "tokens").glob("*/chunk-000000.bin")
+    """The first chunk of the one-file corpus's training span (the larger of its two entries)."""
+    bin_path = max((tmp_path / "cache" / "tokens").glob("*/chunk-000000.bin"), key=lambda p: p.stat().st_size)
     return bin_path, bin_path.with_suffix(".json")
 
 
@@ -256,7 +255,7 @@ def test_damaged_cache_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> No
     with open(bin_path, "r+b") as f:
         f.truncate(100)  # e.g. a crash or a full disk
     again = prepare_data(cfg, 16, progress=False)
-    assert counted["encode"] == 2 and all_ids(again) == expected
+    assert counted["encode"] == 3 and all_ids(again) == expected
 
 
 def test_same_size_garbage_cache_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> None:
@@ -265,7 +264,7 @@ def test_same_size_garbage_cache_is_rebuilt(tmp_path: Path, counted: dict[str, i
     bin_path, _ = chunk_files(tmp_path)
     bin_path.write_bytes(np.random.default_rng(0).bytes(bin_path.stat().st_size))
     again = prepare_data(cfg, 16, progress=False)
-    assert counted["encode"] == 2 and all_ids(again) == expected
+    assert counted["encode"] == 3 and all_ids(again) == expected
 
 
 def test_cache_with_ids_past_the_vocabulary_is_rebuilt(tmp_path: Path, counted: dict[str, int]) -> None:
@@ -282,7 +281,7 @@ def test_cache_with_ids_past_the_vocabulary_is_rebuilt(tmp_path: Path, counted: 
     meta["crc32"] = zlib.crc32(bin_path.read_bytes())
     meta_path.write_text(json.dumps(meta))
     again = prepare_data(cfg, 16, progress=False)
-    assert counted["encode"] == 2 and max(all_ids(again)) < vocab
+    assert counted["encode"] == 3 and max(all_ids(again)) < vocab
 
 
 @pytest.mark.parametrize(
@@ -291,7 +290,7 @@ def test_cache_with_ids_past_the_vocabulary_is_rebuilt(tmp_path: Path, counted: 
         {"tokens": "many"},
         {"tokens": True},
         {"dtype": "object"},
-        {"documents": -1},
+        {"text_bytes": -1},
         {"crc32": None},
         {"format": 0},
     ],
@@ -304,7 +303,7 @@ def test_cache_meta_with_bad_fields_is_rebuilt(
     _, meta_path = chunk_files(tmp_path)
     meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | damage))
     prepare_data(cfg, 16, progress=False)
-    assert counted["encode"] == 2
+    assert counted["encode"] == 3
 
 
 @pytest.mark.parametrize("planted", ["bin", "meta", "done"])
@@ -318,7 +317,7 @@ def test_fifo_in_the_cache_is_never_opened(tmp_path: Path, counted: dict[str, in
     fifo.unlink()
     os.mkfifo(fifo)  # opening it for reading would block until a writer came
     prepare_data(cfg, 16, progress=False)
-    assert counted["encode"] == 2 and fifo.is_file()
+    assert counted["encode"] == 3 and fifo.is_file()
 
 
 def test_stale_temp_files_of_dead_writers_on_this_machine_are_removed(tmp_path: Path) -> None:
@@ -604,15 +603,33 @@ def test_default_tokenizer_is_bpe_512(tmp_path: Path) -> None:
 
 
 def test_inputs_are_recorded_by_content_and_changes_are_named(tmp_path: Path) -> None:
+    from minigpt.corpus.inputs import fingerprint_blocks
     from minigpt.data import changed_inputs
 
-    (tmp_path / "a.txt").write_text("hello world, " * 400)
-    data = prepare_data(DataConfig(paths=(tmp_path / "a.txt",), tokenizer="char"), 8, progress=False)
+    path, cache = tmp_path / "a.txt", tmp_path / "cache"
+    text = make_text(40_000)  # over 64 KB: its stamp samples blocks of it rather than all of it
+    path.write_text(text)
+    data = prepare_data(config(tmp_path, path), 8, progress=False)
     (record,) = data.inputs
-    assert record["path"] == str((tmp_path / "a.txt").resolve()) and record["role"] == "train"
-    assert len(record["sha256"]) == 64 and record["bytes"] == (tmp_path / "a.txt").stat().st_size
+    assert record["path"] == str(path.resolve()) and record["role"] == "train"
+    assert record["bytes"] == path.stat().st_size and record["mtime_ns"] == path.stat().st_mtime_ns
+    assert len(record["fingerprint"]) == 64
     moved = [{**record, "path": "/elsewhere/a.txt"}]
-    assert changed_inputs(moved, data.inputs) is None  # the same text at another place
-    assert changed_inputs([], data.inputs) is None  # runs saved before inputs were recorded
-    edited = [{**record, "sha256": "0" * 64}]
-    assert changed_inputs(edited, data.inputs) == "changed or missing: a.txt; new: a.txt"
+    assert changed_inputs(moved, data.inputs, cache) is None  # the same text at another place
+    assert changed_inputs([], data.inputs, cache) is None  # runs saved before inputs were recorded
+    edited = [{**record, "fingerprint": "0" * 64}]
+    assert changed_inputs(edited, data.inputs, cache) == "changed or missing: a.txt; new: a.txt"
+    # one byte changed between the sampled blocks, same size: the fingerprint misses it, but the file's
+    # modification time moved, so its sha256 is compared with the one recorded when it was tokenized
+    sampled = fingerprint_blocks(len(text))
+    at = next(o for o in range(0, len(text), 997) if not any(a <= o < a + n for a, n in sampled))
+    path.write_text(text[:at] + "x" + text[at + 1 :])
+    os.utime(path, ns=(record["mtime_ns"] + 10**9, record["mtime_ns"] + 10**9))
+    now = prepare_data(config(tmp_path, path), 8, progress=False).inputs
+    assert now[0]["fingerprint"] == record["fingerprint"] and now[0]["mtime_ns"] != record["mtime_ns"]
+    assert changed_inputs([record], now, cache) == "changed or missing: a.txt; new: a.txt"
+    # written again with the same text: a new modification time, the same content
+    path.write_text(text)
+    os.utime(path, ns=(record["mtime_ns"] + 2 * 10**9, record["mtime_ns"] + 2 * 10**9))
+    now = prepare_data(config(tmp_path, path), 8, progress=False).inputs
+    assert changed_inputs([record], now, cache) is None

@@ -200,8 +200,8 @@ def garbage_cache(tmp: Path) -> list[str]:
     """Train once, then fill the token cache with random bytes of the same size."""
     args = train_with("--tokenizer", "char")(tmp)
     assert minigpt(tmp, args).returncode == 0
-    (tokens,) = (tmp / "cache" / "tokens").glob("*/chunk-000000.bin")
-    tokens.write_bytes(np.random.default_rng(0).bytes(tokens.stat().st_size))
+    for tokens in (tmp / "cache" / "tokens").glob("*/chunk-000000.bin"):  # the file's two spans
+        tokens.write_bytes(np.random.default_rng(0).bytes(tokens.stat().st_size))
     return args
 
 
@@ -209,9 +209,9 @@ def fifo_cache(tmp: Path) -> list[str]:
     """Train once, then swap the token cache file for a FIFO."""
     args = train_with("--tokenizer", "char")(tmp)
     assert minigpt(tmp, args).returncode == 0
-    (tokens,) = (tmp / "cache" / "tokens").glob("*/chunk-000000.bin")
-    tokens.unlink()
-    os.mkfifo(tokens)
+    for tokens in (tmp / "cache" / "tokens").glob("*/chunk-000000.bin"):  # the file's two spans
+        tokens.unlink()
+        os.mkfifo(tokens)
     return args
 
 

@@ -104,7 +104,6 @@ def jobs(pieces: Iterator[Piece], size: int | None = None) -> Iterator[Job]:
 @dataclass
 class Encoded:
     ids: np.ndarray  # uint32
-    doc_ends: np.ndarray  # int64 offsets within ids where documents end
     unknown: set[str] = field(default_factory=set)  # characters a char tokenizer lacks
 
 
@@ -121,22 +120,17 @@ class Encoder:
         if encoding is not None and self.eot is not None and not _has_literal_eot(job):
             text = "".join(ENDOFTEXT if s is None else s for s in job.segments)
             ids = encoding.encode_to_numpy(text, allowed_special={ENDOFTEXT}, disallowed_special=())
-            ids = ids.astype(np.uint32, copy=False)
-            return Encoded(ids, np.flatnonzero(ids == self.eot) + 1)
+            return Encoded(ids.astype(np.uint32, copy=False))
         return self._piecewise(job)
 
     def _piecewise(self, job: Job) -> Encoded:
         """Each segment alone: a char tokenizer, no end-of-text token, or text that spells the token."""
         parts: list[np.ndarray] = []
-        ends: list[int] = []
         unknown: set[str] = set()
-        size = 0
         for segment in job.segments:
             if segment is None:
                 if self.eot is not None:
                     parts.append(np.array([self.eot], dtype=np.uint32))
-                    size += 1
-                ends.append(size)
                 continue
             if isinstance(self.tokenizer, CharTokenizer):
                 ids = self.tokenizer.lookup(segment)
@@ -147,9 +141,8 @@ class Encoder:
             else:
                 ids = self.tokenizer.encode_arrays([segment], 1)[0]
             parts.append(ids)
-            size += len(ids)
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
-        return Encoded(ids, np.asarray(ends, dtype=np.int64), unknown)
+        return Encoded(ids, unknown)
 
     def text_bytes(self, ids: np.ndarray) -> int:
         return int(self.lengths[ids].sum())
@@ -167,7 +160,6 @@ class _Open:
     chars: int = 0
     existing: Chunk | None = None  # found whole in the store: its jobs are read but not encoded
     parts: list[np.ndarray] = field(default_factory=list)
-    ends: list[np.ndarray] = field(default_factory=list)
     tokens: int = 0
     text_bytes: int = 0
 
@@ -196,7 +188,6 @@ def tokenize_file(
             if future is not None:
                 encoded = future.result()
                 unknown.update(encoded.unknown)
-                chunk.ends.append(encoded.doc_ends + chunk.tokens)
                 chunk.parts.append(encoded.ids.astype(entry.dtype))
                 chunk.tokens += len(encoded.ids)
                 chunk.text_bytes += encoder.text_bytes(encoded.ids)
@@ -237,7 +228,6 @@ def _close(entry: Entry, chunk: _Open, failed: bool) -> Chunk | None:
     if failed:  # unknown characters: the error comes once the whole file has been read
         return None
     ids = np.concatenate(chunk.parts) if chunk.parts else np.zeros(0, dtype=entry.dtype)
-    ends = np.concatenate(chunk.ends) if chunk.ends else np.zeros(0, dtype=np.int64)
     if not len(ids):
         return None
-    return entry.write_chunk(chunk.index, ids, ends, chunk.text_bytes)
+    return entry.write_chunk(chunk.index, ids, chunk.text_bytes)

@@ -1,9 +1,10 @@
 """Tokenizing a corpus into the store, on a thread beside training, and telling which chunks are ready.
 
-Files are tokenized in a fixed order (validation files first, then the training files by content hash, a
-shuffle that does not depend on names), each file's chunks in order. Under torchrun the processes of a
-machine split the files between them (file i goes to local rank i mod local world size) and each sees
-the others' chunks land in the shared store; a chunk is ready for everyone once its .json is there.
+The corpus is a list of parts (files, or spans of files: minigpt.corpus.split), tokenized in a fixed order
+(validation first, then training), each part's chunks in order. Under torchrun the processes of a machine
+split the parts between them (part i goes to local rank i mod local world size) and each sees the others'
+chunks land in the shared store; a chunk is ready for everyone once its .json is there. Once its parts are
+tokenized, each file is hashed whole (sha256, recorded by its stamp for resumes to compare).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from minigpt.corpus.encode import Encoder, Stopped, tokenize_file
-from minigpt.corpus.inputs import Source
+from minigpt.corpus.inputs import Source, file_sha256
 from minigpt.corpus.progress import Meter, Progress, text_size
-from minigpt.corpus.readers import ReadOptions, ReadStats, documents
-from minigpt.corpus.store import Chunk, Entry
+from minigpt.corpus.readers import ReadOptions, ReadStats, blank_error, documents
+from minigpt.corpus.split import Part
+from minigpt.corpus.store import Chunk, Entry, FileHashes
 from minigpt.errors import MinigptError
 from minigpt.tokenizer import Tokenizer
 
@@ -36,27 +38,27 @@ class Share:
 
 
 class Ingest:
-    """The files of a corpus on their way into the store, and what of them is ready."""
+    """The parts of a corpus on their way into the store, and what of them is ready."""
 
     def __init__(
         self,
         sources: list[Source],
+        parts: list[Part],
         entries: list[Entry],
         tokenizer: Tokenizer,
         opts: ReadOptions,
         progress: Progress,
         share: Share = Share(),
         threads: int = 1,
-        roles: list[str] | None = None,
+        hashes: FileHashes | None = None,
     ) -> None:
-        self.sources, self.entries = sources, entries
-        self.roles = roles or ["training"] * len(sources)
+        self.sources, self.parts, self.entries = sources, parts, entries
         self.tokenizer, self.opts, self.progress = tokenizer, opts, progress
-        self.share, self.threads = share, threads
-        self._chunks: list[list[Chunk]] = [[] for _ in sources]
-        self._done = [False] * len(sources)
-        self._reused = [False] * len(sources)  # found whole in the store
-        self.stats = [ReadStats() for _ in sources]
+        self.share, self.threads, self.hashes = share, threads, hashes
+        self._chunks: list[list[Chunk]] = [[] for _ in parts]
+        self._done = [False] * len(parts)
+        self._reused = [False] * len(parts)  # found whole in the store
+        self.stats = [ReadStats() for _ in parts]
         self.error: BaseException | None = None
         self.meter: Meter | None = None
         self._cond = threading.Condition()
@@ -67,7 +69,7 @@ class Ingest:
     # ------------------------------------------------------------------------------------------ worker
 
     def run(self, background: bool) -> None:
-        """Tokenize this process's files: on a thread of its own when `background`, else here and now."""
+        """Tokenize this process's parts: on a thread of its own when `background`, else here and now."""
         if not background:
             self._work(bar=True)
             if self.error is not None:
@@ -86,8 +88,8 @@ class Ingest:
             self._thread = None
 
     def _work(self, bar: bool) -> None:
-        mine = [i for i in range(len(self.sources)) if self.share.owns(i)]
-        total = sum(self.sources[i].size for i in mine)
+        mine = [j for j in range(len(self.parts)) if self.share.owns(j)]
+        total = sum(self._extent(j) for j in mine)
         try:
             with (
                 self.progress.phase("tokenizing", total, bar=bar) as meter,
@@ -95,9 +97,10 @@ class Ingest:
             ):
                 self.meter = meter
                 encoder = Encoder(self.tokenizer)
-                for i in mine:
-                    self._one(i, encoder, pool, meter)
+                for j in mine:
+                    self._one(j, encoder, pool, meter)
             self._report(mine, meter)
+            self._hash_files(mine)
         except Stopped:
             if self.meter is not None:
                 self.progress.note(
@@ -109,12 +112,22 @@ class Ingest:
                 self.error = e
                 self._cond.notify_all()
 
+    def _extent(self, j: int) -> int:
+        """Bytes on disk that reading part j gets through (a span of a compressed or Parquet file: half)."""
+        src, span = self.sources[self.parts[j].source], self.parts[j].span
+        if span.whole:
+            return src.size
+        if src.compression is None and src.format != "parquet":
+            return (src.size if span.stop is None else span.stop) - (span.start or 0)
+        return src.size // 2
+
     def _report(self, mine: list[int], meter: Meter) -> None:
-        chunks = [c for i in mine for c in self._chunks[i]]
+        chunks = [c for j in mine for c in self._chunks[j]]
         tokens, text = sum(c.tokens for c in chunks), sum(c.text_bytes for c in chunks)
-        fresh = sum(self.sources[i].size for i in mine if not self._reused[i])
+        fresh = sum(self._extent(j) for j in mine if not self._reused[j])
         seconds = meter.clock() - meter.started
-        what = f"{len(mine)} file(s), {text_size(text)} of text -> {tokens:,} tokens"
+        files = len({self.parts[j].source for j in mine})
+        what = f"{files} file(s), {text_size(text)} of text -> {tokens:,} tokens"
         if not fresh:
             self.progress.note(f"reusing the tokens of {what} from the store ({self.entries[0].dir.parent})")
         else:
@@ -122,11 +135,13 @@ class Ingest:
                 f"tokenized {what} in {seconds:.1f}s ({fresh / 1e6 / max(seconds, 1e-9):.1f} MB/s)"
             )
 
-    def _one(self, i: int, encoder: Encoder, pool: ThreadPoolExecutor, meter: Meter) -> None:
-        src, entry, stats = self.sources[i], self.entries[i], self.stats[i]
+    def _one(self, j: int, encoder: Encoder, pool: ThreadPoolExecutor, meter: Meter) -> None:
+        part, entry, stats = self.parts[j], self.entries[j], self.stats[j]
+        src = self.sources[part.source]
         done = entry.done()
         if done is not None:
-            # checksums and id ranges on every thread (zlib and NumPy release the GIL)
+            # chunks not checked since they last changed are checked on every thread (zlib, NumPy release
+            # the GIL); the others cost a stat
             chunks = list(pool.map(lambda k: entry.chunk(k, verify=True), range(done["chunks"])))
             if any(c is None for c in chunks):
                 self.progress.note(
@@ -135,72 +150,93 @@ class Ingest:
                 )
             else:
                 for k, c in enumerate(chunks):
-                    self._publish(i, k, c)
+                    self._publish(j, k, c)
                 stats.skipped, stats.first_skipped = done["skipped"], str(done.get("first_skipped", ""))
-                stats.documents = done["documents"]
-                meter(src.size)
-                self._reused[i] = True
-                self._finish(i)
+                stats.documents, stats.nonblank = done["documents"], done["nonblank"]
+                meter(self._extent(j))
+                self._reused[j] = True
+                self._finish(j)
                 return
-        pieces = documents(src, self.opts, meter, stats)
-        where = f"{self.roles[i]} file {src.path}"
+        pieces = documents(src, self.opts, meter, stats, part.span)
+        where = f"{part.role} file {src.path}"
         chunks = tokenize_file(
-            pieces, entry, encoder, pool, self.threads, lambda k, c: self._publish(i, k, c), self._stop, where
+            pieces, entry, encoder, pool, self.threads, lambda k, c: self._publish(j, k, c), self._stop, where
         )
-        entry.finish(chunks, stats.skipped, stats.first_skipped)
-        self._finish(i)
+        entry.finish(chunks, stats)
+        self._finish(j)
 
-    def _publish(self, i: int, k: int, chunk: Chunk) -> None:
+    def _publish(self, j: int, k: int, chunk: Chunk) -> None:
         with self._cond:
-            if k == len(self._chunks[i]):
-                self._chunks[i].append(chunk)
+            if k == len(self._chunks[j]):
+                self._chunks[j].append(chunk)
             self._cond.notify_all()
 
-    def _finish(self, i: int) -> None:
-        stats = self.stats[i]
+    def _finish(self, j: int) -> None:
+        stats, i = self.stats[j], self.parts[j].source
         if stats.skipped:
             self.progress.note(
                 f"skipped {stats.skipped:,} bad record(s) in {self.sources[i].path} "
                 f"(the first: {stats.first_skipped})"
             )
         with self._cond:
-            self._done[i] = True
+            self._done[j] = True
             self._cond.notify_all()
+        siblings = [n for n, p in enumerate(self.parts) if p.source == i]
+        if all(self._done[n] for n in siblings) and not any(
+            self.stats[n].nonblank or self.stats[n].skipped for n in siblings
+        ):
+            raise blank_error(self.sources[i], self.opts)
+
+    def _hash_files(self, mine: list[int]) -> None:
+        """The sha256 of each file this process tokenized, recorded by its stamp (once: a file's record
+        stays while its stamp does)."""
+        if self.hashes is None:
+            return
+        fresh = dict.fromkeys(self.parts[j].source for j in mine if not self._reused[j])
+        for i in fresh:
+            src = self.sources[i]
+            if self.hashes.get(src.stamp) is None:
+                self.hashes.put(src.stamp, file_sha256(src.path, lambda n: self._check_stop()))
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise Stopped
 
     # ------------------------------------------------------------------------------------------ readers
 
-    def chunk(self, i: int, k: int) -> Chunk | None | bool:
-        """Chunk k of file i if ready; False if the file is done with fewer chunks; None if not yet known."""
+    def chunk(self, j: int, k: int) -> Chunk | None | bool:
+        """Chunk k of part j if ready; False if the part is done with fewer chunks; None if not yet known."""
         self.raise_error()
         with self._cond:
-            if k < len(self._chunks[i]):
-                return self._chunks[i][k]
-            if self._done[i]:
+            if k < len(self._chunks[j]):
+                return self._chunks[j][k]
+            if self._done[j]:
                 return False
-        if self.share.owns(i):
+        if self.share.owns(j):
             return None
-        return self._scan(i, k)
+        return self._scan(j, k)
 
-    def _scan(self, i: int, k: int) -> Chunk | None | bool:
-        """Another process's file: what its store entry shows (whole chunks only)."""
-        entry = self.entries[i]
-        while (found := entry.chunk(len(self._chunks[i]), verify=False)) is not None:
-            self._chunks[i].append(found)
-        if k < len(self._chunks[i]):
-            return self._chunks[i][k]
+    def _scan(self, j: int, k: int) -> Chunk | None | bool:
+        """Another process's part: what its store entry shows (whole chunks only)."""
+        entry = self.entries[j]
+        while (found := entry.chunk(len(self._chunks[j]), verify=False)) is not None:
+            self._chunks[j].append(found)
+        if k < len(self._chunks[j]):
+            return self._chunks[j][k]
         done = entry.done()
-        if done is not None and done["chunks"] == len(self._chunks[i]):
-            self._done[i] = True
+        if done is not None and done["chunks"] == len(self._chunks[j]):
+            self._done[j] = True
             return False
         return None
 
-    def wait_chunk(self, i: int, k: int) -> Chunk | None:
-        """Chunk k of file i, waiting for it to be tokenized; None when the file has fewer chunks."""
-        while (answer := self.chunk(i, k)) is None:
+    def wait_chunk(self, j: int, k: int) -> Chunk | None:
+        """Chunk k of part j, waiting for it to be tokenized; None when the part has fewer chunks."""
+        while (answer := self.chunk(j, k)) is None:
             worker = self._thread
-            if self.share.owns(i) and (worker is None or not worker.is_alive()):
+            if self.share.owns(j) and (worker is None or not worker.is_alive()):
                 self.raise_error()
-                raise MinigptError(f"tokenizing stopped before {self.sources[i].path} was done")
+                src = self.sources[self.parts[j].source]
+                raise MinigptError(f"tokenizing stopped before {src.path} was done")
             with self._cond:
                 self._cond.wait(POLL_SECONDS)
         return answer if isinstance(answer, Chunk) else None
@@ -214,11 +250,11 @@ class Ingest:
             raise self.error
 
     def walk(self, first: int, last: int) -> Iterator[tuple[int, int, Chunk]]:
-        """(file, chunk index, chunk) of files first..last-1 in order, waiting for each."""
-        for i in range(first, last):
+        """(part, chunk index, chunk) of parts first..last-1 in order, waiting for each."""
+        for j in range(first, last):
             k = 0
-            while (c := self.wait_chunk(i, k)) is not None:
-                yield i, k, c
+            while (c := self.wait_chunk(j, k)) is not None:
+                yield j, k, c
                 k += 1
 
     def status(self) -> str | None:
@@ -231,6 +267,6 @@ class Ingest:
         return all(self._done)
 
     def totals(self) -> tuple[int, int]:
-        """Tokens and text bytes of the chunks known so far (all of them once every file is done)."""
+        """Tokens and text bytes of the chunks known so far (all of them once every part is done)."""
         chunks = [c for chunks in self._chunks for c in chunks]
         return sum(c.tokens for c in chunks), sum(c.text_bytes for c in chunks)

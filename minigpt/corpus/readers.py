@@ -1,7 +1,10 @@
 """Documents out of corpus files: plain text, JSON lines and Parquet, each plain or compressed.
 
-A reader yields a document as one or more text pieces followed by None (the document's end). Every bad
-input is a one-line MinigptError naming the file and, where there is one, the line or row.
+A reader yields a document as one or more text pieces followed by None (the document's end). It reads a
+whole file or a Span of it (the validation split holds out a file's end): positions are bytes of the
+(decompressed) stream for text and JSON lines, rows for Parquet. A span that stops inside a text file's one
+document yields its text without the end (the rest of the document is the next span's). Every bad input is
+a one-line MinigptError naming the file and, where there is one, the line or row.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import shutil
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,13 +66,33 @@ class ReadOptions:
         return {"errors": self.errors, "field": self.text_field, "skip_bad": self.skip_bad}
 
 
+@dataclass(frozen=True)
+class Span:
+    """The part of a file read: from `start` to `stop` (None: the file's start, its end)."""
+
+    start: int | None = None
+    stop: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.start is None and self.stop is None
+
+    def key(self) -> list[int | None]:
+        return [self.start, self.stop]
+
+
+WHOLE = Span()
+
+
 @dataclass
 class ReadStats:
-    """What reading found besides documents: bad records skipped, with the first one in words."""
+    """What reading found besides documents: bad records skipped, with the first one in words, and
+    whether there was any text (a file whose parts all hold none is refused once they are all read)."""
 
     skipped: int = 0
     first_skipped: str = ""
     documents: int = 0
+    nonblank: bool = False
 
     def skip(self, where: str) -> None:
         self.skipped += 1
@@ -77,63 +100,96 @@ class ReadStats:
 
 
 @dataclass
-class _Position:
-    """Raw (on-disk) bytes consumed so far, reported to `advance` as they grow."""
+class Position:
+    """Raw (on-disk) bytes consumed so far, reported to `advance` as they grow (bytes skipped to reach a
+    span's start are not: they are the previous span's)."""
 
     raw: IO[bytes]
     advance: Callable[[int], None]
     done: int = 0
-    total: int = field(default=0)
 
-    def update(self) -> None:
+    def update(self, report: bool = True) -> None:
         with contextlib.suppress(OSError, ValueError):
             now = self.raw.tell()
-            if now > self.done:
+            if now > self.done and report:
                 self.advance(now - self.done)
-                self.done = now
+            self.done = max(self.done, now)
 
-    def finish(self, size: int) -> None:
-        if size > self.done:
-            self.advance(size - self.done)
-            self.done = size
+    def finish(self, end: int) -> None:
+        if end > self.done:
+            self.advance(end - self.done)
+            self.done = end
 
 
 def documents(
-    src: Source, opts: ReadOptions, advance: Callable[[int], None], stats: ReadStats | None = None
+    src: Source,
+    opts: ReadOptions,
+    advance: Callable[[int], None],
+    stats: ReadStats | None = None,
+    span: Span = WHOLE,
 ) -> Iterator[Piece]:
-    """The documents of one file as pieces, each document closed by None; `advance` hears the file's
-    bytes as they are read."""
+    """The documents of one file (or of a span of it) as pieces, each document closed by None; `advance`
+    hears the file's bytes as they are read."""
     stats = stats if stats is not None else ReadStats()
     if src.format == "parquet":
-        yield from _parquet_documents(src, opts, advance, stats)
+        yield from _parquet_documents(src, opts, advance, stats, span)
         return
     try:
         raw = open(src.path, "rb")  # noqa: SIM115 - closed below, after the generator is done with it
     except OSError as e:
         raise MinigptError(f"cannot read {src.path}: {e.strerror}") from None
     with raw:
-        position = _Position(raw, advance)
+        position = Position(raw, advance)
         stream = OPENERS[src.compression](raw) if src.compression else raw
-        blocks = _blocks(src, stream, position)
+        start = span.start or 0
         if src.format == "jsonl":
-            yield from _jsonl_documents(src, blocks, opts, stats)
+            blocks = byte_blocks(src, stream, position, start, span.stop)
+            yield from _jsonl_documents(src, blocks, opts, stats, start, span.whole)
         else:
-            yield from _text_document(src, blocks, opts)
-            stats.documents += 1
-        position.finish(src.size)
+            # an encoding that cannot start mid-file is decoded from the start, its text shown from `start`
+            seek = start if seekable_encoding(opts.encoding) else 0
+            blocks = byte_blocks(src, stream, position, seek, span.stop)
+            yield from _text_document(src, blocks, opts, stats, seek, start, span)
+        position.finish(src.size if span.stop is None else position.done)
 
 
-def _blocks(src: Source, stream: IO[bytes], position: _Position) -> Iterator[bytes]:
-    """The file's (decompressed) bytes block by block; damage is one line naming the file."""
-    while True:
-        try:
-            block = stream.read(READ_BYTES)
-        except CORRUPT as e:
-            raise damaged(src, e) from None
-        position.update()
-        if not block:
-            return
-        yield block
+def byte_blocks(
+    src: Source, stream: IO[bytes], position: Position, start: int = 0, stop: int | None = None
+) -> Iterator[bytes]:
+    """The file's (decompressed) bytes from `start` to `stop` block by block: a plain file seeks to its
+    start, a compressed one is decompressed through; damage is one line naming the file."""
+    done = 0
+    if start and src.compression is None:
+        stream.seek(start)
+        done = start
+        position.update(report=False)
+    try:
+        while stop is None or done < stop:
+            want = READ_BYTES if stop is None else min(READ_BYTES, stop - done)
+            if done < start:
+                want = min(want, start - done)
+            block = stream.read(want)
+            position.update(report=done >= start)
+            if not block:
+                return
+            done += len(block)
+            if done - len(block) >= start:  # reads stop at `start` while skipping: no block straddles it
+                yield block
+    except CORRUPT as e:
+        raise damaged(src, e) from None
+
+
+def seekable_encoding(encoding: str) -> bool:
+    """Whether a text in this encoding can be decoded from any character's first byte: UTF-8 (a character
+    starts at any byte that is not 10xxxxxx) and ASCII-compatible one-byte encodings (latin-1, cp1252, ...)."""
+    name = codecs.lookup(encoding).name
+    if name in ("utf-8", "utf-8-sig"):
+        return True
+    try:
+        every = bytes(range(256)).decode(encoding, errors="replace")
+    except (UnicodeError, LookupError, TypeError):
+        return False
+    return len(every) == 256 and every[:128] == bytes(range(128)).decode("ascii")
 
 
 def damaged(src: Source, e: BaseException) -> MinigptError:
@@ -151,43 +207,82 @@ def damaged(src: Source, e: BaseException) -> MinigptError:
 # ---------------------------------------------------------------------------------------------- text
 
 
-def _text_document(src: Source, blocks: Iterator[bytes], opts: ReadOptions) -> Iterator[Piece]:
-    """A text file is one document: its decoded text block by block, checked to be real text."""
+def _text_document(
+    src: Source,
+    blocks: Iterator[bytes],
+    opts: ReadOptions,
+    stats: ReadStats,
+    offset: int,
+    show_from: int,
+    span: Span,
+) -> Iterator[Piece]:
+    """A text file is one document: its decoded text block by block, checked to be real text. The blocks
+    start at byte `offset`; text decoded from bytes before `show_from` is not shown (it is the previous
+    span's). A span that stops before the file's end leaves the document open: its last, incomplete
+    character and the document's end are the next span's."""
     decoder = codecs.getincrementaldecoder(opts.encoding)(errors=opts.errors)
     check_surrogates = not codecs.lookup(opts.encoding).name.startswith(_SURROGATE_FREE_CODECS)
-    offset = 0  # bytes fed to the decoder so far
-    nonblank = False
-    for block in _lookahead(blocks):
+    ends = span.stop is None
+    for block in _lookahead(blocks, ends):
         final = block is None
         data = b"" if final else block
-        state = decoder.getstate()
-        pending = len(state[0]) if isinstance(state[0], bytes) else 0
-        try:
-            text = decoder.decode(data, final=final)
-        except UnicodeDecodeError as e:
-            where = offset - pending + e.start
-            what = "byte offset" if src.compression is None else "decompressed byte offset"
-            raise MinigptError(
-                f"{src.path}: invalid {opts.encoding} at {what} {where:,} ({e.reason}); fix the file, "
-                f"pass the right --encoding, or replace undecodable bytes with --encoding-errors replace"
-            ) from None
+        if offset < show_from:  # decode what comes before the span's start, showing nothing of it
+            hidden = min(len(data), show_from - offset)
+            _decode(src, opts, decoder, data[:hidden], offset, False)
+            data, offset = data[hidden:], offset + hidden
+        text = _decode(src, opts, decoder, data, offset, final)
         offset += len(data)
         if check_surrogates:
             text = without_surrogates(text, opts.errors, lambda c: _surrogate_message(src.path, opts, c))
         if text:
             if "\x00" in text:
                 raise binary_error(src.path)
-            nonblank = nonblank or not text.isspace()
+            stats.nonblank = stats.nonblank or not text.isspace()
             yield text
-    if not nonblank:
-        raise MinigptError(f"{src.path} contains only whitespace: there is no text in it")
+    stats.documents += 1
+    if span.whole and not stats.nonblank:
+        raise blank_error(src, opts)
+    if ends:
+        yield None
+
+
+def _decode(src: Source, opts: ReadOptions, decoder: Any, data: bytes, offset: int, final: bool) -> str:
+    """Bytes at `offset` of the file through the incremental decoder; undecodable ones a one-line error."""
+    state = decoder.getstate()
+    pending = len(state[0]) if isinstance(state[0], bytes) else 0
+    try:
+        return str(decoder.decode(data, final=final))
+    except UnicodeDecodeError as e:
+        where = offset - pending + e.start
+        what = "byte offset" if src.compression is None else "decompressed byte offset"
+        raise MinigptError(
+            f"{src.path}: invalid {opts.encoding} at {what} {where:,} ({e.reason}); fix the file, "
+            f"pass the right --encoding, or replace undecodable bytes with --encoding-errors replace"
+        ) from None
+
+
+def blank_error(src: Source, opts: ReadOptions) -> MinigptError:
+    """The error for a file with no text in it (all of its parts read)."""
+    if src.format == "text":
+        return MinigptError(f"{src.path} contains only whitespace: there is no text in it")
+    if src.format == "jsonl":
+        return MinigptError(f"{src.path} holds no documents: no line has a non-empty {opts.text_field!r}")
+    return MinigptError(f"{src.path} holds no documents: column {opts.text_field!r} has no text")
+
+
+def _document(text: str, stats: ReadStats) -> Iterator[Piece]:
+    """One whole document (a JSON line's or a Parquet row's text), counted."""
+    stats.nonblank = True
+    stats.documents += 1
+    yield text
     yield None
 
 
-def _lookahead(blocks: Iterator[bytes]) -> Iterator[bytes | None]:
-    """The blocks, then None once they are done (the decoder's final call)."""
+def _lookahead(blocks: Iterator[bytes], final: bool) -> Iterator[bytes | None]:
+    """The blocks, then (with `final`) None once they are done: the decoder's final call."""
     yield from blocks
-    yield None
+    if final:
+        yield None
 
 
 def _surrogate_message(path: Path, opts: ReadOptions, char: str) -> str:
@@ -212,24 +307,48 @@ def without_surrogates(text: str, errors: str, message: Callable[[str], str]) ->
 # ---------------------------------------------------------------------------------------------- JSON lines
 
 
+LineNo = int | Callable[[], int]  # a line number, or how to count it (a span read from mid-file)
+
+
 def _jsonl_documents(
-    src: Source, blocks: Iterator[bytes], opts: ReadOptions, stats: ReadStats
+    src: Source, blocks: Iterator[bytes], opts: ReadOptions, stats: ReadStats, start: int, whole: bool
 ) -> Iterator[Piece]:
-    nonblank = False
-    for lineno, line in _lines(src, blocks, opts, stats):
+    numbers = _LineNumbers(src, start)
+    for lineno, line in _lines(src, blocks, opts, stats, numbers):
         text = record_text(src, lineno, line, opts, stats)
         if text:
-            nonblank = True
-            stats.documents += 1
-            yield text
-            yield None
-    if not nonblank and not stats.skipped:
-        raise MinigptError(f"{src.path} holds no documents: no line has a non-empty {opts.text_field!r}")
+            yield from _document(text, stats)
+    if whole and not stats.nonblank and not stats.skipped:
+        raise blank_error(src, opts)
+
+
+@dataclass
+class _LineNumbers:
+    """Line numbers for messages: counted from the file's start, which a span from mid-file first reads
+    through (only when a message needs one)."""
+
+    src: Source
+    start: int
+    base: int | None = None
+
+    def at(self, k: int) -> LineNo:
+        """The number of the span's k-th line (1-based)."""
+        if not self.start:
+            return k
+        return lambda: self._base() + k
+
+    def _base(self) -> int:
+        if self.base is None:
+            with open(self.src.path, "rb") as raw:
+                stream = OPENERS[self.src.compression](raw) if self.src.compression else raw
+                blocks = byte_blocks(self.src, stream, Position(raw, lambda n: None), 0, self.start)
+                self.base = sum(block.count(b"\n") for block in blocks)
+        return self.base
 
 
 def _lines(
-    src: Source, blocks: Iterator[bytes], opts: ReadOptions, stats: ReadStats
-) -> Iterator[tuple[int, bytes]]:
+    src: Source, blocks: Iterator[bytes], opts: ReadOptions, stats: ReadStats, numbers: _LineNumbers
+) -> Iterator[tuple[LineNo, bytes]]:
     """(line number, line) of each non-blank line; a line past MAX_RECORD_BYTES is never held whole."""
     lineno = 0
     pending: list[bytes] = []
@@ -244,22 +363,23 @@ def _lines(
             else:
                 line = b"".join([*pending, block[start:end]]) if pending else block[start:end]
                 if line.strip():
-                    yield lineno, line
+                    yield numbers.at(lineno), line
             pending, pending_bytes = [], 0
             start = end + 1
         if start < len(block) and not too_long:
             pending.append(block[start:])
             pending_bytes += len(block) - start
             if pending_bytes > MAX_RECORD_BYTES:
-                _bad(src, lineno + 1, f"a line longer than {MAX_RECORD_BYTES >> 20} MB", opts, stats)
+                problem = f"a line longer than {MAX_RECORD_BYTES >> 20} MB"
+                _bad(src, numbers.at(lineno + 1), problem, opts, stats)
                 pending, pending_bytes, too_long = [], 0, True
     if pending and not too_long:
         line = b"".join(pending)
         if line.strip():
-            yield lineno + 1, line
+            yield numbers.at(lineno + 1), line
 
 
-def record_text(src: Source, lineno: int, line: bytes, opts: ReadOptions, stats: ReadStats) -> str | None:
+def record_text(src: Source, lineno: LineNo, line: bytes, opts: ReadOptions, stats: ReadStats) -> str | None:
     """The document a JSON line holds, or None where the line was bad and skipped."""
     try:
         decoded = line.decode("utf-8", opts.errors)
@@ -290,9 +410,10 @@ def record_text(src: Source, lineno: int, line: bytes, opts: ReadOptions, stats:
 
 
 def _bad(
-    src: Source, lineno: int, problem: str, opts: ReadOptions, stats: ReadStats, what: str = "line"
+    src: Source, lineno: LineNo, problem: str, opts: ReadOptions, stats: ReadStats, what: str = "line"
 ) -> None:
-    where = f"{src.path}:{lineno}" if what == "line" else f"{src.path}: row {lineno:,}"
+    n = lineno() if callable(lineno) else lineno
+    where = f"{src.path}:{n}" if what == "line" else f"{src.path}: row {n:,}"
     if opts.skip_bad:
         stats.skip(f"{where}: {problem}")
         return None
@@ -312,8 +433,28 @@ def pyarrow_parquet() -> Any:
 
 
 def _parquet_documents(
-    src: Source, opts: ReadOptions, advance: Callable[[int], None], stats: ReadStats
+    src: Source, opts: ReadOptions, advance: Callable[[int], None], stats: ReadStats, span: Span
 ) -> Iterator[Piece]:
+    with open_parquet(src, opts) as (pf, column):
+        rows = max(pf.metadata.num_rows, 1)
+        start = span.start or 0
+        row, reported = start, src.size * start // rows
+        for batch in parquet_batches(src, pf, column, start, span.stop):
+            for value in _values(src, batch):
+                row += 1
+                text = _parquet_text(src, row, value, opts, stats)
+                if text:
+                    yield from _document(text, stats)
+            now = src.size * row // rows
+            advance(now - reported)
+            reported = now
+    if span.whole and not stats.documents and not stats.skipped:
+        raise blank_error(src, opts)
+
+
+@contextlib.contextmanager
+def open_parquet(src: Source, opts: ReadOptions) -> Iterator[tuple[Any, str]]:
+    """The Parquet file (pyarrow's ParquetFile) and its text column, checked; damage is one line."""
     pq = pyarrow_parquet()
     import pyarrow as pa
 
@@ -323,22 +464,7 @@ def _parquet_documents(
             column = string_column(src, pf, opts.text_field)
         except (pa.ArrowException, OSError) as e:
             raise parquet_damaged(src, e) from None
-        rows = max(pf.metadata.num_rows, 1)
-        row, reported = 0, 0
-        for batch in _parquet_batches(src, pf, column):
-            for value in _values(src, batch):
-                row += 1
-                text = _parquet_text(src, row, value, opts, stats)
-                if text:
-                    stats.documents += 1
-                    yield text
-                    yield None
-            now = src.size * row // rows
-            advance(now - reported)
-            reported = now
-        advance(src.size - reported)
-    if not stats.documents and not stats.skipped:
-        raise MinigptError(f"{src.path} holds no documents: column {opts.text_field!r} has no text")
+        yield pf, column
 
 
 @contextlib.contextmanager
@@ -375,14 +501,38 @@ def string_column(src: Source, pf: Any, name: str) -> str:
     return name
 
 
-def _parquet_batches(src: Source, pf: Any, column: str) -> Iterator[Any]:
+def parquet_batches(
+    src: Source, pf: Any, column: str, start: int = 0, stop: int | None = None
+) -> Iterator[Any]:
+    """Record batches of the text column's rows `start` to `stop`, read one row group at a time (row
+    groups outside the rows are not read, and a row group is never decoded whole)."""
     import pyarrow as pa
 
-    for group in range(pf.num_row_groups):
+    for group, (first, n) in enumerate(group_rows(pf)):
+        lo, hi = max(start, first), first + n if stop is None else min(stop, first + n)
+        if lo >= hi:
+            continue
+        at = first
         try:
-            yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=[column])
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=[column]):
+                a, b = max(lo - at, 0), min(hi - at, len(batch))
+                if a < b:
+                    yield batch.slice(a, b - a)
+                at += len(batch)
+                if at >= hi:
+                    break
         except (pa.ArrowException, OSError) as e:
             raise parquet_damaged(src, e, f" in row group {group}") from None
+
+
+def group_rows(pf: Any) -> list[tuple[int, int]]:
+    """(first row, rows) of each row group, from the file's metadata."""
+    out, first = [], 0
+    for group in range(pf.num_row_groups):
+        n = pf.metadata.row_group(group).num_rows
+        out.append((first, n))
+        first += n
+    return out
 
 
 def _values(src: Source, batch: Any) -> list[Any]:

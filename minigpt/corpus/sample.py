@@ -1,9 +1,11 @@
 """The text a tokenizer learns from: all of a small corpus, or a sample drawn evenly across a large one.
 
 Each file contributes in proportion to its size, as regions spread evenly through it: plain files are read
-at evenly spaced offsets, compressed ones are decompressed through (decompressing is fast next to parsing),
-Parquet files at evenly spaced row groups. A region starts and ends on line boundaries, so JSON lines are
-parsed whole; plain text may lose a partial character at the cut, replaced by U+FFFD.
+at evenly spaced offsets, Parquet files at evenly spaced row groups. A compressed file cannot be read from
+its middle: its regions are spread through as many of its first bytes on disk as its share of the sample
+(all of a small file; the first part of one larger than the sample), so however large the corpus, the
+sample decompresses at most --tokenizer-sample bytes on disk. A region starts and ends on line boundaries,
+so JSON lines are parsed whole; plain text may lose a partial character at the cut, replaced by U+FFFD.
 """
 
 from __future__ import annotations
@@ -83,13 +85,15 @@ def sample_texts(
             yield from _grouped(_head(documents(src, opts, lambda n: None), quota))
             advance(src.size)
         else:
-            for offset, region in _regions(src, regions, advance):
+            for offset, region in _regions(src, regions, quota, advance):
                 yield from _region_texts(src, offset, region, opts)
 
 
-def _regions(src: Source, n: int, advance: Callable[[int], None]) -> Iterator[tuple[int, bytes]]:
-    """n regions of REGION_BYTES (decompressed) bytes evenly spaced through the file: (offset, bytes)."""
-    targets = [src.size * i // n for i in range(n)]
+def _regions(src: Source, n: int, quota: int, advance: Callable[[int], None]) -> Iterator[tuple[int, bytes]]:
+    """n regions of REGION_BYTES (decompressed) bytes evenly spaced through the file (a compressed one:
+    through its first `quota` bytes on disk): (offset, bytes)."""
+    span = src.size if src.compression is None else min(src.size, quota)
+    targets = [span * i // n for i in range(n)]
     with open(src.path, "rb") as raw:
         if src.compression is None:
             for target in targets:

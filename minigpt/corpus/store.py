@@ -1,18 +1,28 @@
-"""The token store: token ids on disk, one entry per (input file, tokenizer, reading settings), in chunks.
+"""The token store: token ids on disk, one entry per (input file or span of it, tokenizer, reading
+settings), in chunks.
 
 Layout, under <cache>/tokens/<entry key>/:
 
     chunk-000000.bin    the chunk's token ids, raw uint16 (vocabularies up to 65,536) or uint32
-    chunk-000000.docs   uint32 token offsets, within the chunk, where its documents end
-    chunk-000000.json   tokens, text bytes, documents and a CRC-32 of both files: written last, so a chunk
-                        whose .json is there is complete
+    chunk-000000.json   tokens, text bytes, a CRC-32 of the .bin and its stamp (inode, size, mtime, ctime)
+                        once checked: written last, so a chunk whose .json is there is complete
     done.json           written after the last chunk: the entry's chunk count and totals
 
-An entry key hashes the file's sha256, the tokenizer and every setting that shapes the documents, so the
-same file in another folder (or another run) finds its tokens, and changing any of them writes a new entry.
+An entry key hashes the file's stamp (size, modification time, sampled content: minigpt.corpus.inputs), the
+span, the tokenizer and every setting that shapes the documents, so the same file in another folder (moved,
+or copied with its modification time) finds its tokens, and changing any of them writes a new entry.
 Chunks land one at a time by atomic renames: a reader sees whole chunks or none, concurrent writers (torchrun
 ranks) write identical bytes, and an entry interrupted half-way keeps its finished chunks for the next run.
-Entries are never evicted. Nothing in a store is trusted: sizes, checksums and every id's range are checked.
+Entries are never evicted.
+
+Nothing in a store is trusted. A chunk's .json is checked field by field and its .bin must be a regular
+file of the size it says. Its CRC-32 and every id's range are checked once: the .json then records the
+.bin's stamp, and a later run checks again only a .bin whose stamp differs (any write to it changes its
+ctime, which no one can set back), so a warm start reads no tokens. Ids are checked once more as they are
+used (minigpt.corpus.streams), so even a .json forged to match cannot bring an id past the vocabulary.
+
+<cache>/files/<stamp key>.json records the sha256 of a file's bytes, hashed once its tokens are written: a
+resume compares it when a file's modification time changed.
 """
 
 from __future__ import annotations
@@ -30,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from minigpt.corpus.readers import ReadStats
 from minigpt.errors import MinigptError
 from minigpt.files import read_bounded
 
-STORE_FORMAT = 2  # bump when the token stream of the same file and tokenizer would change
+STORE_FORMAT = 3  # bump when the token stream of the same file and tokenizer would change
 MAX_META_BYTES = 1 << 20  # a chunk's JSON is a few hundred bytes
 CHECK_BYTES = 16 << 20  # bytes checksummed and range-checked at a time
 # the temp files writers leave while writing: .<final name>.<pid>@<host>.tmp
@@ -56,16 +67,10 @@ class Chunk:
     bin_path: Path
     tokens: int
     text_bytes: int
-    documents: int  # documents that end in this chunk
 
     def ids(self, dtype: np.dtype) -> np.ndarray:
         """The chunk's ids, memory-mapped (nothing is read until used)."""
         return np.memmap(self.bin_path, dtype=dtype, mode="r", shape=(self.tokens,))
-
-    def doc_ends(self) -> np.ndarray:
-        """Token offsets within the chunk where its documents end."""
-        path = self.bin_path.with_suffix(".docs")
-        return np.fromfile(path, dtype=np.uint32, count=self.documents)
 
 
 class Entry:
@@ -80,38 +85,36 @@ class Entry:
         return self.dir / f"chunk-{index:06d}{suffix}"
 
     def chunk(self, index: int, verify: bool) -> Chunk | None:
-        """Chunk `index` if it is there and whole (with `verify`: checksums and ids too), else None."""
+        """Chunk `index` if it is there and whole, else None. With `verify`, its checksum and ids are
+        checked too, unless they were for this very file (its stamp unchanged since)."""
         meta_path, bin_path = self.chunk_path(index, ".json"), self.chunk_path(index, ".bin")
-        docs_path = bin_path.with_suffix(".docs")
         try:
             if not meta_path.is_file():
                 return None
             meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
-            if not self._meta_fits(meta, bin_path, docs_path):
+            if not self._meta_fits(meta, bin_path):
                 return None
-            if verify and not (
-                _check(bin_path, self.dtype, self.vocab_size) == meta["crc32"]
-                and _check(docs_path, np.dtype(np.uint32), meta["tokens"] + 1) == meta["docs_crc32"]
-            ):
-                return None
+            if verify and meta.get("stamp") != file_stamp(bin_path):
+                if _check(bin_path, self.dtype, self.vocab_size) != meta["crc32"]:
+                    return None
+                with contextlib.suppress(OSError):  # a read-only store is checked again next time
+                    _land(meta_path, json.dumps({**meta, "stamp": file_stamp(bin_path)}).encode())
         except (OSError, MinigptError, ValueError, RecursionError):  # unreadable, not JSON, absurdly nested
             return None
-        return Chunk(bin_path, meta["tokens"], meta["text_bytes"], meta["documents"])
+        return Chunk(bin_path, meta["tokens"], meta["text_bytes"])
 
-    def _meta_fits(self, meta: Any, bin_path: Path, docs_path: Path) -> bool:
-        """Every field there and well typed, and both files regular files of the sizes the meta says."""
+    def _meta_fits(self, meta: Any, bin_path: Path) -> bool:
+        """Every field there and well typed, and the .bin a regular file of the size the meta says."""
         if not isinstance(meta, dict):
             return False
-        counts = [meta.get(k) for k in ("tokens", "text_bytes", "documents", "crc32", "docs_crc32")]
+        counts = [meta.get(k) for k in ("tokens", "text_bytes", "crc32")]
         return (
             meta.get("format") == STORE_FORMAT
             and meta.get("dtype") == self.dtype.name
             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
             and meta["tokens"] > 0
             and bin_path.is_file()  # never open a FIFO planted in the store
-            and docs_path.is_file()
             and bin_path.stat().st_size == meta["tokens"] * self.dtype.itemsize
-            and docs_path.stat().st_size == meta["documents"] * 4
         )
 
     def done(self) -> dict[str, Any] | None:
@@ -123,39 +126,44 @@ class Entry:
         fields = ("chunks", "tokens", "text_bytes", "documents", "skipped")
         ok = isinstance(meta, dict) and meta.get("format") == STORE_FORMAT
         ok = ok and all(isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in fields)
-        return meta if ok and meta["chunks"] > 0 else None
+        return meta if ok and meta["chunks"] >= 0 and isinstance(meta.get("nonblank"), bool) else None
 
-    def write_chunk(self, index: int, ids: np.ndarray, doc_ends: np.ndarray, text_bytes: int) -> Chunk:
-        """Land one chunk: its files by temp file and rename, the .json last."""
+    def write_chunk(self, index: int, ids: np.ndarray, text_bytes: int) -> Chunk:
+        """Land one chunk: its .bin by temp file and rename, then its .json (with the .bin's stamp)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        bin_path, docs_path = self.chunk_path(index, ".bin"), self.chunk_path(index, ".docs")
+        bin_path = self.chunk_path(index, ".bin")
         ids = ids.astype(self.dtype, copy=False)
-        ends = doc_ends.astype(np.uint32, copy=False)
+        _land(bin_path, ids.tobytes())
         meta = {
             "format": STORE_FORMAT,
             "dtype": self.dtype.name,
             "tokens": len(ids),
             "text_bytes": text_bytes,
-            "documents": len(ends),
             "crc32": zlib.crc32(ids.data),
-            "docs_crc32": zlib.crc32(ends.data),
+            "stamp": file_stamp(bin_path),
         }
-        for final, data in ((bin_path, ids.tobytes()), (docs_path, ends.tobytes())):
-            _land(final, data)
         _land(self.chunk_path(index, ".json"), json.dumps(meta).encode())
-        return Chunk(bin_path, len(ids), text_bytes, len(ends))
+        return Chunk(bin_path, len(ids), text_bytes)
 
-    def finish(self, chunks: list[Chunk], skipped: int, first_skipped: str) -> None:
+    def finish(self, chunks: list[Chunk], stats: ReadStats) -> None:
         meta = {
             "format": STORE_FORMAT,
             "chunks": len(chunks),
             "tokens": sum(c.tokens for c in chunks),
             "text_bytes": sum(c.text_bytes for c in chunks),
-            "documents": sum(c.documents for c in chunks),
-            "skipped": skipped,
-            "first_skipped": first_skipped[:500],
+            "documents": stats.documents,
+            "nonblank": stats.nonblank,
+            "skipped": stats.skipped,
+            "first_skipped": stats.first_skipped[:500],
         }
+        self.dir.mkdir(parents=True, exist_ok=True)  # an empty span has no chunks
         _land(self.dir / "done.json", json.dumps(meta).encode())
+
+
+def file_stamp(path: Path) -> list[int]:
+    """What changes whenever a file's bytes do: inode, size, modification and change times."""
+    st = path.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _check(path: Path, dtype: np.dtype, bound: int) -> int | None:
@@ -209,6 +217,27 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # it exists, as another user's process
         pass
     return True
+
+
+class FileHashes:
+    """sha256 of input files by their stamps: <cache>/files/<stamp key>.json."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, stamp: dict[str, Any]) -> Path:
+        return self.root / f"{content_key(stamp)}.json"
+
+    def get(self, stamp: dict[str, Any]) -> str | None:
+        try:
+            data = json.loads(read_bounded(self.path(stamp), MAX_META_BYTES))
+        except (OSError, MinigptError, ValueError, RecursionError):
+            return None
+        found = data.get("sha256") if isinstance(data, dict) else None
+        return found if isinstance(found, str) and re.fullmatch(r"[0-9a-f]{64}", found) else None
+
+    def put(self, stamp: dict[str, Any], sha256: str) -> None:
+        write_json_atomic(self.path(stamp), {"sha256": sha256})
 
 
 def write_json_atomic(final: Path, obj: Any) -> None:

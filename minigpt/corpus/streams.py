@@ -1,7 +1,8 @@
-"""Token streams over store chunks: the validation split, and the training stream that grows as chunks land.
+"""Token streams over store chunks: the validation tokens, and the training stream that grows as chunks land.
 
 A stream is a list of memory-mapped pieces read as one array: len() and slices, which is all the batch
-sampler and the evaluation need. Nothing is read from disk until a window is.
+sampler and the evaluation need. Nothing is read from disk until a window is, and every slice read is
+checked to hold only ids of the vocabulary (the store is not trusted; see minigpt.corpus.store).
 
 Availability schedule: while a run started before its corpus was fully tokenized, batch b (counted from the
 run's start) draws its windows from the training stream's first L(b) tokens, where L(b) is the end of the
@@ -14,7 +15,7 @@ with the same seed draw the same windows. A run that starts with its corpus toke
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -26,20 +27,23 @@ from minigpt.errors import MinigptError
 # drawn about 1/16 times on average while it grows, and tokenizing (~2M tokens/s per core) keeps ahead of
 # training on a CPU (~10-50k tokens/s) and of most GPUs
 RAMP_FACTOR = 16
-BLOCK_TOKENS = 1 << 22  # tokens read at a time when counting bytes
 
 
 class TokenStream:
-    """Pieces of token arrays read as one array: len() and slicing (a slice is a fresh ndarray)."""
+    """Pieces of token arrays read as one array: len() and slicing (a slice is a fresh ndarray, its ids
+    checked to be below `vocab_size`)."""
 
-    def __init__(self, dtype: np.dtype) -> None:
+    def __init__(self, dtype: np.dtype, vocab_size: int) -> None:
         self.dtype = np.dtype(dtype)
+        self.vocab_size = vocab_size
         self.pieces: list[np.ndarray] = []
+        self.paths: list[str] = []  # each piece's file, for messages
         self.starts: list[int] = [0]  # where each piece starts; the last entry is the total
 
-    def append(self, ids: np.ndarray) -> None:
+    def append(self, ids: np.ndarray, path: str) -> None:
         if len(ids):
             self.pieces.append(ids)
+            self.paths.append(path)
             self.starts.append(self.starts[-1] + len(ids))
 
     @property
@@ -55,32 +59,31 @@ class TokenStream:
         start, stop, _ = key.indices(len(self))
         if stop <= start:
             return np.zeros(0, dtype=self.dtype)
-        first = bisect.bisect_right(self.starts, start) - 1
+        i = bisect.bisect_right(self.starts, start) - 1
         out = []
-        i = first
         while start < stop:
             piece, base = self.pieces[i], self.starts[i]
             end = min(stop, self.starts[i + 1])
-            out.append(piece[start - base : end - base])
+            ids = piece[start - base : end - base]
+            if int(ids.max()) >= self.vocab_size:
+                raise MinigptError(
+                    f"{self.paths[i]} holds token id {int(ids.max()):,}, past the vocabulary "
+                    f"({self.vocab_size:,}): the token store is damaged; delete {Path(self.paths[i]).parent} "
+                    f"and run again"
+                )
+            out.append(ids)
             start, i = end, i + 1
         return out[0].copy() if len(out) == 1 else np.concatenate(out)
 
-    def count_bytes(self, lengths: np.ndarray, stop: int | None = None) -> int:
-        """UTF-8 bytes the first `stop` tokens (all by default) spell, read in bounded blocks."""
-        stop = len(self) if stop is None else stop
-        return sum(
-            int(lengths[self[i : min(i + BLOCK_TOKENS, stop)]].sum()) for i in range(0, stop, BLOCK_TOKENS)
-        )
-
 
 class GrowingStream(TokenStream):
-    """The training stream: chunks of the ingest's training files from a starting point on, appended as
-    they become ready, and what a batch may draw from (the schedule above)."""
+    """The training stream: the chunks of the ingest's parts from `first` on, appended as they become
+    ready, and what a batch may draw from (the schedule above)."""
 
-    def __init__(self, ingest: Ingest, first: int, chunk: int, offset: int, dtype: np.dtype) -> None:
-        super().__init__(dtype)
+    def __init__(self, ingest: Ingest, first: int, dtype: np.dtype) -> None:
+        super().__init__(dtype, ingest.tokenizer.vocab_size)
         self.ingest = ingest
-        self._next = (first, chunk, offset)  # the next chunk to append (file, chunk, first token in it)
+        self._next = (first, 0)  # the next chunk to append: (part, chunk)
         self.complete = False
         self.limit = 0  # what the last batch drew from: len() as evaluations see it
         self._boundaries: list[int] = []  # chunk ends in stream positions
@@ -90,24 +93,24 @@ class GrowingStream(TokenStream):
     def refresh(self, wait: bool = False) -> None:
         """Append the chunks that are ready now (with `wait`, at least one more, or learn there is none)."""
         while not self.complete:
-            i, k, offset = self._next
-            if i >= len(self.ingest.sources):
+            j, k = self._next
+            if j >= len(self.ingest.parts):
                 self.complete = True
                 return
             if wait:
-                waited = self.ingest.wait_chunk(i, k)
+                waited = self.ingest.wait_chunk(j, k)
                 found: Chunk | bool | None = False if waited is None else waited  # None: no chunk k
             else:
-                found = self.ingest.chunk(i, k)  # None: not known yet
+                found = self.ingest.chunk(j, k)  # None: not known yet
             if found is None:
                 return
             if found is False:
-                self._next = (i + 1, 0, 0)
+                self._next = (j + 1, 0)
                 continue
             assert isinstance(found, Chunk)
-            self.append(found.ids(self.dtype)[offset:])
+            self.append(found.ids(self.dtype), str(found.bin_path))
             self._boundaries.append(self.total)
-            self._next = (i, k + 1, 0)
+            self._next = (j, k + 1)
             wait = False
 
     def __len__(self) -> int:
@@ -127,64 +130,11 @@ class GrowingStream(TokenStream):
         return self.limit
 
 
-@dataclass
-class Split:
-    """Validation tokens, and where the training stream starts."""
-
-    val: TokenStream
-    val_bytes: int
-    train_start: tuple[int, int, int]  # (file, chunk, token offset in it)
-
-
-def split_first_documents(ingest: Ingest, budget: int, fraction: float, lengths: np.ndarray) -> Split:
-    """Validation = whole documents from the start of the corpus, about `budget` bytes of text (the one that
-    crosses the budget included); where that document would make it more than twice the budget, or runs on
-    into the next chunk (a corpus of one or a few large files), the cut falls inside it at the budget. A
-    corpus with less text than its size on disk suggested is measured first and `fraction` of it taken."""
-    split = _split_at(ingest, budget, lengths)
-    if split is None:  # the budget was more than all the text: take its fraction instead
-        total = sum(c.text_bytes for _, _, c in ingest.walk(0, len(ingest.sources)))
-        split = _split_at(ingest, max(1, int(total * fraction)), lengths)
-    if split is None:
-        raise MinigptError(
-            "the corpus is too small to hold out validation text; give more text or --val-file"
-        )
-    return split
-
-
-def _split_at(ingest: Ingest, budget: int, lengths: np.ndarray) -> Split | None:
-    dtype = ingest.entries[0].dtype
-    val = TokenStream(dtype)
-    taken = 0
-    for i, k, chunk in ingest.walk(0, len(ingest.sources)):
-        ids = chunk.ids(dtype)
-        at = _token_at_bytes(ids, lengths, budget - taken)
-        if at is None:
-            val.append(ids)
-            taken += chunk.text_bytes
-            continue
-        ends = chunk.doc_ends()
-        j = int(np.searchsorted(ends, at, side="left"))
-        cut = at
-        if j < len(ends) and _bytes(ids, lengths, at, int(ends[j])) <= budget:
-            cut = int(ends[j])
-        val.append(ids[:cut])
-        return Split(val, val.count_bytes(lengths), (i, k, cut))
-    return None
-
-
-def _bytes(ids: np.ndarray, lengths: np.ndarray, start: int, stop: int) -> int:
-    return sum(
-        int(lengths[ids[i : min(i + BLOCK_TOKENS, stop)]].sum()) for i in range(start, stop, BLOCK_TOKENS)
-    )
-
-
-def _token_at_bytes(ids: np.ndarray, lengths: np.ndarray, target: int) -> int | None:
-    """The first token position by which `target` bytes of text are spelled (None: the chunk is shorter)."""
-    done = 0
-    for s in range(0, len(ids), BLOCK_TOKENS):
-        cum = np.cumsum(lengths[ids[s : s + BLOCK_TOKENS]]) + done
-        if len(cum) and cum[-1] >= target:
-            return s + int(np.searchsorted(cum, target, side="left")) + 1
-        done = int(cum[-1]) if len(cum) else done
-    return None
+def validation_stream(ingest: Ingest, parts: int) -> tuple[TokenStream, int]:
+    """The tokens of the first `parts` parts (waiting for them) and the bytes of text they spell."""
+    val = TokenStream(ingest.entries[0].dtype, ingest.tokenizer.vocab_size)
+    text = 0
+    for _, _, chunk in ingest.walk(0, parts):
+        val.append(chunk.ids(val.dtype), str(chunk.bin_path))
+        text += chunk.text_bytes
+    return val, text
