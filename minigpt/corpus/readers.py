@@ -18,6 +18,7 @@ import lzma
 import re
 import shutil
 import tempfile
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -186,7 +187,9 @@ def seekable_encoding(encoding: str) -> bool:
     if name in ("utf-8", "utf-8-sig"):
         return True
     try:
-        every = bytes(range(256)).decode(encoding, errors="replace")
+        with warnings.catch_warnings():  # unicode_escape warns of escapes such as "\]" in the bytes
+            warnings.simplefilter("ignore", DeprecationWarning)
+            every = bytes(range(256)).decode(encoding, errors="replace")
     except (UnicodeError, LookupError, TypeError):
         return False
     return len(every) == 256 and every[:128] == bytes(range(128)).decode("ascii")
