@@ -223,7 +223,8 @@ def train(
     files: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Text file(s) or directories of .txt files to train on (omit with --resume).",
+            help="Files and folders of text, JSON lines or Parquet (also compressed) to train on (omit with "
+            "--resume).",
             show_default=False,
         ),
     ] = None,
@@ -277,6 +278,38 @@ def train(
     result = run_training(**run_args, reporter=TrainingPanel(), started=(ctx.obj or {}).get("started"))
     if result.interrupted:
         raise typer.Exit(130)
+
+
+@app.command()
+@with_options(options_of(DataConfig), options_of(LaunchConfig, skip=LaunchConfig.RUN_ONLY))
+def prepare(
+    ctx: typer.Context,
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Files and folders of text, JSON lines or Parquet (also compressed).", show_default=False
+        ),
+    ],
+    given: Given = NO_OPTIONS,
+) -> None:
+    """Tokenize a corpus ahead of training, with `train`'s data options: `train` then reuses it and starts at
+    once. Under torchrun (`--nproc N`, or several machines) the processes split the files between them.
+    """
+    import os
+
+    launch = LaunchConfig(**given.of(LaunchConfig))
+    if launch.processes > 1 and "WORLD_SIZE" in os.environ:
+        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
+    data = DataConfig(paths=tuple(files), **given.of(DataConfig))
+    if launch.processes > 1:
+        from minigpt.distributed import launch_local
+
+        raise typer.Exit(launch_local(launch.processes, command_line(ctx, skip=("nproc",)), "prepare"))
+    from minigpt.prepare import prepare as run_prepare
+
+    done = run_prepare(data)
+    if done.master:
+        typer.echo(done.describe())
 
 
 @app.command("eval")

@@ -37,6 +37,8 @@ class TrainingStart:
     start: TrainState  # where the run starts: step 0, or the resumed checkpoint's progress and best loss
     start_progress: float = 0.0  # the fraction of the budget used when this command started
     elapsed: float = 0.0  # the run's elapsed seconds at start(), this command's start-up included
+    # while the corpus is still being tokenized beside training: how far that has come, in words
+    data_status: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ def header_text(info: TrainingStart) -> str:
     return (
         f"model: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, block {m.block_size}, "
         f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n"
-        f"data: {info.train_tokens:,} train / {info.val_tokens:,} val tokens; device: {info.device}{procs}, "
+        f"data: {info.train_tokens:,} train{' (so far: tokenizing goes on)' if info.data_status else ''} / "
+        f"{info.val_tokens:,} val tokens; device: {info.device}{procs}, "
         f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {m.block_size}\n"
         f"budget: {info.budget}\nwriting to {info.out}"
     )

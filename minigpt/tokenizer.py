@@ -6,6 +6,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 from abc import ABC, abstractmethod
@@ -115,7 +116,9 @@ NAMED_ENCODINGS: dict[str, NamedEncoding] = {
     ),
 }
 
-TOKENIZER_CHOICES = "char, bpe, " + ", ".join(NAMED_ENCODINGS) + " or a path to a .tiktoken file"
+TOKENIZER_CHOICES = (
+    "char, bpe, " + ", ".join(NAMED_ENCODINGS) + ", a path to a .tiktoken file or a minigpt tokenizer.json"
+)
 
 
 def default_threads() -> int:
@@ -175,6 +178,16 @@ class Tokenizer(ABC):
     def describe(self) -> str:
         """A short human label such as 'char (65 symbols)'."""
         return f"{self.kind} ({self.vocab_size:,} tokens)"
+
+    def digest(self) -> str:
+        """sha256 of everything that decides the ids (what the token store is keyed by); computed once."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            cached = self.__dict__["_digest"] = self._content_hash()
+        return cached
+
+    def _content_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
         """`encode` of each text; kinds backed by native code spread the texts over threads."""
@@ -409,6 +422,13 @@ class _RankedBPE(Tokenizer):
         for token, rank in self.ranks.items():
             lengths[rank] = len(token)
         return lengths
+
+    def _content_hash(self) -> str:
+        # straight from the ranks: to_json's base64 of a 50k-200k vocabulary takes a second
+        h = hashlib.sha256(json.dumps([self.kind, self.pattern, self.specials], sort_keys=True).encode())
+        for token, rank in sorted(self.ranks.items(), key=lambda item: item[1]):
+            h.update(rank.to_bytes(4, "little") + len(token).to_bytes(4, "little") + token)
+        return h.hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         # ranks as base64 token bytes in rank order (null for an unused rank): ~12 bytes per token
@@ -670,9 +690,11 @@ def load_tokenizer_file(path: Path) -> Tokenizer:
 
 
 def tokenizer_kind(spec: str) -> str:
-    """'char', 'bpe' or 'tiktoken' for a --tokenizer value (a UsageError for anything else)."""
+    """'char', 'bpe', 'tiktoken' or 'file' for a --tokenizer value (a UsageError for anything else)."""
     if spec in ("char", "bpe"):
         return spec
+    if spec.endswith(".json"):
+        return "file"  # a minigpt tokenizer.json: a run's, or one `minigpt prepare` names
     if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or _is_file(spec):
         return "tiktoken"
     raise UsageError(f"unknown --tokenizer {spec!r}; choose {TOKENIZER_CHOICES}")
@@ -694,6 +716,8 @@ def build_tokenizer(
     kind = tokenizer_kind(spec)
     if vocab_size is not None and kind != "bpe":
         raise UsageError(f"--vocab-size only applies to --tokenizer bpe (the {spec} vocabulary is fixed)")
+    if kind == "file":
+        return load_tokenizer_file(Path(spec))
     if kind == "tiktoken":
         if spec in NAMED_ENCODINGS:
             return TiktokenTokenizer.from_name(spec)

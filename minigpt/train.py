@@ -78,7 +78,10 @@ def train(
     # rank 0 writes the run, so it holds the run's lock: a second writer gets a one-line error
     with RunDir(plan.out).lock() if dist.is_master else contextlib.nullcontext():
         run = set_up(plan, dist, reporter, started=command_started, clock=clock, make_sampler=make_sampler)
-        reason, interrupted = run_loop(run, reporter, on_step)
+        try:
+            reason, interrupted = run_loop(run, reporter, on_step)
+        finally:
+            run.dataset.close()  # tokenizing beside training stops; its finished chunks stay in the store
     reporter.finish(_training_end(run, reason, interrupted, clock() - command_started))
     dist.close()
     return TrainResult(run.rundir.path, run.state, interrupted, reason, run.history)

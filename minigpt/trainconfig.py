@@ -240,11 +240,13 @@ class LaunchConfig:
         False, "Replace an existing run directory at --out.", panel=RUN, flags=("--overwrite",)
     )
     nproc: int | None = setting(
-        None, "Train in N processes on this machine (one per GPU) through torch.distributed.run.", panel=RUN
+        None, "Run in N processes on this machine (one per GPU) through torch.distributed.run.", panel=RUN
     )
 
     # what a resume may be given besides a budget: the rest is the saved run's
     WITH_RESUME = ("resume", "allow_data_change", "overwrite", "nproc")
+    # the options only `train` has (`prepare` takes --nproc alone)
+    RUN_ONLY = ("out", "resume", "allow_data_change", "init_from", "overwrite")
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:

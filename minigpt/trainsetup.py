@@ -15,7 +15,17 @@ import torch
 
 from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, Budget
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
+from minigpt.corpus.ingest import Share
+from minigpt.corpus.inputs import collect_files
+from minigpt.data import (
+    BatchSampler,
+    DataConfig,
+    Dataset,
+    changed_inputs,
+    find_inputs,
+    prepare_data,
+    prepare_tokenizer,
+)
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
@@ -53,7 +63,7 @@ class RunPlan:
     tokenizer: Tokenizer | None = None  # a resumed or fine-tuned run's
     shape: GPTConfig | None = None  # likewise
     replaced_budget: str | None = None  # a resume given a new budget: the saved one, in words
-    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, sha256)
+    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, stamp)
     allow_data_change: bool = False  # resume even if the text is not what the run trained on
 
 
@@ -165,7 +175,7 @@ def _recorded_paths(saved: dict[str, Any]) -> tuple[tuple[Path, ...], Path | Non
 def check_launch(nproc: int, plan: RunPlan) -> None:
     """What `train --nproc N` can check before starting N processes: input files and one GPU per process
     (plan_run has checked the settings and the run directory)."""
-    _collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
+    collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
     device = plan.cfg.device
     if device == "mps":
         raise UsageError("several processes need CUDA GPUs or the CPU; device mps trains in one process")
@@ -254,10 +264,31 @@ def set_up(
     """Data, model, optimizer, sampler and state (restored on a resume; a new run's directory created),
     the budget's clock started at `started` (a clock reading; None: now), and the reporter told."""
     cfg, runtime, dataset = _prepare(plan, dist, reporter)
+    try:
+        return _set_up_with(plan, dist, reporter, cfg, runtime, dataset, started, clock, make_sampler)
+    except BaseException:
+        dataset.close()  # tokenizing beside training stops with it
+        raise
+
+
+def _set_up_with(
+    plan: RunPlan,
+    dist: DistContext,
+    reporter: ProgressReporter,
+    cfg: TrainConfig,
+    runtime: Runtime,
+    dataset: Dataset,
+    started: float | None,
+    clock: Callable[[], float],
+    make_sampler: SamplerFactory,
+) -> TrainingRun:
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
     sampler = make_sampler(
         dataset.train, model.config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size
     )
+    # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
+    # a resume takes what its checkpoint says
+    sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
     parts = Trainables(model, make_optimizer(model, cfg, runtime.device), sampler)
     rundir = RunDir(plan.out)
     state = TrainState()
@@ -300,14 +331,20 @@ def _prepare(
     planned = plan.shape or cfg.model_config(1)
     runtime = Runtime(device, resolve_dtype(cfg.dtype, device, training_width=planned.n_embd), dist)
     progress = dist.is_master and reporter.data_progress
-    with dist.master_first():
-        dataset = prepare_data(plan.data, planned.block_size, tokenizer=plan.tokenizer, progress=progress)
+    # each process of a machine tokenizes its share of the files into the shared store, beside training
+    share = Share(dist.local_rank, dist.local_world_size)
+    inputs = find_inputs(plan.data, progress, share)
+    with dist.master_first():  # one process per machine learns (or loads) the tokenizer, the others read it
+        tokenizer = plan.tokenizer or prepare_tokenizer(plan.data, inputs, progress)
+    dataset = prepare_data(
+        plan.data, planned.block_size, tokenizer, progress, background=True, share=share, inputs=inputs
+    )
     return cfg, runtime, dataset
 
 
 def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
     """On resume, the text must be what the run trained on (by content), unless the user says otherwise."""
-    change = changed_inputs(plan.saved_inputs, dataset.inputs) if plan.resume else None
+    change = changed_inputs(plan.saved_inputs, dataset.inputs, plan.data.cache_root) if plan.resume else None
     if change and not plan.allow_data_change:
         raise MinigptError(
             f"the text differs from what {plan.out} was trained on ({change}): pass the original files, or "
@@ -367,6 +404,7 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         tokenizer=run.dataset.tokenizer.describe(),
         train_tokens=len(run.dataset.train),
         val_tokens=len(run.dataset.val),
+        data_status=run.dataset.status if not run.dataset.complete else None,
         device=str(runtime.device),
         dtype=str(runtime.dtype).removeprefix("torch."),
         world_size=runtime.dist.world_size,
