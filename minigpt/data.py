@@ -65,6 +65,8 @@ class DataConfig:
     encoding: str = "utf-8"
     errors: str = "strict"  # "replace" substitutes U+FFFD for undecodable bytes
     cache_dir: Path | None = None  # default: $MINIGPT_CACHE_DIR or ~/.cache/minigpt
+    # conversation data (minigpt.chat.data): skip and count bad records instead of stopping at the first
+    skip_bad_records: bool = False
 
     def __post_init__(self) -> None:
         paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else tuple(self.paths)
@@ -800,11 +802,7 @@ class BatchSampler:
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} is outside world size {world_size}")
-        if len(tokens) < block_size + 1:
-            raise MinigptError(
-                f"{len(tokens):,} tokens are too few for one window of block size {block_size} + 1; "
-                f"use --block-size {max(len(tokens) - 1, 1)} or less, or give more text"
-            )
+        self._check_enough(tokens, block_size)
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
@@ -813,6 +811,13 @@ class BatchSampler:
         self.world_size = world_size
         self.batches = 0
         self._gen = torch.Generator()
+
+    def _check_enough(self, tokens: Any, block_size: int) -> None:
+        if len(tokens) < block_size + 1:
+            raise MinigptError(
+                f"{len(tokens):,} tokens are too few for one window of block size {block_size} + 1; "
+                f"use --block-size {max(len(tokens) - 1, 1)} or less, or give more text"
+            )
 
     def _batch_seed(self, index: int) -> int:
         text = f"minigpt-batches:{self.seed}:{self.rank}:{index}".encode()

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
+from minigpt.lora import LoRAConfig, base_config, join_added_rows
 from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
@@ -25,6 +26,7 @@ from minigpt.weights import (
     MLPWeights,
     ModelWeights,
     NormWeights,
+    is_adapter_tensor,
     weights_by_name,
 )
 
@@ -110,40 +112,63 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head."""
+    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head.
 
-    def __init__(self, config: GPTConfig) -> None:
+    With `lora`, the base weights are frozen and each targeted linear layer of every block holds a trainable
+    `lora_A` and `lora_B` beside its weight (minigpt.lora), the embedding (and an untied head) a trainable
+    `added` block of the rows past the base vocabulary: `config` is the adapted model's shape.
+    """
+
+    def __init__(self, config: GPTConfig, lora: LoRAConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, config.n_embd)}
+        self.lora = lora
+        rows = base_config(config, lora).vocab_size if lora is not None else config.vocab_size
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(rows, config.n_embd)}
         if config.pos == "learned":
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         modules["h"] = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         modules["ln_f"] = _norm(config)
         self.transformer = nn.ModuleDict(modules)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, rows, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+        if lora is not None:
+            self._add_adapters(lora)
         self.reset_parameters()
 
+    def _add_adapters(self, lora: LoRAConfig) -> None:
+        """Freeze the base weights and give the targeted layers (and the new rows) trainable parameters."""
+        self.requires_grad_(False)
+        for block_module in self.transformer.h:
+            for target in lora.targets:
+                layer = block_module.get_submodule(target)
+                layer.lora_A = nn.Parameter(torch.empty(lora.rank, layer.in_features))
+                layer.lora_B = nn.Parameter(torch.empty(layer.out_features, lora.rank))
+        if lora.new_rows:
+            heads = [self.transformer.wte] + ([] if self.config.tie_embeddings else [self.lm_head])
+            for module in heads:
+                module.added = nn.Parameter(torch.empty(lora.new_rows, self.config.n_embd))
+
     @classmethod
-    def uninitialized(cls, config: GPTConfig) -> GPT:
+    def uninitialized(cls, config: GPTConfig, lora: LoRAConfig | None = None) -> GPT:
         """A GPT with allocated but uninitialised weights, fast to build when loaded weights replace them."""
         with _skip_init():
-            return cls(config)
+            return cls(config, lora)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); LoRA's A as
+        nn.Linear's default (uniform within 1/sqrt(in)) and B zero, so an adapter starts as no change."""
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-            elif p.dim() >= 2:
-                nn.init.normal_(p, mean=0.0, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-            else:  # LayerNorm gains
-                nn.init.ones_(p)
+            _initialise(name, p, self.config.n_layer)
+
+    @torch.no_grad()
+    def reset_adapters(self) -> None:
+        """Initialise only the LoRA adapter's tensors (the base weights loaded into an uninitialized model)."""
+        for name, p in self.named_parameters():
+            if is_adapter_tensor(name):
+                _initialise(name, p, self.config.n_layer)
 
     def num_params(self) -> int:
         """Parameters the module holds, a tied tensor counted once."""
@@ -155,7 +180,11 @@ class GPT(nn.Module):
         It holds the parameter objects of this moment: in-place updates (training steps) show through,
         parameters replaced afterwards (load_state_dict(assign=True)) do not: read it again then.
         """
-        return weights_by_name(self.config, dict(self.named_parameters()))
+        tensors = dict(self.named_parameters())
+        if self.lora is None:
+            return weights_by_name(self.config, tensors)
+        # the new rows join the frozen ones on every call, so their gradient reaches `added`
+        return weights_by_name(self.config, join_added_rows(tensors, torch.cat), self.lora.scale)
 
     def new_cache(self, batch: int) -> Cache:
         """An empty KV cache of `batch` rows, each layer as long as its window, in the model's dtype and
@@ -195,6 +224,22 @@ class GPT(nn.Module):
         return F.linear(x if all_logits else x[:, -1, :], w.lm_head), None
 
 
+def _initialise(name: str, p: nn.Parameter, n_layer: int) -> None:
+    if name.endswith("lora_A"):
+        bound = 1.0 / math.sqrt(p.size(1))
+        nn.init.uniform_(p, -bound, bound)
+    elif name.endswith("lora_B"):
+        nn.init.zeros_(p)
+    elif name.endswith("c_proj.weight"):
+        nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    elif p.dim() >= 2:
+        nn.init.normal_(p, mean=0.0, std=0.02)
+    elif name.endswith("bias"):
+        nn.init.zeros_(p)
+    else:  # LayerNorm gains
+        nn.init.ones_(p)
+
+
 # --- the computation, written once --------------------------------------------------------------------
 
 
@@ -209,6 +254,9 @@ def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    if w.lora is not None:
+        low = w.lora
+        return F.linear(x, w.weight, w.bias) + F.linear(F.linear(x, low.a), low.b) * low.scale
     if w.scale is None:
         return F.linear(x, w.weight, w.bias)
     # int8 weight-only (minigpt.quantize): the kernel takes activations in the scales' dtype, bf16 for

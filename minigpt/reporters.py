@@ -37,6 +37,8 @@ class TrainingStart:
     start: TrainState  # where the run starts: step 0, or the resumed checkpoint's progress and best loss
     start_progress: float = 0.0  # the fraction of the budget used when this command started
     elapsed: float = 0.0  # the run's elapsed seconds at start(), this command's start-up included
+    data: str | None = None  # what the data is, where tokens say too little (conversations)
+    fine_tune: str | None = None  # what a LoRA run trains
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,14 @@ class Pace:
 def header_text(info: TrainingStart) -> str:
     m = info.model
     procs = f" × {info.world_size} processes" if info.world_size > 1 else ""
+    data = info.data or f"{info.train_tokens:,} train / {info.val_tokens:,} val tokens"
+    rows = "conversations of up to " if info.data else ""
+    fine_tune = f"fine-tuning: {info.fine_tune}\n" if info.fine_tune else ""
     return (
         f"model: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, block {m.block_size}, "
-        f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n"
-        f"data: {info.train_tokens:,} train / {info.val_tokens:,} val tokens; device: {info.device}{procs}, "
-        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {m.block_size}\n"
+        f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n{fine_tune}"
+        f"data: {data}; device: {info.device}{procs}, "
+        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {rows}{m.block_size}\n"
         f"budget: {info.budget}\nwriting to {info.out}"
     )
 

@@ -82,6 +82,10 @@ class TrainConfig:
     # "muon": torch's Muon for the blocks' weight matrices at muon_lr (scaled by the schedule), AdamW for the rest
     optimizer: str | None = None  # None: the device's recipe
     muon_lr: float = 0.02
+    # fine-tuning from a run (init_from): LoRA adapters of this rank on the frozen base instead of every weight
+    lora_rank: int | None = None
+    lora_alpha: float | None = None  # None: 2 x lora_rank (the update is scaled by alpha / rank)
+    lora_targets: str = "all"  # comma-separated layers of every block (minigpt.lora.TARGET_CHOICES)
     # budget: the first one reached stops the run
     max_iters: int | None = None
     max_time: float | None = None  # seconds
@@ -143,6 +147,10 @@ class TrainConfig:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0 < self.cooldown <= 1:
             raise UsageError(f"cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
+        if self.lora_rank is not None and not 1 <= self.lora_rank <= 4096:
+            raise UsageError(f"lora_rank must be from 1 to 4096, got {self.lora_rank}")
+        if self.lora_alpha is not None and not 0 < self.lora_alpha < 1e6:
+            raise UsageError(f"lora_alpha must be a positive number, got {self.lora_alpha}")
 
     @property
     def has_budget(self) -> bool:
@@ -302,6 +310,8 @@ def default_label(name: str) -> str | None:
         return ", ".join(f"{a}: {_arch_value(name, v[name])}" for a, v in ARCHS.items())
     if name == "max_iters":
         return f"{DEFAULT_MAX_ITERS} when no budget is given"
+    if name == "lora_alpha":
+        return "2 x lora-rank"
     default = next(f.default for f in fields(TrainConfig) if f.name == name)
     if default is None or default is MISSING:
         return None

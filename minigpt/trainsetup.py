@@ -13,22 +13,30 @@ import numpy as np
 import torch
 
 from minigpt.budget import Budget
+from minigpt.chat.data import (
+    ConversationData,
+    ConversationSampler,
+    ConversationSplit,
+    conversation_files,
+    prepare_conversations,
+)
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
+from minigpt.finetune import adapter_settings, full_model, lora_model, plan_fine_tune
+from minigpt.finetune import describe as describe_lora
 from minigpt.memory import check_fits, training_bytes
 from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
-from minigpt.rundir import DEFAULT_ROOT, RunDir
+from minigpt.rundir import DEFAULT_ROOT, AdapterLink, RunDir
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
 from minigpt.trainstep import Runtime, time_evaluation
-from minigpt.weights import build_model
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
@@ -55,6 +63,7 @@ class RunPlan:
     replaced_budget: str | None = None  # a resume given a new budget: the saved one, in words
     saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, sha256)
     allow_data_change: bool = False  # resume even if the text is not what the run trained on
+    lora: AdapterLink | None = None  # a LoRA run's adapter: its settings and frozen base
 
 
 def plan_run(
@@ -80,11 +89,13 @@ def plan_run(
     out = out if out is not None else DEFAULT_ROOT / _default_name(data)
     RunDir(out).guard_new(overwrite)
     if init_from is None:
+        if cfg.lora_rank is not None:
+            raise UsageError("LoRA trains adapters on a trained run: name it with --init-from RUN")
         return RunPlan(cfg, data, out, overwrite=overwrite)
-    source = RunDir(init_from)
-    # the shape is the source run's; dropout is a training choice, so cfg's applies
-    shape = replace(source.model_config(), dropout=cfg.dropout)
-    return RunPlan(cfg, data, out, False, init_from, overwrite, source.tokenizer(), shape)
+    # the shape is the source run's (with rows for the chat tokens conversations need); dropout is cfg's
+    chat = conversation_files(data.paths) is not None
+    tokenizer, shape, lora = plan_fine_tune(init_from, cfg, chat)
+    return RunPlan(cfg, data, out, False, init_from, overwrite, tokenizer, shape, lora=lora)
 
 
 def _plan_resume(
@@ -115,7 +126,7 @@ def _plan_resume(
     shape = source.model_config(saved)
     return RunPlan(
         saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced,
-        saved_inputs=inputs, allow_data_change=allow_data_change,
+        saved_inputs=inputs, allow_data_change=allow_data_change, lora=source.adapter_link(saved),
     )  # fmt: skip
 
 
@@ -124,7 +135,7 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
     hashed); the cache folder is this machine's, never one a config.json names."""
     if not isinstance(saved, dict) or not isinstance(saved.get("paths"), list):
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
-    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors"}
+    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors", "skip_bad_records"}
     settings = {k: v for k, v in saved.items() if k in known}
     settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
     moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])
@@ -194,7 +205,7 @@ class TrainingRun:
     cfg: TrainConfig  # resolved: the device's recipe filled in
     rundir: RunDir
     runtime: Runtime
-    dataset: Dataset
+    dataset: Dataset | ConversationData
     parts: Trainables  # the bare model, optimizer and sampler: what a checkpoint saves
     forward: torch.nn.Module  # the model as steps and evaluations call it (under DDP, compiled)
     state: TrainState
@@ -208,8 +219,13 @@ class TrainingRun:
 
     @property
     def tokens_per_step(self) -> int:
-        cfg = self.cfg
-        return cfg.batch_size * cfg.grad_accum * self.model_config.block_size * self.runtime.dist.world_size
+        """Tokens a step reads: a window of block_size per sequence, or a conversation of the training
+        split's mean length (so counts stay exact on resume)."""
+        cfg, train = self.cfg, self.dataset.train
+        row = self.model_config.block_size
+        if isinstance(train, ConversationSplit):
+            row = max(1, round((train.tokens - train.conversations) / train.conversations))
+        return cfg.batch_size * cfg.grad_accum * row * self.runtime.dist.world_size
 
 
 def set_up(
@@ -225,8 +241,15 @@ def set_up(
     the budget's clock started at `started` (a clock reading; None: now), and the reporter told."""
     cfg, runtime, dataset = _prepare(plan, dist, reporter)
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
+    if isinstance(dataset, ConversationData):
+        make_sampler = ConversationSampler
     sampler = make_sampler(
-        dataset.train, model.config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size
+        dataset.train,
+        model.config.block_size,
+        cfg.batch_size,
+        cfg.seed,
+        dist.rank,
+        dist.world_size,  # type: ignore[arg-type]
     )
     parts = Trainables(model, make_optimizer(model, cfg, runtime.device), sampler)
     rundir = RunDir(plan.out)
@@ -239,11 +262,13 @@ def set_up(
             state.time_budget_from = state.elapsed  # a new time budget counts this command's time
     state.world_size = dist.world_size
     _check_same_text(plan, dataset)
-    settings = {
+    settings: dict[str, Any] = {
         "train": cfg.to_dict(),
         "data": {**data_dict(plan.data), "inputs": list(dataset.inputs)},
         "metrics": {},
     }
+    if plan.lora is not None:
+        settings["adapter"] = adapter_settings(plan.lora)
     if dist.is_master and not plan.resume:
         if plan.overwrite:
             rundir.clear()
@@ -270,7 +295,15 @@ def _prepare(
     planned = plan.shape or cfg.model_config(1)
     runtime = Runtime(device, resolve_dtype(cfg.dtype, device, training_width=planned.n_embd), dist)
     progress = dist.is_master and reporter.data_progress
+    chat = conversation_files(plan.data.paths)
     with dist.master_first():
+        if chat is not None:
+            note = reporter.log if progress else (lambda message: None)
+            return (
+                cfg,
+                runtime,
+                prepare_conversations(plan.data, chat, planned.block_size, plan.tokenizer, note),
+            )
         dataset = prepare_data(plan.data, planned.block_size, tokenizer=plan.tokenizer, progress=progress)
     return cfg, runtime, dataset
 
@@ -286,18 +319,19 @@ def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
 
 
 def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device) -> GPT:
-    """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning; first, the memory
-    it and a micro-batch will need, against what the machine has."""
+    """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning (LoRA: the base's,
+    frozen, with adapters); first, the memory it and a micro-batch will need, against what the machine has."""
     shape = plan.shape or cfg.model_config(tokenizer.vocab_size)
     if tokenizer.vocab_size > shape.vocab_size:
         raise MinigptError("tokenizer is larger than the model's vocabulary")
     fix = "lower batch_size, block_size or the model's size"
     check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
-    model = GPT(shape).to(device)
-    if plan.init_from is not None:
-        source = RunDir(plan.init_from)
-        weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))
-        model.load_state_dict(weights.state_dict())
+    if plan.lora is not None:
+        model = lora_model(shape, plan.lora, plan.out, device, fresh=not plan.resume)
+    elif plan.init_from is not None:
+        model = full_model(shape, plan.init_from, device)
+    else:
+        model = GPT(shape).to(device)
     model.train()
     return model
 
@@ -329,11 +363,12 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         budget += f" (set on resume, in place of the saved {plan.replaced_budget})"
     elif plan.resume:
         budget += " (as saved)"
-    cfg, runtime = run.cfg, run.runtime
+    cfg, runtime, dataset = run.cfg, run.runtime, run.dataset
+    total = count_params(run.model_config).exact_total
     return TrainingStart(
         out=run.rundir.path,
         model=run.model_config,
-        n_params=count_params(run.model_config).exact_total,
+        n_params=total,
         tokenizer=run.dataset.tokenizer.describe(),
         train_tokens=len(run.dataset.train),
         val_tokens=len(run.dataset.val),
@@ -346,4 +381,6 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         start=replace(run.state),
         start_progress=run.budget.progress(run.state),
         elapsed=run.state.elapsed,
+        data=dataset.summary if isinstance(dataset, ConversationData) else None,
+        fine_tune=describe_lora(plan.lora, run.model_config, total) if plan.lora is not None else None,
     )

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minigpt.chat.data import ConversationData, ConversationSplit
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, Dataset, bits_per_byte, eval_batches
 from minigpt.device import autocast_context
@@ -96,34 +97,40 @@ def _chunk(config: GPTConfig, batch_size: int) -> int:
 def split_loss(
     model: torch.nn.Module,
     config: GPTConfig,
-    tokens: np.ndarray,
+    tokens: np.ndarray | ConversationSplit,
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
 ) -> float:
-    """Mean loss per window over eval_iters x batch_size evenly spaced windows of `tokens`: the same windows
-    every time, shared out between ranks (one may get fewer, or none: windows are counted, not batches)."""
+    """Mean loss per predicted token over eval_iters x batch_size evenly spaced windows of `tokens` (or
+    conversations: their assistant tokens): the same ones every time, shared out between ranks (one may get
+    fewer, or none: windows are counted, not batches)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x windows, windows
+    sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x targets, targets
     dist = runtime.dist
     chunk = _chunk(config, batch_size)
-    for x, y in eval_batches(
-        tokens, config.block_size, batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk
-    ):
+    if isinstance(tokens, ConversationSplit):
+        batches = tokens.eval_batches(batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk)
+    else:
+        batches = eval_batches(
+            tokens, config.block_size, batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk
+        )
+    for x, y in batches:
         with runtime.autocast():
             _, loss = model(x.to(runtime.device), y.to(runtime.device))
-        sums[0] += loss.double() * x.size(0)
-        sums[1] += x.size(0)
+        targets = int((y >= 0).sum())
+        sums[0] += loss.double() * targets
+        sums[1] += targets
     model.train(was_training)
-    total, windows = dist.all_reduce_sum(sums).tolist()
-    return total / max(windows, 1.0)
+    total, counted = dist.all_reduce_sum(sums).tolist()
+    return total / max(counted, 1.0)
 
 
 def evaluate(
     model: torch.nn.Module,
     config: GPTConfig,
-    dataset: Dataset,
+    dataset: Dataset | ConversationData,
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
@@ -143,7 +150,7 @@ def evaluate(
 def time_evaluation(
     model: torch.nn.Module,
     config: GPTConfig,
-    dataset: Dataset,
+    dataset: Dataset | ConversationData,
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
@@ -151,7 +158,17 @@ def time_evaluation(
 ) -> float:
     """Seconds an evaluate() call should take, from one timed forward pass over a chunk of windows (the
     first pass pays one-off costs, so this errs long)."""
-    sample = dataset.val[: _chunk(config, batch_size) * config.block_size + 1]
+    chunk = _chunk(config, batch_size)
+    if isinstance(dataset, ConversationData):
+        # the first chunk of evaluation conversations, as many as a full evaluation reads in all
+        sample = dataset.val
+        start = clock()
+        split_loss(model, config, sample, chunk, 1, runtime)
+        seconds = clock() - start
+        wanted = eval_iters * batch_size * runtime.dist.world_size
+        windows = sum(min(wanted, split.conversations) for split in (dataset.val, dataset.train))
+        return seconds * windows / min(chunk, sample.conversations)
+    sample = dataset.val[: chunk * config.block_size + 1]
     start = clock()
     split_loss(model, config, sample, batch_size, len(sample), runtime)
     seconds = clock() - start
