@@ -1122,7 +1122,6 @@ def generate(
     # (180 idle). Measured with bench/bench_generate.py on the 6x384 model.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     from minigpt.decode import Generation, TextStream, check_sampling, encode_prompt, write_text
-    from minigpt.engines import choose_backend, load_engine
     from minigpt.memory import check_fits, inference_bytes
     from minigpt.rundir import RunDir
 
@@ -1134,21 +1133,9 @@ def generate(
     if as_json and stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
     text = _read_prompt(prompt, prompt_file)
-    if model is None:
-        model = RunDir.latest().path
-        typer.echo(f"using {model}", err=True)
     if explain and quantize != QuantizeName.none:
         raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
-    engine_name = choose_backend(
-        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path,
-        quantize=quantize.value,
-    )  # fmt: skip
-    # A decode step is a few hundred small memory-bound operations: a second thread gains little on an
-    # idle CPU and, waiting at every one for a core that other work holds, costs 2-10x on a shared one
-    # (bench_generate.py), for NumPy's BLAS and torch's OpenMP alike. The environment overrides both.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value, quantize.value)
+    model, engine, tokenizer = _load_decoder(model, backend, device, dtype, quantize, explain)
     if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
         needed = inference_bytes(RunDir(model).model_config(), num_samples)
         check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")
@@ -1179,6 +1166,115 @@ def generate(
     if explain:  # choose_backend sends --explain to torch
         _explain_tokens(engine.model, tokenizer, ids, gen.samples)
     typer.echo(gen.summary(), err=True)
+
+
+def _load_decoder(
+    model: Path | None,
+    backend: BackendName,
+    device: DeviceName,
+    dtype: DtypeName,
+    quantize: QuantizeName = QuantizeName.none,
+    explain: bool = False,
+) -> tuple[Path, Any, Any]:
+    """The run (default: the newest, named on stderr), its engine as `generate` picks it, and its tokenizer."""
+    import os
+
+    from minigpt.engines import choose_backend, load_engine
+    from minigpt.rundir import RunDir
+
+    if model is None:
+        model = RunDir.latest().path
+        typer.echo(f"using {model}", err=True)
+    engine_name = choose_backend(
+        backend.value, device.value, dtype.value, explain=explain, weights=RunDir(model).weights_path,
+        quantize=quantize.value,
+    )  # fmt: skip
+    # A decode step is a few hundred small memory-bound operations: a second thread gains little on an
+    # idle CPU and, waiting at every one for a core that other work holds, costs 2-10x on a shared one
+    # (bench_generate.py), for NumPy's BLAS and torch's OpenMP alike. The environment overrides both.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    engine, tokenizer = load_engine(model, engine_name, device.value, dtype.value, quantize.value)
+    return model, engine, tokenizer
+
+
+@app.command()
+def chat(
+    run: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Run directory fine-tuned on conversations (default: the newest under checkpoints/)."
+        ),
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="A system message that opens the conversation.")] = None,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", "-n", min=1, help="The longest answer, in tokens.")
+    ] = 256,
+    temperature: Annotated[
+        float, typer.Option("--temperature", "-t", help="Divide the logits by this; 0 is greedy.")
+    ] = 0.8,
+    top_k: Annotated[int | None, typer.Option(help="Sample only from the k most likely tokens.")] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="Nucleus sampling: the smallest set with this much probability.")
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=SEED_MAX, help="Random seed: answer n uses seed + n (default: a random one, shown)."
+        ),
+    ] = None,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(metavar="STRING", help="Also end an answer at this string (repeatable)."),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Piped input: one JSON object per answer (answer, finish_reason)."),
+    ] = False,
+    device: Annotated[DeviceName, typer.Option(help="Where to run, as for generate.")] = DeviceName.auto,
+    dtype: Annotated[
+        DtypeName, typer.Option(help="Weights and KV cache type, as for generate.")
+    ] = DtypeName.auto,
+    quantize: Annotated[
+        QuantizeName, typer.Option(help="int8 linear layers, as for generate.")
+    ] = QuantizeName.none,
+    backend: Annotated[BackendName, typer.Option(help="Engine, as for generate.")] = BackendName.auto,
+) -> None:
+    """Chat with a run fine-tuned on conversations: answers stream as they are generated.
+
+    On a terminal: type a message, Enter sends it; Ctrl-C stops an answer, Ctrl-D ends the chat; /reset,
+    /save FILE, /help. Piped: each line of standard input is a conversation (a JSON record as in the
+    training data, or a line of text as the user's message), answered on one line of its own.
+    """
+    import os
+    import secrets
+
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets it, before torch loads
+    from minigpt.chat.session import AnswerSettings, ChatSession
+    from minigpt.chat.terminal import interactive, piped
+    from minigpt.decode import TextStream, check_sampling
+
+    check_sampling(temperature, top_k, top_p)
+    TextStream(stop or [])  # rejects an empty stop string before any loading
+    if seed is None and temperature > 0:
+        seed = secrets.randbits(31)
+        typer.echo(f"seed {seed}", err=True)
+    settings = AnswerSettings(max_new_tokens, temperature, top_k, top_p, seed or 0, tuple(stop or ()))
+    _, engine, tokenizer = _load_decoder(run, backend, device, dtype, quantize)
+    session = ChatSession(engine, tokenizer, settings, system)
+    try:
+        if sys.stdin.isatty():
+            import readline  # noqa: F401  (line editing and history for input())
+
+            interactive(session, input, sys.stdout, sys.stderr)
+        else:
+            piped(session, sys.stdin.buffer, sys.stdout, system, as_json)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
 
 
 def _explain_tokens(model: Any, tokenizer: Any, prompt_ids: list[int], samples: list[Any]) -> None:

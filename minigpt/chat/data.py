@@ -86,8 +86,9 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, line
 
 
-def parse_record(line: bytes) -> list[Message]:
-    """The messages of one JSONL line, or a BadRecord saying what is wrong with it."""
+def parse_record(line: bytes, training: bool = True) -> list[Message]:
+    """The messages of one JSONL line, or a BadRecord saying what is wrong with it. `training`: the record
+    must hold an answer to learn from (otherwise it is a conversation to answer, with or without one)."""
     try:
         record = json.loads(line.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
@@ -97,10 +98,12 @@ def parse_record(line: bytes) -> list[Message]:
     if not isinstance(record, dict):
         raise BadRecord("not JSON", "not a JSON object")
     if "messages" in record:
-        return _messages(record["messages"])
+        return _messages(record["messages"], training)
     if "prompt" in record or "completion" in record:
-        return [Message("user", _content(record.get("prompt"), "prompt")),
-                Message("assistant", _content(record.get("completion"), "completion"))]  # fmt: skip
+        prompt = Message("user", _content(record.get("prompt"), "prompt"))
+        if not training and "completion" not in record:
+            return [prompt]
+        return [prompt, Message("assistant", _content(record.get("completion"), "completion"))]
     raise BadRecord("no conversation", 'has neither "messages" nor "prompt" and "completion"')
 
 
@@ -117,7 +120,7 @@ def _content(value: Any, what: str) -> str:
     return value
 
 
-def _messages(value: Any) -> list[Message]:
+def _messages(value: Any, training: bool) -> list[Message]:
     if not isinstance(value, list) or not value:
         raise BadRecord("no messages", '"messages" is not a non-empty list')
     if len(value) > MAX_MESSAGES:
@@ -141,7 +144,7 @@ def _messages(value: Any) -> list[Message]:
                 "bad weight", f"message {n} has weight {weight!r}: assistant messages take 0 or 1"
             )
         messages.append(Message(role, _content(m.get("content"), f"message {n} ({role})"), weight))
-    if not any(m.role == "assistant" and m.weight for m in messages):
+    if training and not any(m.role == "assistant" and m.weight for m in messages):
         raise BadRecord("no assistant", "has no assistant message to learn from")
     return messages
 
