@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
 
 from minigpt import __version__
 from minigpt.errors import MinigptError
+from minigpt.lora import TARGET_CHOICES
 from minigpt.presets import PRESETS
 from minigpt.rundir import DEFAULT_ROOT
 from minigpt.trainconfig import WARMUP_FRACTION, option_help
@@ -130,6 +131,7 @@ _OPT = "Optimisation"
 _BUDGET = "Budget (the first reached stops)"
 _EVAL = "Evaluation and logging"
 _RUN = "Run"
+_FINETUNE = "Fine-tuning (with --init-from)"
 
 
 # the architecture options, shared by `train` (which builds the model) and `params` (which counts it)
@@ -377,6 +379,15 @@ def train(
             rich_help_panel=_DATA,
         ),
     ] = None,
+    skip_bad_records: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad-records",
+            help="Conversation JSONL: skip bad records (counted and the first one named) instead of stopping "
+            "at the first.",
+            rich_help_panel=_DATA,
+        ),
+    ] = False,
     batch_size: Annotated[
         int | None,
         typer.Option(
@@ -454,6 +465,30 @@ def train(
         float | None,
         typer.Option(
             help=option_help("muon_lr", "Muon's peak learning rate (--optimizer muon)."), rich_help_panel=_OPT
+        ),
+    ] = None,
+    lora_rank: Annotated[
+        int | None,
+        typer.Option(
+            help="Train LoRA adapters of this rank on the frozen --init-from run instead of every weight "
+            "(saved on their own, tied to that run's weights).",
+            rich_help_panel=_FINETUNE,
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        float | None,
+        typer.Option(
+            help=option_help("lora_alpha", "LoRA's scale: updates are multiplied by alpha / rank."),
+            rich_help_panel=_FINETUNE,
+        ),
+    ] = None,
+    lora_targets: Annotated[
+        str | None,
+        typer.Option(
+            help=option_help(
+                "lora_targets", f"Layers of every block to adapt, comma-separated: {TARGET_CHOICES}."
+            ),
+            rich_help_panel=_FINETUNE,
         ),
     ] = None,
     max_iters: Annotated[
@@ -548,7 +583,9 @@ def train(
     init_from: Annotated[
         Path | None,
         typer.Option(
-            help="Start from this run's weights and tokenizer, with a fresh optimizer.", rich_help_panel=_RUN
+            help="Fine-tune this run: start from its weights and tokenizer, with a fresh optimizer. On "
+            "conversation JSONL the loss counts the assistant's tokens only.",
+            rich_help_panel=_RUN,
         ),
     ] = None,
     overwrite: Annotated[
@@ -567,6 +604,8 @@ def train(
     """Train a GPT on your text: live progress on stderr, checkpoints in a run directory, resumable.
 
     Example: `minigpt train input.txt --max-time 5m`, then `minigpt generate "ROMEO:"`.
+    Fine-tune on conversations (OpenAI chat JSONL or prompt/completion JSONL), in full or with LoRA:
+    `minigpt train --init-from checkpoints/input chat.jsonl --lora-rank 8`, then `minigpt chat RUN`.
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
     import os
@@ -616,6 +655,9 @@ def train(
         beta2=beta2,
         optimizer=optimizer.value if optimizer is not None else None,
         muon_lr=muon_lr,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_targets=lora_targets,
         eval_every=eval_every,
         eval_iters=eval_iters,
         log_every=log_every,
@@ -635,6 +677,7 @@ def train(
         val_file=val_file,
         encoding=encoding,
         errors=encoding_errors,
+        skip_bad_records=skip_bad_records or None,
     )
     if resume is not None:
         given = [k for k, v in {**model_opts, **opt_opts, **data_opts}.items() if v is not None]
@@ -686,7 +729,7 @@ def _relaunch_args(params: dict[str, Any]) -> list[str]:
         if isinstance(value, bool):
             if value:
                 args.append(flag)
-            elif name not in ("overwrite", "allow_data_change"):  # flags without a --no- form
+            elif name not in ("overwrite", "allow_data_change", "skip_bad_records"):  # flags without --no-
                 args.append("--no-" + flag[2:])
         else:
             # a choice (--schedule, --optimizer) by its value: str() of the enum would be its class and name
@@ -940,6 +983,25 @@ def convert_to_hf(
 
     result = to_hf(run, out, overwrite=overwrite)
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
+
+
+@convert_app.command("merge")
+def convert_merge(
+    run: Annotated[Path, typer.Argument(help="A LoRA run (trained with --lora-rank).")],
+    out: Annotated[Path, typer.Option(help="The plain run directory to write.")],
+    base: Annotated[
+        Path | None, typer.Option(help="Where the base run is now, if it moved (checked by its weights' hash).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at --out.")] = False,
+) -> None:
+    """Merge a LoRA run's adapter into its base's weights: a plain run, without the adapter's base.
+
+    Example: `minigpt convert merge checkpoints/chat-lora --out checkpoints/chat`.
+    """
+    from minigpt.finetune import merge_run
+
+    path = merge_run(run, out, base, overwrite)
+    typer.echo(f"wrote {path}: {run} merged into its base", err=True)
 
 
 class DeviceName(str, Enum):

@@ -102,3 +102,24 @@ def describe(link: AdapterLink, shape: GPTConfig, total: int) -> str:
         f"LoRA rank {link.lora.rank} (alpha {link.lora.alpha:g}) on {', '.join(link.lora.targets)}{rows}: "
         f"{trained:,} of {total:,} parameters trained ({trained / total:.1%}), base {link.base} frozen"
     )
+
+
+def merge_run(run: Path, out: Path, base: Path | None = None, overwrite: bool = False) -> Path:
+    """Write a LoRA run as a plain run: its base's weights with the adapter merged in (W + alpha/rank B A,
+    the new rows appended), its tokenizer, and its training record; `base` where the base run is now."""
+    adapter = RunDir(run, base=base)
+    data = adapter.read_config()
+    link = adapter.adapter_link(data)
+    if link is None:
+        raise UsageError(f"{run} is not a LoRA run (it has no adapter): it is a plain run already")
+    merged = RunDir(out)
+    if merged.path.resolve() in (adapter.path.resolve(), link.base.resolve()):
+        raise UsageError("--out would replace the LoRA run or its base: choose another folder")
+    merged.guard_new(overwrite)
+    model, tokenizer, _ = adapter.load_model()
+    source = {"kind": "lora", "path": str(adapter.path.resolve()), "base": str(link.base)}
+    extra = {"source": source, "metrics": data.get("metrics", {})}
+    with merged.lock():
+        merged.clear()
+        merged.save(model, tokenizer, extra)
+    return merged.path

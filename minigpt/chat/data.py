@@ -22,6 +22,7 @@ import numpy as np
 from minigpt.chat.template import ROLES, ChatTemplate, Message, with_chat_tokens
 from minigpt.data import BatchSampler, DataConfig, _hash_source, _input_record
 from minigpt.errors import MinigptError, UsageError
+from minigpt.files import open_regular, regular_file
 from minigpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_kind
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def conversation_files(paths: Sequence[Path]) -> list[Path] | None:
     files: list[Path] = []
     for p in map(Path, paths):
         files += sorted(f for f in p.rglob(f"*{SUFFIX}") if f.is_file()) if p.is_dir() else [p]
-    chat = [f for f in files if f.suffix == SUFFIX and _first_record_is_chat(f)]
+    chat = [regular_file(f) for f in files if f.suffix == SUFFIX and _first_record_is_chat(regular_file(f))]
     if not chat:
         return None
     if len(chat) != len(files):
@@ -62,20 +63,21 @@ def conversation_files(paths: Sequence[Path]) -> list[Path] | None:
 
 
 def _first_record_is_chat(path: Path) -> bool:
+    """Whether a .jsonl file's first record is a conversation (the reader names any problem later)."""
+    if path.suffix != SUFFIX:
+        return False
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line[:MAX_RECORD_BYTES])
-                    return isinstance(record, dict) and ("messages" in record or "prompt" in record)
-    except (OSError, ValueError, RecursionError):
-        return path.suffix == SUFFIX  # its reader names the problem
-    return path.suffix == SUFFIX
+        for _, line in _lines(path):
+            record = json.loads(line)
+            return isinstance(record, dict) and ("messages" in record or "prompt" in record)
+    except (MinigptError, ValueError, RecursionError):
+        pass
+    return True
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a file, each line bounded in size, blank lines left out."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for number, line in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), 1):
             if len(line) > MAX_RECORD_BYTES:
                 raise MinigptError(
