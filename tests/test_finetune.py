@@ -3,14 +3,18 @@ rows, and LoRA adapters (frozen base, merge, base check, exact resume)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from minigpt.chat.data import ConversationSplit, prepare_conversations
 from minigpt.chat.template import CHAT_TOKENS, ChatTemplate, Message, with_chat_tokens
@@ -23,6 +27,7 @@ from minigpt.finetune import full_model, plan_fine_tune
 from minigpt.lora import LoRAConfig, merge, resolve_targets, trainable_count
 from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
+from minigpt.reporters import LineReporter
 from minigpt.rundir import RunDir
 from minigpt.train import TrainConfig, train
 from minigpt.weights import build_model, model_tensors
@@ -367,3 +372,53 @@ def test_lora_needs_a_run_to_adapt(chat_file: Path, base_run: Path, lora_run: Pa
     # full fine-tuning of a LoRA run starts from its merged weights
     result = train(tiny(max_iters=2), chat_data(chat_file, tmp_path), out=tmp_path / "z", init_from=lora_run)
     assert result.state.step == 2
+
+
+def test_lora_fine_tuning_under_two_processes_then_resumed_on_one(
+    chat_file: Path, base_run: Path, tmp_path: Path
+) -> None:
+    """`--nproc 2` trains the adapter with the base frozen on both ranks; the run resumes in one process."""
+    out = tmp_path / "ddp"
+    before = (base_run / RunDir.WEIGHTS).read_bytes()
+    cmd = [sys.executable, "-m", "minigpt", "train", "--init-from", str(base_run), str(chat_file), "--lora-rank",
+           "2", "--max-iters", "2", "--batch-size", "2", "--eval-iters", "1", "--device", "cpu", "--out", str(out),
+           "--nproc", "2"]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MINIGPT_DIST_TIMEOUT": "30",
+        "MINIGPT_CACHE_DIR": str(tmp_path),
+    }
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert RunDir(out).adapter_path.is_file() and not RunDir(out).weights_path.exists()
+    assert (base_run / RunDir.WEIGHTS).read_bytes() == before
+    _, meta = load_tensors(out / RunDir.STATE)
+    assert json.loads(meta["state"])["world_size"] == 2
+    resumed = train(TrainConfig(max_iters=4), resume=out)
+    assert resumed.state.step == 4
+
+
+def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
+    chat_file: Path, base_run: Path, tmp_path: Path
+) -> None:
+    """Steps of 1 s on a fake clock under a 20 s budget end in time; the log names the adapter and the data."""
+
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock, log = Clock(), io.StringIO()
+
+    def one_second_steps(step: int) -> None:
+        clock.now += 1.0
+
+    cfg = tiny(max_iters=None, max_time=20.0, eval_every=10_000, lora_rank=4, lora_targets="qkv")
+    result = train(cfg, chat_data(chat_file, tmp_path), out=tmp_path / "t", init_from=base_run, clock=clock,
+                   started=clock.now, on_step=one_second_steps, reporter=LineReporter(log))  # fmt: skip
+    assert result.stop_reason == "reached max_time 20 s" and 10 <= result.state.step <= 20
+    text = log.getvalue()
+    assert "fine-tuning: LoRA rank 4 (alpha 8) on attn.c_attn and 4 new token rows: " in text
+    assert "data: 36 train / 4 val conversations (" in text and "assistant tokens)" in text
