@@ -164,6 +164,9 @@ def main() -> None:
     )
     parser.add_argument("--pretrain", default="2m", help="the base model's training budget")
     parser.add_argument("--finetune", default="3m", help="each fine-tuning's budget")
+    parser.add_argument("--pretrain-steps", type=int, help="train the base for this many steps instead")
+    parser.add_argument("--finetune-steps", type=int, help="fine-tune for this many steps instead")
+    parser.add_argument("--base", type=Path, help="reuse this base run instead of pretraining one")
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--train", type=int, default=20000, help="training conversations")
     parser.add_argument("--test", type=int, default=500, help="held-out prompts")
@@ -177,10 +180,19 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{cpu_model()}, {os.cpu_count()} cores; load at the start {load()}; working in {work}", flush=True)
 
-    base = work / "base"
-    pre = command(["train", str(SHAKESPEARE), "--tokenizer", "char", "--block-size", "128", "--max-time",
-                   args.pretrain, "--out", str(base), "--overwrite"], work)  # fmt: skip
-    print(f"pretrained {base} in {pre['wall']:.1f} s (load {load()})", flush=True)
+    base = args.base or work / "base"
+    if args.base is None:
+        budget = (
+            ["--max-iters", str(args.pretrain_steps)]
+            if args.pretrain_steps
+            else ["--max-time", args.pretrain]
+        )
+        pre = command(["train", str(SHAKESPEARE), "--tokenizer", "char", "--block-size", "128", *budget,
+                       "--out", str(base), "--overwrite"], work)  # fmt: skip
+        print(f"pretrained {base} in {pre['wall']:.1f} s (load {load()})", flush=True)
+    ft_budget = (
+        ["--max-iters", str(args.finetune_steps)] if args.finetune_steps else ["--max-time", args.finetune]
+    )
 
     train, test = make_data(vocabulary(SHAKESPEARE.read_text()), args.train, args.test, seed=1)
     data = work / "train.jsonl"
@@ -192,8 +204,8 @@ def main() -> None:
         (f"LoRA rank {args.lora_rank}", ["--lora-rank", str(args.lora_rank), *args.lora_flags.split()]),
     ):
         out = work / name.split()[0].lower()
-        result = command(["train", "--init-from", str(base), str(data), "--max-time", args.finetune, "--out",
-                          str(out), "--overwrite", *flags], work)  # fmt: skip
+        result = command(["train", "--init-from", str(base), str(data), *ft_budget, "--out", str(out),
+                          "--overwrite", *flags], work)  # fmt: skip
         print(
             f"{name}: {result['wall']:.1f} s, peak RSS {result['rss_mb']:.0f} MB (load {load()})", flush=True
         )

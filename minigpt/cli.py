@@ -807,7 +807,12 @@ class QuantizeName(str, Enum):  # minigpt.quantize.QUANTIZATIONS, without import
 @app.command("eval")
 def eval_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
-    files: Annotated[list[Path], typer.Argument(help="Text file(s) or folders of .txt files to score.")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Text file(s) or folders of .txt files to score, or conversation JSONL (answers only)."
+        ),
+    ],
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 16,
     max_windows: Annotated[
         int | None, typer.Option(min=1, help="Score at most this many evenly spaced windows (default: all).")
@@ -822,7 +827,8 @@ def eval_cmd(
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
 ) -> None:
-    """Loss, perplexity and bits-per-byte of a trained model on any text file."""
+    """Loss, perplexity and bits-per-byte of a trained model on any text file, or on the assistant's
+    answers in conversation JSONL (windows are then conversations)."""
     from minigpt.evaluate import evaluate_run
     from minigpt.views import eval_view, print_json
 
@@ -990,7 +996,8 @@ def convert_merge(
     run: Annotated[Path, typer.Argument(help="A LoRA run (trained with --lora-rank).")],
     out: Annotated[Path, typer.Option(help="The plain run directory to write.")],
     base: Annotated[
-        Path | None, typer.Option(help="Where the base run is now, if it moved (checked by its weights' hash).")
+        Path | None,
+        typer.Option(help="Where the base run is now, if it moved (checked by its weights' hash)."),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at --out.")] = False,
 ) -> None:

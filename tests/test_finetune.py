@@ -422,3 +422,23 @@ def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
     text = log.getvalue()
     assert "fine-tuning: LoRA rank 4 (alpha 8) on attn.c_attn and 4 new token rows: " in text
     assert "data: 36 train / 4 val conversations (" in text and "assistant tokens)" in text
+
+
+def test_eval_scores_conversations_on_the_answers(runner, lora_run: Path, chat_file: Path) -> None:
+    from minigpt.cli import app
+
+    result = runner.invoke(app, ["eval", str(lora_run), str(chat_file), "--json", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout)
+    model, tok, _ = RunDir(lora_run).load_model()
+    template = ChatTemplate(tok)
+    rendered = [template.render(parse) for parse in (
+        [Message("user", r["prompt"]), Message("assistant", r["completion"])] if "prompt" in r
+        else [Message(m["role"], m["content"]) for m in r["messages"]] for r in conversations()
+    )]  # fmt: skip
+    x, y = ConversationSplit.of(rendered).batch(list(range(len(rendered))))
+    with torch.no_grad():
+        logits, _ = model(x, all_logits=True)
+    want = torch.nn.functional.cross_entropy(logits[y >= 0], y[y >= 0]).item()
+    assert scored["tokens"] == int((y >= 0).sum()) and scored["windows"] == 40
+    assert scored["loss"] == pytest.approx(want, rel=1e-5)
