@@ -45,6 +45,9 @@ def _finite(value: Any) -> float | None:
 def _data_label(data: dict[str, Any]) -> str:
     if isinstance(data.get("source"), dict):
         return f"converted from {data['source'].get('path', '?')}"
+    if isinstance(data.get("adapter"), dict):  # a LoRA run: its data, on its base
+        base = Path(str(data["adapter"].get("base", "?"))).name
+        return f"{_data_label({'data': data.get('data')})} (LoRA on {base})"
     paths = (data.get("data") or {}).get("paths") or []
     names = [Path(str(p)).name for p in paths]
     return ", ".join(names[:3]) + (f" (+{len(names) - 3})" if len(names) > 3 else "") if names else "?"
@@ -53,7 +56,17 @@ def _data_label(data: dict[str, Any]) -> str:
 def _settings(train: dict[str, Any]) -> str:
     if not train:
         return ""
-    keys = ("batch_size", "grad_accum", "optimizer", "lr", "schedule", "warmup", "weight_decay", "seed")
+    keys = (
+        "batch_size",
+        "grad_accum",
+        "optimizer",
+        "lr",
+        "schedule",
+        "warmup",
+        "weight_decay",
+        "seed",
+        "lora_rank",
+    )
     return " ".join(f"{k}={train[k]}" for k in keys if train.get(k) is not None)
 
 
