@@ -54,6 +54,7 @@ class TrainingEnd:
     overrun: float  # seconds past the time budget (0: kept to it, or none)
     best_val_bpb: float
     history: list[dict[str, Any]]
+    chat: bool = False  # trained on conversations: `minigpt chat` is the command to try it with
 
 
 class ProgressReporter(Protocol):
@@ -179,6 +180,8 @@ def done_text(summary: TrainingEnd) -> str:
         )
     if summary.interrupted:
         lines.append(f"resume with: minigpt train --resume {summary.out}")
+    elif summary.chat:
+        lines.append(f"chat with: minigpt chat {summary.out}")
     else:
         lines.append(f'generate with: minigpt generate --model {summary.out} "Once upon a time"')
     return "\n".join(lines)

@@ -422,6 +422,7 @@ def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
     text = log.getvalue()
     assert "fine-tuning: LoRA rank 4 (alpha 8) on attn.c_attn and 4 new token rows: " in text
     assert "data: 36 train / 4 val conversations (" in text and "assistant tokens)" in text
+    assert f"chat with: minigpt chat {tmp_path / 't'}" in text
 
 
 def test_eval_scores_conversations_on_the_answers(runner, lora_run: Path, chat_file: Path) -> None:
