@@ -19,7 +19,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from minigpt.errors import MinigptError
-from minigpt.serve.batcher import Job, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.batcher import Job, Piece, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.chat import ChatRequest, chat_body, chat_chunk, chat_head, make_chat_job, role_chunk
 from minigpt.serve.models import ServedModel
 from minigpt.serve.protocol import (
     ApiError,
@@ -107,6 +108,30 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
     return await _complete(served, job, updates, first, request)
 
 
+@api.post("/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request) -> Response:
+    state = _state(request)
+    served = state.model(req.model)
+    job = make_chat_job(req, served.tokenizer, served.engine.block_size, state.limits)
+    updates = _channel(job)
+    try:
+        served.batcher.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, str(e), kind="rate_limit_error") from None
+    if req.stream:
+        first = chat_head(served.id, chunk=True)
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        opening = [role_chunk(first, i) for i in range(job.n)]
+        return StreamingResponse(
+            _sse(served, job, updates, first, with_usage, chat_chunk, opening),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    first = chat_head(served.id, chunk=False)
+    return await _complete(served, job, updates, first, request,
+                           lambda logprobs: chat_body(first, job, logprobs, usage(job)))  # fmt: skip
+
+
 @api.post("/attention")
 async def attention(req: AttentionRequest, request: Request) -> dict[str, Any]:
     served = _state(request).model(req.model)
@@ -151,13 +176,22 @@ def _event(body: dict[str, Any]) -> str:
 
 
 async def _sse(
-    served: ServedModel, job: Job, queue: asyncio.Queue[Update], first: dict[str, Any], with_usage: bool
+    served: ServedModel,
+    job: Job,
+    queue: asyncio.Queue[Update],
+    first: dict[str, Any],
+    with_usage: bool,
+    chunk: Callable[[dict[str, Any], Piece, bool], dict[str, Any]] = chunk_body,
+    opening: Sequence[dict[str, Any]] = (),
 ) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, one choice per chunk, then `data: [DONE]`."""
+    """Server-sent events in OpenAI's chunk format (`chunk`: completions' or chat's), the `opening` chunks
+    first, one choice per chunk, then `data: [DONE]`."""
     try:
+        for body in opening:
+            yield _event(body)
         async for update in _updates(queue):
             for piece in update.pieces:
-                yield _event(chunk_body(first, piece, job.logprobs is not None))
+                yield _event(chunk(first, piece, job.logprobs is not None))
         if with_usage:
             yield _event({**first, "choices": [], "usage": usage(job)})
         yield "data: [DONE]\n\n"
@@ -168,9 +202,15 @@ async def _sse(
 
 
 async def _complete(
-    served: ServedModel, job: Job, queue: asyncio.Queue[Update], first: dict[str, Any], request: Request
+    served: ServedModel,
+    job: Job,
+    queue: asyncio.Queue[Update],
+    first: dict[str, Any],
+    request: Request,
+    body: Callable[[list[list[TokenLogprob]]], dict[str, Any]] | None = None,
 ) -> Response:
-    """The whole completion as one body; a client that hangs up first cancels the job."""
+    """The whole completion as one body (`body`: chat's, given the logprobs; default completions'); a
+    client that hangs up first cancels the job."""
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(job.n)]
 
     async def collect() -> None:
@@ -190,7 +230,7 @@ async def _complete(
     if work.cancelled():
         return Response(status_code=204)  # nobody is there to read it
     work.result()  # an error update raises here
-    return JSONResponse(completion_body(first, job, logprobs))
+    return JSONResponse(completion_body(first, job, logprobs) if body is None else body(logprobs))
 
 
 async def _disconnected(request: Request) -> None:

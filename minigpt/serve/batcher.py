@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +78,11 @@ class Job:
         sampling: Sampling,
         stop: Sequence[str] = (),
         logprobs: int | None = None,
+        stop_ids: Collection[int] = (),
         notify: Callable[[Update], None] = lambda update: None,
     ) -> None:
         self.prompt_ids = list(prompt_ids)
+        self.stop_ids = frozenset(stop_ids)  # tokens besides <|endoftext|> that end a choice (a chat turn's)
         self.n = n
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -293,7 +295,7 @@ class Batcher:
             choice.tokens += 1
             if scored is not None:
                 choice.pending.append(TokenLogprob(*scored[i], offset=len(choice.stream.text)))
-            if token == self.tokenizer.eot_id:
+            if token == self.tokenizer.eot_id or token in job.stop_ids:
                 choice.stream.close("end_of_text")
             else:
                 choice.stream.feed(self.tokenizer.decode_bytes([token]))

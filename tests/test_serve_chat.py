@@ -1,0 +1,137 @@
+"""`minigpt serve`'s /v1/chat/completions, driven by the official `openai` client and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
+openai = pytest.importorskip("openai", reason="the openai client is not installed: pip install -e '.[dev]'")
+
+from test_serve import FIXTURE, Server, request  # noqa: E402
+
+from minigpt.chat.template import ChatTemplate, Message  # noqa: E402
+from minigpt.decode import Generation  # noqa: E402
+from minigpt.engines import load_engine  # noqa: E402
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The dog"}]
+
+
+def chat_run(root: Path) -> Path:
+    """The char fixture with the chat tokens (mean rows, as fine-tuning starts): it answers, if poorly."""
+    import torch
+
+    from minigpt.finetune import full_model, plan_fine_tune
+    from minigpt.rundir import RunDir
+    from minigpt.trainconfig import TrainConfig
+
+    tokenizer, shape, _ = plan_fine_tune(FIXTURE, TrainConfig(), chat=True)
+    RunDir(root / "chat").save(full_model(shape, FIXTURE, torch.device("cpu")), tokenizer, {})
+    return root / "chat"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("chatruns")
+    chat_run(root)
+    shutil.copytree(FIXTURE, root / "plain")
+    s = Server(root, str(root / "chat"), "--model", str(root / "plain"), "--max-tokens", "64")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def reference(server: Server, max_tokens: int, n: int = 1, **sampling: Any) -> list[str]:
+    """The answer `minigpt chat` would give: the run's template, the NumPy engine, the same settings."""
+    run = Path(server.log.parent) / "chat"
+    engine, tok = load_engine(run, "numpy")
+    template = ChatTemplate(tok)
+    ids = template.prompt([Message(m["role"], m["content"]) for m in MESSAGES])
+    gen = Generation(engine, tok, ids, max_new_tokens=max_tokens, num_samples=n, stop_ids=template.stop_ids,
+                     **sampling)  # fmt: skip
+    return [s.text for s in gen.run()]
+
+
+def test_chat_completions_plain_and_streamed_with_the_openai_client(
+    client: openai.OpenAI, server: Server
+) -> None:
+    want = reference(server, 24, n=2, temperature=0.8, seed=5)
+    answer = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_completion_tokens=24, temperature=0.8, seed=5, n=2
+    )
+    assert [c.message.content for c in answer.choices] == want
+    assert all(c.message.role == "assistant" for c in answer.choices)
+    assert answer.object == "chat.completion" and answer.usage.completion_tokens <= 48
+    stream = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=24, temperature=0.8, seed=5, n=2, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    texts, roles, finished = ["", ""], set(), set()
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            roles |= {c.delta.role} if c.delta.role else set()
+            finished |= {c.index} if c.finish_reason else set()
+    assert texts == want and roles == {"assistant"} and finished == {0, 1}
+    assert chunk.usage is not None and chunk.usage.completion_tokens == answer.usage.completion_tokens
+
+
+def test_greedy_answers_stop_and_logprobs(client: openai.OpenAI, server: Server) -> None:
+    (want,) = reference(server, 30, temperature=0.0)
+    answer = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=30, temperature=0, logprobs=True, top_logprobs=3
+    )
+    choice = answer.choices[0]
+    assert choice.message.content == want
+    entries = choice.logprobs.content
+    assert len(entries) == answer.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in entries)
+    assert all(e.logprob == max(t.logprob for t in e.top_logprobs) for e in entries)  # greedy: the best
+    if len(want) > 3:
+        stop = want[2:4]
+        cut = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=30, temperature=0,
+                                             stop=[stop])  # fmt: skip
+        assert cut.choices[0].message.content == want[: want.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "body, param, why",
+    [
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", "Input should be"),
+        ({"messages": []}, "messages", "at least 1"),
+        (
+            {"messages": [{"role": "user", "content": "The dog " * 40}]},
+            "messages",
+            "the model's context is 32",
+        ),
+        ({"messages": MESSAGES, "max_tokens": 65}, "max_tokens", "at most 64"),
+        ({"messages": MESSAGES, "top_logprobs": 2}, None, "needs logprobs: true"),
+        ({"messages": MESSAGES, "max_token": 5}, "max_token", "unrecognized request argument"),
+        ({"messages": [{"role": "user", "content": "\u00e9"}]}, "messages", "never saw"),
+    ],
+)
+def test_bad_chat_requests_are_openai_style_400s(
+    server: Server, body: dict, param: str | None, why: str
+) -> None:
+    status, reply = request(server.url + "/v1/chat/completions", {"model": "chat", **body}, key=None)
+    assert status == 400, reply
+    assert why in reply["error"]["message"] and reply["error"]["param"] == param
+    assert reply["error"]["type"] == "invalid_request_error"
+
+
+def test_a_run_without_chat_tokens_cannot_chat(server: Server) -> None:
+    status, reply = request(
+        server.url + "/v1/chat/completions", {"model": "plain", "messages": MESSAGES}, key=None
+    )
+    assert status == 400 and reply["error"]["param"] == "model"
+    assert "no chat tokens" in reply["error"]["message"]
+    assert json.dumps(reply).count("Traceback") == 0
