@@ -135,3 +135,54 @@ def test_a_run_without_chat_tokens_cannot_chat(server: Server) -> None:
     assert status == 400 and reply["error"]["param"] == "model"
     assert "no chat tokens" in reply["error"]["message"]
     assert json.dumps(reply).count("Traceback") == 0
+
+
+def test_the_page_chats_with_a_chat_run(server: Server) -> None:
+    """The page opens in chat mode for a run with the chat tokens; each answer streams into a bubble and is
+    the API's answer to the same conversation and settings, the oldest turns left out once the context (32
+    tokens) is full; "New chat" forgets the conversation."""
+    pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[dev]'")
+    from test_serve_browser import CHROMIUM, DRIVER
+
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip("headless Chromium is not installed: apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    try:
+        wait = WebDriverWait(browser, 30)
+        browser.get(server.url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "mode").get_attribute("value") == "chat")
+        for field, value in (("max_tokens", "6"), ("seed", "3")):
+            box = browser.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
+        conversation: list[dict[str, str]] = []
+        for number, turn in enumerate(("The dog", "A fox", "The lazy dog"), 1):
+            browser.find_element(By.ID, "prompt").send_keys(turn)
+            browser.find_element(By.ID, "go").click()
+            conversation.append({"role": "user", "content": turn})
+            wait.until(lambda d, n=number: len(d.find_elements(By.CSS_SELECTOR, "#log .msg")) == 2 * n)
+            wait.until(lambda d: d.find_element(By.ID, "go").text == "Send")
+            body = {"model": "chat", "messages": conversation, "max_tokens": 6, "seed": 3, "temperature": 0.8}
+            status, reply = request(server.url + "/v1/chat/completions", body, key=None)
+            if status == 400:  # the page left the oldest question and answer out, and said so
+                assert "no longer fit" in browser.find_element(By.ID, "status").text
+                conversation = conversation[2:]
+                status, reply = request(
+                    server.url + "/v1/chat/completions", {**body, "messages": conversation}
+                )
+            answer = browser.find_elements(By.CSS_SELECTOR, "#log .msg.assistant")[-1]
+            assert answer.get_attribute("textContent") == reply["choices"][0]["message"]["content"]
+            conversation.append({"role": "assistant", "content": answer.get_attribute("textContent")})
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#log .msg")) == 6  # the page shows them all
+        browser.find_element(By.ID, "reset").click()
+        assert browser.find_elements(By.CSS_SELECTOR, "#log .msg") == []
+    finally:
+        browser.quit()

@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from minigpt.chat.template import has_chat_tokens
 from minigpt.errors import MinigptError
 from minigpt.serve.batcher import Job, Piece, QueueFull, TokenLogprob, Update, notify_each
 from minigpt.serve.chat import ChatRequest, chat_body, chat_chunk, chat_head, make_chat_job, role_chunk
@@ -81,7 +82,7 @@ api = APIRouter(prefix="/v1", dependencies=[Depends(_check_key)])
 async def list_models(request: Request) -> dict[str, Any]:
     data = [
         {"id": m.id, "object": "model", "created": int(m.run.modified()), "owned_by": "minigpt",
-         "context_length": m.engine.block_size}
+         "context_length": m.engine.block_size, "chat": has_chat_tokens(m.tokenizer)}
         for m in _state(request).models.values()
     ]  # fmt: skip
     return {"object": "list", "data": data}
