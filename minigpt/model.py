@@ -255,8 +255,10 @@ def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     if w.lora is not None:
+        # the scale goes on the rank-r product, and the update is added in place (linear's backward needs
+        # its input, not its output): one full-width temporary, not three
         low = w.lora
-        return F.linear(x, w.weight, w.bias) + F.linear(F.linear(x, low.a), low.b) * low.scale
+        return F.linear(x, w.weight, w.bias).add_(F.linear(F.linear(x, low.a) * low.scale, low.b))
     if w.scale is None:
         return F.linear(x, w.weight, w.bias)
     # int8 weight-only (minigpt.quantize): the kernel takes activations in the scales' dtype, bf16 for
