@@ -102,14 +102,15 @@ def base_answers(base: Path, prompts: list[dict]) -> list[str]:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from minigpt.chat.session import AnswerSettings, ChatSession
+    from minigpt.chat.session import ChatSession
     from minigpt.engines.torch import TorchEngine
     from minigpt.finetune import full_model, plan_fine_tune
+    from minigpt.genconfig import GenerateConfig
     from minigpt.trainconfig import TrainConfig
 
     tokenizer, shape, _ = plan_fine_tune(base, TrainConfig(), chat=True)
     engine = TorchEngine(full_model(shape, base, torch.device("cpu")).eval())
-    session = ChatSession(engine, tokenizer, AnswerSettings(max_new_tokens=48, temperature=0.0))
+    session = ChatSession(engine, tokenizer, GenerateConfig(max_new_tokens=48, temperature=0.0))
     out = []
     for p in prompts:
         session.reset()

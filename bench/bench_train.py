@@ -97,7 +97,7 @@ SHAPES = [
 
 def _minigpt_rate(shape: dict, batch: int, steps: int, dtype: str, text: Path, tmp: Path) -> float:
     cfg = TrainConfig(
-        preset="mini", **shape, batch_size=batch, max_iters=steps, eval_every=10**9, eval_iters=1,
+        preset="mini", overrides=shape, batch_size=batch, max_iters=steps, eval_every=10**9, eval_iters=1,
         log_every=1, device="cpu", dtype=dtype,
     )  # fmt: skip
     return minigpt_tokens_per_s(cfg, text, tmp / "cache", tmp / "run")[0]

@@ -7,35 +7,57 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from minigpt.errors import UsageError
+from minigpt.settings import ARCH, MODEL, check_choices, setting
 
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "relu2", "swiglu")
+# Architectures: GPT-2's (the one that maps to Hugging Face GPT-2) and the later choices small-model
+# recipes converged on, which bench/bench_recipe.py picked (README: the ablation); each field given on its
+# own overrides the one it names.
+ARCHS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(pos="learned", norm="layernorm", mlp="gelu", qk_norm=False, tie_embeddings=True, bias=True),
+    "modern": dict(pos="rope", norm="rmsnorm", mlp="swiglu", qk_norm=False, tie_embeddings=False, bias=True),
+}
+PRESET_DEFAULT = "the preset's"  # how help states the default of a shape a preset fixes
 
 
 @dataclass(frozen=True)
 class GPTConfig:
     """Every shape of the model; the single source of truth, validated on construction."""
 
-    vocab_size: int = 50257
-    block_size: int = 1024
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
-    tie_embeddings: bool = True
-    layer_norm_eps: float = 1e-5  # the eps of every norm, LayerNorm or RMSNorm
+    vocab_size: int = setting(50257, "Vocabulary size.", panel=MODEL)
+    block_size: int = setting(1024, "Context length in tokens.", panel=MODEL, shown=PRESET_DEFAULT)
+    n_layer: int = setting(12, "Transformer blocks.", panel=MODEL, shown=PRESET_DEFAULT)
+    n_head: int = setting(12, "Attention heads per block.", panel=MODEL, shown=PRESET_DEFAULT)
+    n_embd: int = setting(768, "Model width (divisible by --n-head).", panel=MODEL, shown=PRESET_DEFAULT)
+    dropout: float = setting(0.0, "Dropout probability in [0, 1).", panel=MODEL)
     # the architecture: GPT-2's choices by default; the others are what later small models adopted
-    pos: str = "learned"  # "learned" position embeddings (wpe) or "rope" (rotary, no parameters)
-    rope_base: float = 10000.0
-    norm: str = "layernorm"
-    mlp: str = "gelu"  # gelu (GPT-2's tanh form), relu2 (ReLU squared) or swiglu (adds a gate matrix)
+    bias: bool = setting(True, "Biases in Linear and LayerNorm layers.", panel=ARCH, by=ARCHS)
+    tie_embeddings: bool = setting(
+        True, "Share the token embedding with the LM head.", panel=ARCH, by=ARCHS,
+        flags=("--tie/--untie", "--tied/--untied"),
+    )  # fmt: skip
+    layer_norm_eps: float = 1e-5  # the eps of every norm, LayerNorm or RMSNorm
+    pos: str = setting(
+        "learned", "Positions: learned (wpe) or rope (rotary).", panel=ARCH, choices=POSITIONS, by=ARCHS
+    )
+    rope_base: float = setting(10000.0, "Base of the rotary frequencies.", panel=ARCH)
+    norm: str = setting("layernorm", "layernorm or rmsnorm.", panel=ARCH, choices=NORMS, by=ARCHS)
+    mlp: str = setting(  # gelu is GPT-2's tanh form; swiglu adds a gate matrix
+        "gelu", "MLP activation: gelu, relu2 (ReLU²) or swiglu.", panel=ARCH, choices=MLPS, by=ARCHS
+    )
     mlp_width: int | None = None  # None: 4 n_embd, or for swiglu 8/3 n_embd rounded up to 64 (same size)
-    qk_norm: bool = False  # RMSNorm (with a gain) of every head's queries and keys before attention
-    n_kv_head: int | None = None  # None: n_head; fewer is grouped-query attention, 1 multi-query
-    window: int | None = None  # tokens an S layer attends to (itself included); None: every layer is L
-    window_pattern: str = "S"  # S/L per layer, repeated over the layers; the last layer is always L
+    qk_norm: bool = setting(False, "RMSNorm of each head's queries and keys.", panel=ARCH, by=ARCHS)
+    n_kv_head: int | None = setting(  # fewer than n_head is grouped-query attention
+        None, "Key/value heads (grouped-query attention; 1 is multi-query).", panel=ARCH, shown="n_head"
+    )
+    window: int | None = setting(  # an S layer's window, itself included
+        None, "Tokens a local (S) layer attends to.", panel=ARCH, shown="none, every layer full"
+    )
+    window_pattern: str = setting(
+        "S", "S (local) and L (full) per layer, repeated; the last layer is L.", panel=ARCH
+    )
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -51,9 +73,7 @@ class GPTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise UsageError(f"{name} must be a positive number, got {value!r}")
-        for name, choices in (("pos", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
-            if getattr(self, name) not in choices:
-                raise UsageError(f"unknown {name} {getattr(self, name)!r}: choose {' or '.join(choices)}")
+        check_choices(self)
         self._check_attention()
         if self.mlp_width is not None:
             _check_count("mlp_width", self.mlp_width)

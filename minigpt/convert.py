@@ -33,6 +33,7 @@ from minigpt.hfmap import (
     short_list,
     to_hf_tensors,
 )
+from minigpt.model import build_model, model_tensors
 from minigpt.rundir import FORMAT as RUN_FORMAT
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import (
@@ -42,7 +43,6 @@ from minigpt.tokenizer import (
     naming,
     shorten,
 )
-from minigpt.weights import build_model, model_tensors
 
 if TYPE_CHECKING:
     import torch

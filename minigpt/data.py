@@ -21,14 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minigpt.dataconfig import (
+    DEFAULT_BPE_VOCAB_SIZE,
+    DataConfig,
+    check_encoding,
+)
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import read_bounded
 from minigpt.tokenizer import (
-    DEFAULT_BPE_VOCAB_SIZE,
     CharTokenizer,
     Tokenizer,
     build_tokenizer,
-    check_bpe_vocab_size,
     default_threads,
     load_tokenizer_file,
     tokenizer_kind,
@@ -42,84 +45,13 @@ READ_BYTES = 4 << 20  # bytes read and decoded at a time
 PIECE_CHARS = 1 << 20  # characters per tokenizer call when encoding (one thread each)
 TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer (it buffers 64 of them)
 SNIFF_BYTES = 8192  # a NUL byte this early means a binary file, as git decides
-ERRORS_CHOICES = ("strict", "replace", "ignore")
 MAX_META_BYTES = 1 << 20  # a token cache entry's JSON is a few hundred bytes
 # Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), so
-# only their text is searched for one (a search costs ~5 ms per MB)
+# only their text is searched for one (a search that would cost time on every megabyte of the others)
 _SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # the temp files _Staging writes: .<final name>.<pid>@<host>.tmp
 _TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d{1,9})@(?P<host>[^@/]*)\.tmp")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the text is and how to read and tokenize it."""
-
-    paths: tuple[Path, ...]  # files and/or directories of .txt files
-    # bpe at 512 gave the lowest validation bits per byte for equal CPU time (bench/bench_tokenizers.py)
-    tokenizer: str = "bpe"  # a --tokenizer value for build_tokenizer
-    vocab_size: int | None = None  # bpe only; DEFAULT_BPE_VOCAB_SIZE when None
-    val_fraction: float = 0.1  # the last fraction of the token stream validates
-    val_file: Path | None = None  # a separate validation text instead
-    encoding: str = "utf-8"
-    errors: str = "strict"  # "replace" substitutes U+FFFD for undecodable bytes
-    cache_dir: Path | None = None  # default: $MINIGPT_CACHE_DIR or ~/.cache/minigpt
-    # conversation data (minigpt.chat.data): skip and count bad records instead of stopping at the first
-    skip_bad_records: bool = False
-
-    def __post_init__(self) -> None:
-        paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else tuple(self.paths)
-        object.__setattr__(self, "paths", tuple(Path(p) for p in paths))
-        for name in ("val_file", "cache_dir"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, Path(getattr(self, name)))
-        if not self.paths:
-            raise UsageError(
-                "no training text given: pass one or more text files or directories of .txt files"
-            )
-        if self.val_file is None and not (
-            isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction < 1
-        ):
-            raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {self.val_fraction!r}")
-        _check_encoding(self.encoding)
-        if self.errors not in ERRORS_CHOICES:
-            raise UsageError(
-                f"--encoding-errors must be one of {', '.join(ERRORS_CHOICES)}, not {self.errors!r}"
-            )
-        kind = tokenizer_kind(self.tokenizer)
-        if self.vocab_size is not None:
-            if kind != "bpe":
-                raise UsageError(f"--vocab-size only applies to --tokenizer bpe, not {self.tokenizer}")
-            check_bpe_vocab_size(self.vocab_size)
-
-    @property
-    def cache_root(self) -> Path:
-        """The cache directory in effect."""
-        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
-
-
-def _check_encoding(encoding: str) -> None:
-    """A UsageError unless encoding names a codec that decodes bytes to text (codecs also holds
-    bytes-to-bytes ones such as base64 and zlib, and 'undefined', which refuses everything)."""
-    try:
-        codecs.lookup(encoding)
-    except (LookupError, TypeError):
-        raise UsageError(f"unknown --encoding {encoding!r}; try utf-8, utf-16 or latin-1") from None
-    try:
-        text = codecs.getincrementaldecoder(encoding)().decode(b"", final=True)
-    except (UnicodeError, TypeError, ValueError):  # 'undefined', rot13 (str to str), uu
-        text = None
-    if not isinstance(text, str):
-        raise UsageError(
-            f"--encoding {encoding!r} does not decode bytes to text; try utf-8, utf-16 or latin-1"
-        )
-
-
-def default_cache_dir() -> Path:
-    """$MINIGPT_CACHE_DIR, else ~/.cache/minigpt."""
-    env = os.environ.get("MINIGPT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "minigpt"
 
 
 @dataclass
@@ -281,7 +213,7 @@ def _without_surrogates(text: str, path: Path, encoding: str, errors: str) -> st
 
 def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "strict") -> str:
     """The whole text of files (or folders of .txt files), checked as training input is; files joined by newlines."""
-    _check_encoding(encoding)
+    check_encoding(encoding)
     parts = []
     for path in _collect_files(Path(p) for p in paths):
         src = _hash_source(path, encoding, lambda n: None)

@@ -38,7 +38,8 @@ def write_demo_text(path: Path) -> Path:
 
 def train_demo(out: Path, seconds: float, seed: int, reporter: ProgressReporter) -> TrainResult:
     """Step 1: train the CPU recipe's model on the demo corpus for `seconds`, replacing `out`."""
-    from minigpt.data import DataConfig, default_cache_dir
+    from minigpt.data import DataConfig
+    from minigpt.dataconfig import default_cache_dir
     from minigpt.train import TrainConfig, train
 
     corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")

@@ -1,13 +1,15 @@
-"""Turn user-facing device and dtype names ('auto', 'cuda', 'bfloat16', ...) into torch objects."""
+"""Turn user-facing device and dtype names ('auto', 'cuda', 'bfloat16', ...) into torch objects (the names
+themselves importable without torch, for the command line)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from minigpt.errors import MinigptError, UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -17,6 +19,8 @@ CPU_BF16_MIN_WIDTH = 192
 
 
 def _mps_available() -> bool:
+    import torch
+
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
 
@@ -26,6 +30,8 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
 
     Under torchrun each process takes the GPU of its local rank.
     """
+    import torch
+
     name = name.lower()
     if name not in DEVICES:
         raise UsageError(f"unknown device {name!r}: choose one of {', '.join(DEVICES)}")
@@ -49,9 +55,10 @@ def resolve_dtype(name: str, device: torch.device, training_width: int | None = 
     """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs; on the CPU float32, except
     for training models at least CPU_BF16_MIN_WIDTH wide, where bf16 autocast measured faster.
 
-    Generation stays float32 on the CPU: it measured faster than bf16 (6x384 char model, 2 threads:
-    96 vs 79 tokens/s).
+    Generation stays float32 on the CPU, where it measured faster than bf16 (README: "Generate").
     """
+    import torch
+
     name = name.lower()
     if name not in DTYPES:
         raise UsageError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
@@ -72,6 +79,8 @@ def resolve_dtype(name: str, device: torch.device, training_width: int | None = 
 
 def autocast_context(device: torch.device, dtype: torch.dtype) -> Any:
     """Mixed precision for the forward pass (weights stay fp32); a no-op for float32."""
+    import torch
+
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)

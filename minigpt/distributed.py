@@ -1,10 +1,16 @@
-"""torchrun support: process-group setup, DDP wrapping and the collective decisions ranks must share."""
+"""torchrun support: starting the processes on this machine, process-group setup, DDP wrapping and the
+collective decisions ranks must share."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -200,3 +206,60 @@ def _is_comm_error(e: BaseException) -> bool:
     return isinstance(e, td.DistError) or any(
         s in text for s in ("gloo", "nccl", "connection reset", "broken pipe")
     )
+
+
+def launch_local(nproc: int, args: list[str]) -> int:
+    """Run `minigpt train ARGS` as nproc processes under torch.distributed.run on this machine; its exit code.
+
+    The launcher gets its own process group, so a Ctrl-C here reaches it once, and it stops the workers
+    (they save and exit); a second Ctrl-C goes to every process, which then exit at once.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "minigpt", "train", *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, process_group=0, stderr=subprocess.PIPE, text=True, errors="replace")
+    relay = threading.Thread(target=_relay_worker_output, args=(proc,), daemon=True)
+    relay.start()
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        try:
+            if len(received) == 1:
+                proc.send_signal(signum)
+            else:
+                os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+        relay.join(timeout=5)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if code != 0 and not received and not getattr(proc, "reported_error", False):
+        print(
+            f"error: a training process failed (exit code {code}); run without --nproc to see why",
+            file=sys.stderr,
+        )
+    if received:
+        return 128 + received[0]
+    return code if code >= 0 else 128 - code
+
+
+_LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d")  # torch.distributed.run's own log lines
+
+
+def _relay_worker_output(proc: Any) -> None:
+    """Pass the workers' stderr on, but not the launcher's: its log lines and, once a worker failed, its
+    traceback and failure report (the worker already said what went wrong in one line)."""
+    quiet = False
+    for line in proc.stderr:
+        quiet = quiet or line.startswith("Traceback (most recent call last)")
+        if quiet or _LAUNCHER_LOG.match(line):
+            continue
+        if line.startswith("error: "):
+            proc.reported_error = True
+        sys.stderr.write(line)
+        sys.stderr.flush()

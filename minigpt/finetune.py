@@ -17,24 +17,24 @@ from minigpt.chat.template import with_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.errors import UsageError
 from minigpt.lora import ADDED, EMBEDDING, HEAD, LoRAConfig, file_sha256, resolve_targets
-from minigpt.model import GPT
+from minigpt.model import GPT, build_model
 from minigpt.rundir import AdapterLink, RunDir
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import TrainConfig
-from minigpt.weights import build_model
 
 
 def plan_fine_tune(
     source: Path, cfg: TrainConfig, chat: bool
 ) -> tuple[Tokenizer, GPTConfig, AdapterLink | None]:
-    """The tokenizer (with the chat tokens for conversation data), the model shape (rows for every token)
-    and, with cfg.lora_rank, the adapter's link to its base, for a run starting from `source`."""
+    """The tokenizer (with the chat tokens for conversation data), the model shape (rows for every token;
+    cfg's overrides, its dropout, applied) and, with cfg.lora_rank, the adapter's link to its base, for a run
+    starting from `source`."""
     run = RunDir(source)
-    base = replace(run.model_config(), dropout=0.0)
+    base = run.model_config()
     tokenizer = run.tokenizer()
     if chat:
         tokenizer = with_chat_tokens(tokenizer, base.vocab_size)
-    shape = replace(base, dropout=cfg.dropout, vocab_size=max(base.vocab_size, tokenizer.vocab_size))
+    shape = replace(base, **cfg.overrides, vocab_size=max(base.vocab_size, tokenizer.vocab_size))
     if cfg.lora_rank is None:
         return tokenizer, shape, None
     if run.adapter_link() is not None:

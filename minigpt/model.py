@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -26,6 +27,9 @@ from minigpt.weights import (
     MLPWeights,
     ModelWeights,
     NormWeights,
+    block_shapes,
+    check_shapes,
+    expected_shapes,
     is_adapter_tensor,
     weights_by_name,
 )
@@ -37,8 +41,10 @@ __all__ = [
     "attend",
     "block",
     "attention_mask",
+    "build_model",
     "linear",
     "mlp",
+    "model_tensors",
     "norm",
     "qkv",
     "rotary",
@@ -68,47 +74,54 @@ def _skip_init() -> Iterator[None]:
         GPT.reset_parameters = saved_gpt  # type: ignore[method-assign]
 
 
-def _norm(config: GPTConfig, width: int | None = None, rms: bool = False) -> nn.Module:
-    """A LayerNorm (GPT-2) or RMSNorm of `width` features (n_embd by default)."""
-    width = width or config.n_embd
-    if rms or config.norm == "rmsnorm":
+Shapes = dict[str, tuple[int, ...]]  # a block's tensors by name, as `weights.block_shapes` states them
+
+
+def _norm(config: GPTConfig, shapes: Shapes, name: str) -> nn.Module:
+    """The norm `name` with the width its weight has: an RMSNorm (QK-norm always), else a LayerNorm."""
+    (width,) = shapes[f"{name}.weight"]
+    if config.norm == "rmsnorm" or name.endswith(("q_norm", "k_norm")):
         return nn.RMSNorm(width, eps=config.layer_norm_eps)
-    return nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.bias)
+    return nn.LayerNorm(width, eps=config.layer_norm_eps, bias=f"{name}.bias" in shapes)
+
+
+def _linear(shapes: Shapes, name: str) -> nn.Linear:
+    out_features, in_features = shapes[f"{name}.weight"]
+    return nn.Linear(in_features, out_features, bias=f"{name}.bias" in shapes)
 
 
 class CausalSelfAttention(nn.Module):
     """Parameters of multi-head causal self-attention (computed by `attend`)."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, shapes: Shapes) -> None:
         super().__init__()
-        width = (config.n_head + 2 * config.kv_heads) * config.head_dim
-        self.c_attn = nn.Linear(config.n_embd, width, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = _linear(shapes, "attn.c_attn")
+        self.c_proj = _linear(shapes, "attn.c_proj")
         if config.qk_norm:
-            self.q_norm = _norm(config, config.head_dim, rms=True)
-            self.k_norm = _norm(config, config.head_dim, rms=True)
+            self.q_norm = _norm(config, shapes, "attn.q_norm")
+            self.k_norm = _norm(config, shapes, "attn.k_norm")
 
 
 class MLP(nn.Module):
     """Parameters of the feed-forward layer (computed by `mlp`)."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, shapes: Shapes) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
-        if config.mlp == "swiglu":
-            self.c_gate = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
-        self.c_proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
+        self.c_fc = _linear(shapes, "mlp.c_fc")
+        if "mlp.c_gate.weight" in shapes:
+            self.c_gate = _linear(shapes, "mlp.c_gate")
+        self.c_proj = _linear(shapes, "mlp.c_proj")
 
 
 class Block(nn.Module):
-    """Parameters of a pre-norm transformer block (computed by `block`)."""
+    """Parameters of a pre-norm transformer block (computed by `block`), laid out as `block_shapes` says."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, shapes: Shapes) -> None:
         super().__init__()
-        self.ln_1 = _norm(config)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = _norm(config)
-        self.mlp = MLP(config)
+        self.ln_1 = _norm(config, shapes, "ln_1")
+        self.attn = CausalSelfAttention(config, shapes)
+        self.ln_2 = _norm(config, shapes, "ln_2")
+        self.mlp = MLP(shapes)
 
 
 class GPT(nn.Module):
@@ -123,14 +136,18 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.lora = lora
-        rows = base_config(config, lora).vocab_size if lora is not None else config.vocab_size
-        modules: dict[str, nn.Module] = {"wte": nn.Embedding(rows, config.n_embd)}
-        if config.pos == "learned":
-            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
-        modules["h"] = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        modules["ln_f"] = _norm(config)
+        # what a weights file holds (a LoRA model's base: the new rows are the adapter's); blocks follow
+        # block_shapes
+        shapes = expected_shapes(base_config(config, lora) if lora is not None else config)
+        vocab, width = shapes["transformer.wte.weight"]
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(vocab, width)}
+        if "transformer.wpe.weight" in shapes:
+            modules["wpe"] = nn.Embedding(*shapes["transformer.wpe.weight"])
+        block = block_shapes(config)
+        modules["h"] = nn.ModuleList(Block(config, block) for _ in range(config.n_layer))
+        modules["ln_f"] = _norm(config, shapes, "transformer.ln_f")
         self.transformer = nn.ModuleDict(modules)
-        self.lm_head = nn.Linear(config.n_embd, rows, bias=False)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         if lora is not None:
@@ -238,6 +255,32 @@ def _initialise(name: str, p: nn.Parameter, n_layer: int) -> None:
         nn.init.zeros_(p)
     else:  # LayerNorm gains
         nn.init.ones_(p)
+
+
+def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    """What a checkpoint of the model holds: its state dict with GPT-2 names, the tied head left out (it is
+    wte); for a model with LoRA adapters, the adapter's tensors only (the base stays in its own run)."""
+    if model.lora is not None:
+        return {n: p for n, p in model.named_parameters() if is_adapter_tensor(n)}
+    sd = model.state_dict()
+    if model.config.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def build_model(
+    config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu"
+) -> GPT:
+    """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
+    check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, source)
+    model = GPT.uninitialized(config)
+    state = {k: v.float() for k, v in tensors.items()}
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.transformer.wte.weight
+    return model.to(device)
 
 
 # --- the computation, written once --------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minigpt.config import GPTConfig
+from minigpt.config import ARCHS, GPTConfig
 from minigpt.errors import UsageError
 
 GPT2_VOCAB = 50257
@@ -45,11 +45,12 @@ def preset(name: str) -> dict[str, Any]:
         raise UsageError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
 
 
-def shape_config(preset_name: str | None = None, **overrides: Any) -> GPTConfig:
-    """A GPTConfig from a preset (or GPTConfig's defaults) and explicit field overrides (None: unset);
-    the vocabulary defaults to GPT-2's for counting."""
-    fields: dict[str, Any] = {"vocab_size": GPT2_VOCAB}
-    if preset_name:
-        fields.update(preset(preset_name))
-    fields.update({k: v for k, v in overrides.items() if v is not None})
-    return GPTConfig(**fields)
+def model_config(preset_name: str | None = None, arch: str | None = None, **fields: Any) -> GPTConfig:
+    """The model a preset's shape and an architecture's choices make, with GPTConfig fields given on their
+    own over both (None: not given); without a preset GPTConfig's own shape, without an arch its own
+    choices (GPT-2's), without a vocab_size GPT-2's: how `train` builds its model and `params` counts one."""
+    if arch is not None and arch not in ARCHS:
+        raise UsageError(f"unknown arch {arch!r}: choose {' or '.join(ARCHS)}")
+    shape = preset(preset_name) if preset_name else {}
+    given = {k: v for k, v in fields.items() if v is not None}
+    return GPTConfig(**{"vocab_size": GPT2_VOCAB, **shape, **(ARCHS[arch] if arch else {}), **given})

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 
 from minigpt.errors import UsageError
+from minigpt.genconfig import QUANTIZATIONS
 from minigpt.weights import LinearWeights, ModelWeights
 
 __all__ = ["QUANTIZATIONS", "check_quantize", "quantize_int8", "quantize_weights"]
-
-QUANTIZATIONS = ("none", "int8")
 
 
 def check_quantize(quantize: str, device: torch.device | str) -> None:

@@ -53,7 +53,7 @@ from minigpt.lora import (
     read_adapter_metadata,
 )
 from minigpt.memory import check_fits, inference_bytes
-from minigpt.weights import build_model, check_shapes, model_tensors
+from minigpt.weights import check_shapes
 
 if TYPE_CHECKING:
     import torch
@@ -268,6 +268,8 @@ class RunDir:
 
     def load_model(self, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
         """Model (best weights, eval mode), tokenizer and config.json."""
+        from minigpt.model import build_model
+
         data, config, tokenizer = self.open()
         model = build_model(config, self.load_weights(config), self.weights_path, device)
         model.eval()
@@ -326,6 +328,8 @@ class RunDir:
         """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights (with
         `weights_metadata` in their header). The weights and config.json land together: both are written in
         full, then renamed into place one right after the other."""
+        from minigpt.model import model_tensors
+
         make_dir(self.path)
         remove_stale_temps(self.path)
         atomic_write_json(self.tokenizer_path, tokenizer.to_json())

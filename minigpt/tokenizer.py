@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minigpt.dataconfig import DEFAULT_BPE_VOCAB_SIZE
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import read_bounded, read_json
 
@@ -23,14 +24,13 @@ if TYPE_CHECKING:
     import tiktoken
 
 ENDOFTEXT = "<|endoftext|>"
-DEFAULT_BPE_VOCAB_SIZE = 512  # best bits per byte of 512/2048 on tinyshakespeare at equal CPU time
 
 # GPT-2's split pattern as tiktoken writes it (r50k_base, p50k_base, gpt2)
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 # cl100k_base (GPT-4) exactly as tiktoken ships it
 CL100K_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 # The same splits as CL100K_SPLIT_PATTERN (tests check this on random text) without the possessive
-# quantifiers that cannot change a match there; tiktoken's regex engine runs it faster (~1.2x).
+# quantifiers that cannot change a match there, which tiktoken's regex engine runs faster (README: "Tokenizers").
 GPT4_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s++$|\s*[\r\n]|\s+(?!\S)|\s+"""
 O200K_SPLIT_PATTERN = "|".join(
     [

@@ -33,6 +33,7 @@ from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
 from minigpt.rundir import DEFAULT_ROOT, AdapterLink, RunDir
+from minigpt.settings import options_of
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
@@ -42,7 +43,7 @@ from minigpt.trainstep import Runtime, time_evaluation
 # replaced by the measured time after the first evaluation
 SAVE_BYTES_PER_SECOND = 200e6
 # what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
+# Python, which tears torch down (README: "Budget")
 EXIT_SECONDS = 1.0
 
 SamplerFactory = Callable[[np.ndarray, int, int, int, int, int], BatchSampler]
@@ -92,7 +93,14 @@ def plan_run(
         if cfg.lora_rank is not None:
             raise UsageError("LoRA trains adapters on a trained run: name it with --init-from RUN")
         return RunPlan(cfg, data, out, overwrite=overwrite)
-    # the shape is the source run's (with rows for the chat tokens conversations need); dropout is cfg's
+    # the shape is the source run's (with rows for the chat tokens conversations need); dropout is a
+    # training choice, so cfg's applies
+    shaped = [name for name in ("preset", "arch") if getattr(cfg, name) is not None]
+    shaped += [name for name in cfg.overrides if name != "dropout"]
+    if shaped:
+        flags = {o.name: o.flag for o in options_of(TrainConfig)}
+        drop = ", ".join(flags[name] for name in shaped)
+        raise UsageError(f"--init-from takes the model's shape from that run: drop {drop}")
     chat = conversation_files(data.paths) is not None
     tokenizer, shape, lora = plan_fine_tune(init_from, cfg, chat)
     return RunPlan(cfg, data, out, False, init_from, overwrite, tokenizer, shape, lora=lora)
@@ -135,7 +143,7 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
     hashed); the cache folder is this machine's, never one a config.json names."""
     if not isinstance(saved, dict) or not isinstance(saved.get("paths"), list):
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
-    known = {"tokenizer", "vocab_size", "val_fraction", "val_file", "encoding", "errors", "skip_bad_records"}
+    known = {o.name for o in options_of(DataConfig)}
     settings = {k: v for k, v in saved.items() if k in known}
     settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
     moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])

@@ -12,11 +12,10 @@ import torch
 from minigpt.data import BatchSampler
 from minigpt.errors import MinigptError
 from minigpt.lora import check_adapter_shapes
-from minigpt.model import GPT
+from minigpt.model import GPT, build_model, model_tensors
 from minigpt.optimizers import Optimizers
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import Tokenizer
-from minigpt.weights import build_model, model_tensors
 
 
 @dataclass

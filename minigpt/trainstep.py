@@ -88,7 +88,7 @@ def _clip_gradients(model: torch.nn.Module, max_norm: float, loss: torch.Tensor)
 
 
 def _chunk(config: GPTConfig, batch_size: int) -> int:
-    # forward-only passes run faster on more windows at once (2x at 16 -> 256 windows of 64 on a CPU);
+    # forward-only passes run faster on more windows at once (README: "Progress");
     # the logits of one pass stay under EVAL_LOGITS elements
     return max(batch_size, min(EVAL_CHUNK, EVAL_LOGITS // (config.block_size * config.vocab_size)))
 

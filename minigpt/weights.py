@@ -1,4 +1,5 @@
-"""A GPT's named weight tensors: the names and shapes a config implies, the tree both engines compute over.
+"""A GPT's named weight tensors: the names and shapes a config implies (for the model to build and a file to
+be checked against), and the tree both engines compute over; no torch.
 
 `model.py` (torch) and `engines/numpy.py` run the same forward pass over this tree, each with its own
 array type: named fields rather than module attribute lookups, which a single-token decode step would
@@ -10,16 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
-
-if TYPE_CHECKING:
-    import torch
-
-    from minigpt.model import GPT
-
 
 A = TypeVar("A", bound=Any)  # torch.Tensor or np.ndarray
 
@@ -132,52 +127,53 @@ def weights_by_name(
     )
 
 
-def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """What a checkpoint of the model holds: its state dict with GPT-2 names, the tied head left out (it is
-    wte); for a model with LoRA adapters, the adapter's tensors only (the base stays in its own run)."""
-    if model.lora is not None:
-        return {n: p for n, p in model.named_parameters() if is_adapter_tensor(n)}
-    sd = model.state_dict()
-    if model.config.tie_embeddings:
-        sd.pop("lm_head.weight", None)
-    return sd
-
-
 def is_adapter_tensor(name: str) -> bool:
     """A LoRA adapter's tensor (minigpt.lora): a layer's lora_A or lora_B, or new embedding or head rows."""
     return name.endswith((".lora_A", ".lora_B", ".added"))
 
 
-def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Name and shape of every tensor a run's weights file holds for `config` (the tied head left out),
-    worked out without torch; a test holds it to `model_tensors(GPT(config))`."""
-    C, V, F, hd = config.n_embd, config.vocab_size, config.d_ff, config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (V, C)}
-    if config.pos == "learned":
-        shapes["transformer.wpe.weight"] = (config.block_size, C)
+def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name (within a block) and shape of every tensor of one transformer block: the one statement of the
+    block's layout, which the model builds its layers from and a weights file is checked against."""
+    C, F, hd = config.n_embd, config.d_ff, config.head_dim
     linears = {
-        "attn.c_attn": ((config.n_head + 2 * config.kv_heads) * hd, C),
+        "attn.c_attn": ((config.n_head + 2 * config.kv_heads) * hd, C),  # queries, then keys and values
         "attn.c_proj": (C, C),
         "mlp.c_fc": (F, C),
         "mlp.c_proj": (C, F),
     }
     if config.mlp == "swiglu":
         linears["mlp.c_gate"] = (F, C)
-    norm_bias = config.bias and config.norm == "layernorm"
+    norms = {"ln_1": C, "ln_2": C, **({"attn.q_norm": hd, "attn.k_norm": hd} if config.qk_norm else {})}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, width in norms.items():
+        shapes[f"{name}.weight"] = (width,)
+        if norm_has_bias(config, name):
+            shapes[f"{name}.bias"] = (width,)
+    for name, shape in linears.items():
+        shapes[f"{name}.weight"] = shape
+        if config.bias:
+            shapes[f"{name}.bias"] = shape[:1]
+    return shapes
+
+
+def norm_has_bias(config: GPTConfig, name: str) -> bool:
+    """LayerNorms carry a bias when the model has biases; RMSNorms (QK-norm's too) never do."""
+    return config.bias and config.norm == "layernorm" and not name.endswith(("q_norm", "k_norm"))
+
+
+def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor a run's weights file holds for `config` (the tied head left out),
+    worked out without torch; the model is built from the same statement (`block_shapes`)."""
+    C, V = config.n_embd, config.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (V, C)}
+    if config.pos == "learned":
+        shapes["transformer.wpe.weight"] = (config.block_size, C)
+    block = block_shapes(config)
     for i in range(config.n_layer):
-        for norm in ("ln_1", "ln_2"):
-            shapes[f"transformer.h.{i}.{norm}.weight"] = (C,)
-            if norm_bias:
-                shapes[f"transformer.h.{i}.{norm}.bias"] = (C,)
-        if config.qk_norm:
-            shapes[f"transformer.h.{i}.attn.q_norm.weight"] = (hd,)
-            shapes[f"transformer.h.{i}.attn.k_norm.weight"] = (hd,)
-        for name, shape in linears.items():
-            shapes[f"transformer.h.{i}.{name}.weight"] = shape
-            if config.bias:
-                shapes[f"transformer.h.{i}.{name}.bias"] = shape[:1]
+        shapes.update({f"transformer.h.{i}.{name}": shape for name, shape in block.items()})
     shapes["transformer.ln_f.weight"] = (C,)
-    if norm_bias:
+    if norm_has_bias(config, "ln_f"):
         shapes["transformer.ln_f.bias"] = (C,)
     if not config.tie_embeddings:
         shapes["lm_head.weight"] = (V, C)
@@ -204,20 +200,3 @@ def check_shapes(config: GPTConfig, shapes: dict[str, tuple[int, ...]], source: 
             k = wrong[0]
             parts.append(f"{k} has shape {list(shapes[k])}, config says {list(expected[k])}")
         raise MinigptError(f"{source} does not match its config.json ({'; '.join(parts)})")
-
-
-def build_model(
-    config: GPTConfig, tensors: dict[str, torch.Tensor], source: Path, device: str = "cpu"
-) -> GPT:
-    """Build a GPT from stored tensors, checking names and shapes, without a wasted random init."""
-    from minigpt.model import GPT
-
-    check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, source)
-    model = GPT.uninitialized(config)
-    state = {k: v.float() for k, v in tensors.items()}
-    if config.tie_embeddings:
-        state["lm_head.weight"] = state["transformer.wte.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.transformer.wte.weight
-    return model.to(device)

@@ -17,15 +17,8 @@ from minigpt.config import GPTConfig
 from minigpt.decode import decode
 from minigpt.engines import numpy as nm
 from minigpt.errors import UsageError
-from minigpt.model import GPT
-from minigpt.weights import (
-    LinearWeights,
-    MLPWeights,
-    NormWeights,
-    check_shapes,
-    expected_shapes,
-    model_tensors,
-)
+from minigpt.model import GPT, model_tensors
+from minigpt.weights import LinearWeights, MLPWeights, NormWeights, check_shapes, expected_shapes
 
 
 @pytest.fixture(autouse=True)

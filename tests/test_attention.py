@@ -17,12 +17,12 @@ from minigpt.attention import (
     attention_maps,
     attention_row,
     explain_last,
-    format_explain,
     resolve_index,
     token_label,
     token_labels,
     top_attended,
 )
+from minigpt.attention_views import format_explain
 from minigpt.cli import app
 from minigpt.config import GPTConfig
 from minigpt.errors import UsageError

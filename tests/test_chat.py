@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt.chat.session import AnswerSettings, ChatSession
+from minigpt.chat.session import ChatSession
 from minigpt.chat.template import ChatTemplate, Message, with_chat_tokens
 from minigpt.chat.terminal import interactive, piped
 from minigpt.config import GPTConfig
 from minigpt.engines.numpy import NumpyEngine
 from minigpt.errors import MinigptError
+from minigpt.genconfig import GenerateConfig
 from minigpt.tokenizer import CharTokenizer
 
 CHARS = list(
@@ -39,7 +40,7 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
     import torch
 
     from minigpt.model import GPT
-    from minigpt.weights import model_tensors
+    from minigpt.model import model_tensors
 
     torch.manual_seed(0)
     model = GPT(config)
@@ -52,7 +53,7 @@ def endless_run(path: Path) -> Path:
     import torch
 
     from minigpt.rundir import RunDir
-    from minigpt.weights import build_model
+    from minigpt.model import build_model
 
     config, tensors, tok = endless_model()
     model = build_model(config, {k: torch.from_numpy(v) for k, v in tensors.items()}, path)
@@ -76,7 +77,7 @@ class StoppingEngine(NumpyEngine):
 
 
 def session(engine: StoppingEngine, n: int = 5, system: str | None = None) -> ChatSession:
-    return ChatSession(engine, engine.tokenizer, AnswerSettings(max_new_tokens=n, temperature=0.0), system)
+    return ChatSession(engine, engine.tokenizer, GenerateConfig(max_new_tokens=n, temperature=0.0), system)
 
 
 def test_answers_join_the_conversation_and_reset_forgets_it() -> None:
@@ -183,6 +184,21 @@ def expect(fd: int, pattern: bytes, seen: bytearray, deadline: float = 120.0) ->
     del seen[: re.search(pattern, bytes(seen)).end()]  # type: ignore[union-attr]
 
 
+def drain(fd: int, deadline: float = 120.0) -> bytes:
+    """Read the terminal until the child closes it."""
+    end, out = time.monotonic() + deadline, bytearray()
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        try:
+            chunk = os.read(fd, 4096) if ready else b""
+        except OSError:  # EIO: the child has gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
 def test_chat_in_a_pseudo_terminal(tmp_path: Path) -> None:
     """Scripted turns through a real terminal: an answer streams, Ctrl-C stops it and the chat goes on,
     /save and /reset work, Ctrl-C at the prompt only says how to leave, Ctrl-D ends with exit code 0."""
@@ -211,6 +227,7 @@ def test_chat_in_a_pseudo_terminal(tmp_path: Path) -> None:
         os.write(fd, b"\x03")
         expect(fd, rb"Ctrl-D or /exit ends the chat", seen)
         os.write(fd, b"\x04")  # Ctrl-D: end of input
+        drain(fd)  # a child blocked on writing to a full terminal would never exit
         _, status = os.waitpid(pid, 0)
     finally:
         os.close(fd)

@@ -31,9 +31,8 @@ from minigpt.engines.numpy import NumpyEngine
 from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
 from minigpt.kvcache import KVCache
-from minigpt.model import GPT
+from minigpt.model import GPT, model_tensors
 from minigpt.tokenizer import CharTokenizer, Tokenizer
-from minigpt.weights import model_tensors
 
 TINY = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32)
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import typer
 from conftest import ROOT
 
-from minigpt.cli import _relaunch_args, app
+from minigpt.cli import app
 from minigpt.data import BatchSampler, DataConfig
 from minigpt.distributed import DistContext, collective_timeout
 from minigpt.errors import MinigptError, UsageError
@@ -148,7 +149,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
 
     cfg = TrainConfig(
         preset="tiny", eval_iters=2, max_iters=1, device="cpu", dtype="float32", seed=7, batch_size=4, lr=8e-5,
-        arch="modern", n_kv_head=1, window=8, qk_norm=True, mlp="relu2",
+        arch="modern", overrides=dict(n_kv_head=1, window=8, qk_norm=True, mlp="relu2"),
     )  # fmt: skip
     train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one", make_sampler=UnionSampler)
 
@@ -249,27 +250,27 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_saving_and_resume_changes_
 
 
 def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The workers get the command line `train --nproc` was given, minus --nproc: it parses to the same values."""
     monkeypatch.chdir(tmp_path)
     for name in ("a b.txt", "-x.txt"):
         Path(name).write_text(TEXT)
     seen = {}
-    monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: seen.update(n=n, args=args) or 7)
-    argv = ["train", "--preset", "tiny", "--no-bias", "--compile", "--lr", "0.001", "--max-time", "5m",
-            "--schedule", "wsd", "--optimizer", "muon", "--out", "r", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
+    monkeypatch.setattr("minigpt.distributed.launch_local", lambda n, args: seen.update(n=n, args=args) or 7)
+    argv = ["train", "--preset", "tiny", "--no-bias", "--untie", "--n-kv-head", "1", "--compile", "--lr", "0.001",
+            "--max-time", "5m", "--schedule", "wsd", "--optimizer", "muon", "--encoding-errors", "replace",
+            "--out", "r", "--overwrite", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
     result = runner.invoke(app, argv)
     assert result.exit_code == 7, result.output
     assert seen["n"] == 3
     args = seen["args"]
-    assert args[args.index("--") + 1 :] == ["a b.txt", "-x.txt"]
-    opts = args[: args.index("--")]
-    assert {"--no-bias", "--compile"} <= set(opts) and "--overwrite" not in opts and "--nproc" not in opts
-    assert opts[opts.index("--lr") + 1] == "0.001" and opts[opts.index("--max-time") + 1] == "5m"
-    assert opts[opts.index("--schedule") + 1] == "wsd" and opts[opts.index("--optimizer") + 1] == "muon"
-    assert _relaunch_args({"files": None, "resume": Path("r"), "overwrite": True, "nproc": 2}) == [
-        "--resume",
-        "r",
-        "--overwrite",
-    ]
+    assert args[args.index("--") + 1 :] == ["a b.txt", "-x.txt"] and "--nproc" not in args
+    assert {"--no-bias", "--untie", "--compile", "--overwrite"} <= set(
+        args
+    ) and "--allow-data-change" not in args
+    train_command = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
+    given = train_command.make_context("train", argv[1:]).params
+    relaunched = train_command.make_context("train", list(args)).params
+    assert relaunched == {**given, "nproc": None} and relaunched["max_time"] == 300.0
 
 
 @pytest.mark.parametrize(
@@ -289,7 +290,7 @@ def test_nproc_checks_before_launching(
     message: str,
 ) -> None:
     (tmp_path / "t.txt").write_text(TEXT)
-    monkeypatch.setattr("minigpt.cli._launch_local", lambda n, args: pytest.fail("launched"))
+    monkeypatch.setattr("minigpt.distributed.launch_local", lambda n, args: pytest.fail("launched"))
     result = runner.invoke(app, ["train", *make_args(tmp_path), "--nproc", "2"])
     assert result.exit_code in (1, 2)
     lines = result.output.strip().splitlines()
@@ -374,7 +375,7 @@ def test_nproc_relays_the_workers_lines_not_the_launchers_traceback(capsys: pyte
     traceback and failure report do not."""
     from types import SimpleNamespace
 
-    from minigpt.cli import _relay_worker_output
+    from minigpt.distributed import _relay_worker_output
 
     launcher = [
         "step      5 | loss 5.6 | lr 4.00e-04\n",

@@ -29,8 +29,9 @@ from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
 from minigpt.reporters import LineReporter
 from minigpt.rundir import RunDir
+from minigpt.settings import nested_names
 from minigpt.train import TrainConfig, train
-from minigpt.weights import build_model, model_tensors
+from minigpt.model import build_model, model_tensors
 
 WORDS = "apple banana cherry grape lemon mango peach plum".split()
 BASE_TEXT = "".join(
@@ -59,10 +60,19 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
+FAST = dict(batch_size=4, eval_iters=2, eval_every=4, log_every=4, warmup=2, max_iters=8, device="cpu",
+            dtype="float32")  # fmt: skip
+
+
 def tiny(**kw) -> TrainConfig:
-    base = dict(preset="tiny", block_size=64, batch_size=4, eval_iters=2, eval_every=4, log_every=4,
-                warmup=2, max_iters=8, device="cpu", dtype="float32")  # fmt: skip
-    return TrainConfig(**{**base, **kw})
+    """A tiny base model's settings."""
+    model = {k: kw.pop(k) for k in list(kw) if k in nested_names(TrainConfig, "overrides")}
+    return TrainConfig(**{**FAST, "preset": "tiny", **kw}, overrides={"block_size": 64, **model})
+
+
+def ft(**kw) -> TrainConfig:
+    """Fine-tuning settings: the shape is the base run's."""
+    return TrainConfig(**{**FAST, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +217,7 @@ def test_full_fine_tuning_adds_the_chat_tokens_as_mean_rows(
         grown = model.get_parameter(name).detach()
         assert torch.equal(grown[: base_shape.vocab_size], base[name])
         assert torch.allclose(grown[base_shape.vocab_size :], base[name].mean(0).expand(4, -1))
-    result = train(tiny(max_iters=4), chat_data(chat_file, tmp_path), out=tmp_path / "ft", init_from=base_run)
+    result = train(ft(max_iters=4), chat_data(chat_file, tmp_path), out=tmp_path / "ft", init_from=base_run)
     assert result.state.step == 4
     run = RunDir(tmp_path / "ft")
     assert run.tokenizer().specials == tokenizer.specials
@@ -286,7 +296,7 @@ def test_lora_targets_and_the_trainable_count() -> None:
 @pytest.fixture
 def lora_run(chat_file: Path, base_run: Path, tmp_path: Path) -> Path:
     train(
-        tiny(max_iters=4, lora_rank=4),
+        ft(max_iters=4, lora_rank=4),
         chat_data(chat_file, tmp_path),
         out=tmp_path / "lora",
         init_from=base_run,
@@ -342,7 +352,7 @@ def test_an_adapter_is_refused_on_another_base(lora_run: Path, base_run: Path, t
 
 def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, tmp_path: Path) -> None:
     data = chat_data(chat_file, tmp_path)
-    cfg = tiny(max_iters=8, lora_rank=4, lora_targets="attn,down")
+    cfg = ft(max_iters=8, lora_rank=4, lora_targets="attn,down")
     straight = train(cfg, data, out=tmp_path / "straight", init_from=base_run)
 
     def stop_at_4(step: int) -> None:
@@ -366,11 +376,11 @@ def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, 
 
 def test_lora_needs_a_run_to_adapt(chat_file: Path, base_run: Path, lora_run: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--init-from"):
-        train(tiny(lora_rank=4), chat_data(chat_file, tmp_path), out=tmp_path / "x")
+        train(ft(lora_rank=4), chat_data(chat_file, tmp_path), out=tmp_path / "x")
     with pytest.raises(UsageError, match="is a LoRA run: merge it"):
-        train(tiny(lora_rank=4), chat_data(chat_file, tmp_path), out=tmp_path / "y", init_from=lora_run)
+        train(ft(lora_rank=4), chat_data(chat_file, tmp_path), out=tmp_path / "y", init_from=lora_run)
     # full fine-tuning of a LoRA run starts from its merged weights
-    result = train(tiny(max_iters=2), chat_data(chat_file, tmp_path), out=tmp_path / "z", init_from=lora_run)
+    result = train(ft(max_iters=2), chat_data(chat_file, tmp_path), out=tmp_path / "z", init_from=lora_run)
     assert result.state.step == 2
 
 
@@ -415,7 +425,7 @@ def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
     def one_second_steps(step: int) -> None:
         clock.now += 1.0
 
-    cfg = tiny(max_iters=None, max_time=20.0, eval_every=10_000, lora_rank=4, lora_targets="qkv")
+    cfg = ft(max_iters=None, max_time=20.0, eval_every=10_000, lora_rank=4, lora_targets="qkv")
     result = train(cfg, chat_data(chat_file, tmp_path), out=tmp_path / "t", init_from=base_run, clock=clock,
                    started=clock.now, on_step=one_second_steps, reporter=LineReporter(log))  # fmt: skip
     assert result.stop_reason == "reached max_time 20 s" and 10 <= result.state.step <= 20

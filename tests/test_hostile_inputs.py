@@ -725,6 +725,16 @@ ATTACKS = [
         "lr must be a finite number, got 'abc'",
     ),
     Attack(
+        "config.json whose train overrides hold a model setting of the wrong type",
+        trained_then(edit_config(lambda c: c["train"].update(overrides={"n_layer": "many"}))),
+        "n_layer must be an integer, got 'many'",
+    ),
+    Attack(
+        "config.json whose train overrides name no model setting",
+        trained_then(edit_config(lambda c: c["train"].update(overrides={"__class__": 1}))),
+        "not settings of the model: __class__",
+    ),
+    Attack(
         "config.json whose train section is a list",
         trained_then(edit_config(lambda c: c.update(train=[1]))),
         "not a JSON object",

@@ -127,7 +127,8 @@ def test_dropout_only_in_training() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("tied", [True, False])
 def test_expected_shapes_without_torch_match_the_module(bias: bool, tied: bool) -> None:
-    from minigpt.weights import check_shapes, expected_shapes, model_tensors
+    from minigpt.model import model_tensors
+    from minigpt.weights import check_shapes, expected_shapes
 
     config = GPTConfig(
         vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, bias=bias, tie_embeddings=tied

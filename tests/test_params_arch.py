@@ -191,8 +191,8 @@ def test_params_cli_architecture_flags(runner) -> None:
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--arch", "llama"], "unknown arch 'llama'"),
-        (["--mlp", "geglu"], "unknown mlp 'geglu'"),
+        (["--arch", "llama"], "invalid value for '--arch': 'llama' is not one of 'gpt2', 'modern'"),
+        (["--mlp", "geglu"], "invalid value for '--mlp': 'geglu' is not one of"),
         (["--n-head", "4", "--n-kv-head", "3"], "must divide n_head"),
         (["--preset", "tiny", "--window", "64"], "at most block_size"),
         (["--window-pattern", "SX"], "window_pattern"),

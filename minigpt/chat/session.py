@@ -11,25 +11,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.chat.template import ChatTemplate, Message
 from minigpt.decode import Engine, Generation
 from minigpt.errors import MinigptError
+from minigpt.genconfig import GenerateConfig
 from minigpt.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class AnswerSettings:
-    """How answers are drawn, as `minigpt generate` draws text (each answer's seed is seed + its turn)."""
-
-    max_new_tokens: int = 256
-    temperature: float = 0.8
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    stop: tuple[str, ...] = ()
 
 
 class Reply:
@@ -65,12 +53,20 @@ class ChatSession:
     """The messages of one conversation with a model, and its answers."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Tokenizer, settings: AnswerSettings, system: str | None = None
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        settings: GenerateConfig,
+        system: str | None = None,
+        seed: int = 0,
     ) -> None:
+        """`settings`: how answers are drawn, as `minigpt generate` draws text (one sample each); answer n
+        uses seed + n, where settings give no seed."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.template = ChatTemplate(tokenizer)
         self.settings = settings
+        self.seed = seed if settings.seed is None else settings.seed
         self.system = [Message("system", system)] if system else []
         self.messages: list[Message] = list(self.system)
         self.first = len(self.system)  # the oldest message the model still sees, after the system's
@@ -102,11 +98,8 @@ class ChatSession:
         except MinigptError:  # e.g. a character a char model never saw: the question is not asked
             self.messages.pop()
             raise
-        s = self.settings
-        generation = Generation(
-            self.engine, self.tokenizer, ids, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-            top_k=s.top_k, top_p=s.top_p, seed=s.seed + self.turns, stop=s.stop, stop_ids=self.template.stop_ids,
-        )  # fmt: skip
+        options = {**self.settings.generation(0), "seed": self.seed + self.turns, "num_samples": 1}
+        generation = Generation(self.engine, self.tokenizer, ids, **options, stop_ids=self.template.stop_ids)
         self.turns += 1
         return Reply(self, generation, dropped, cut)
 
