@@ -21,6 +21,7 @@ from minigpt import __version__
 from minigpt.config import GPTConfig
 from minigpt.dataconfig import DataConfig
 from minigpt.errors import MinigptError
+from minigpt.exports import GGUFConfig
 from minigpt.genconfig import EngineConfig, GenerateConfig, read_prompt
 from minigpt.options import command_line, with_options
 from minigpt.rundir import DEFAULT_ROOT
@@ -382,8 +383,8 @@ def _report_conversion(result: Any, what: str) -> None:
     from minigpt.views import conversion_summary
 
     typer.echo(conversion_summary(result, what), err=True)
-    if result.tokenizer_note:
-        typer.echo(f"note: {result.tokenizer_note}", err=True)
+    if result.note:
+        typer.echo(f"note: {result.note}", err=True)
 
 
 @convert_app.command("from-hf")
@@ -398,8 +399,8 @@ def convert_from_hf(
     tokenizer: Annotated[
         str | None,
         typer.Option(
-            help="tiktoken encoding name or .tiktoken file. Default: the directory's own vocab.json + "
-            "merges.txt (or tokenizer.json), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
+            help="tiktoken encoding name or .tiktoken file. Default: the directory's own tokenizer.json "
+            "(or vocab.json + merges.txt), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
         ),
     ] = None,
     tokenizer_file: Annotated[
@@ -420,11 +421,14 @@ def convert_from_hf(
     _report_conversion(result, "minigpt run")
 
 
+_ExportedRun = Annotated[
+    Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
+]
+
+
 @convert_app.command("to-hf")
 def convert_to_hf(
-    run: Annotated[
-        Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
-    ],
+    run: _ExportedRun,
     out: Annotated[Path, typer.Argument(help="Directory to write for transformers' from_pretrained.")],
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
@@ -434,13 +438,36 @@ def convert_to_hf(
     GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
     windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
-    GPT-2 style tokenizers (r50k_base) also get vocab.json + merges.txt for GPT2Tokenizer.
+    The tokenizer (any kind: bpe, char, tiktoken) is written as tokenizer.json for AutoTokenizer, GPT-2
+    style ones also as vocab.json + merges.txt; a README.md model card describes the model.
     """
     from minigpt.convert import to_hf
     from minigpt.hfmap import ARCHITECTURES, family_for
 
     result = to_hf(run, out, overwrite=overwrite)
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
+
+
+@convert_app.command("to-gguf")
+@with_options(options_of(GGUFConfig))
+def convert_to_gguf(
+    run: _ExportedRun,
+    out: Annotated[Path, typer.Argument(help="The GGUF file to write (e.g. model.gguf).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT file.")] = False,
+    given: Given = NO_OPTIONS,
+) -> None:
+    """Export a run as one GGUF file for llama.cpp (needs the gguf extra): GPT-2 architecture as llama.cpp's
+    gpt2; rotary + RMSNorm + SwiGLU as llama, with --qk-norm as qwen3; the tokenizer included. An option
+    llama.cpp cannot run is an error naming it.
+
+    Example: `minigpt convert to-gguf checkpoints/input input.gguf`, then
+    `llama-completion -m input.gguf -p "ROMEO:" -n 50 --temp 0`.
+    """
+    from minigpt.gguf_export import gguf_architecture, to_gguf
+
+    settings = GGUFConfig(**given.of(GGUFConfig))
+    result = to_gguf(run, out, settings, overwrite=overwrite)
+    _report_conversion(result, f"GGUF ({gguf_architecture(result.config)}, {settings.dtype})")
 
 
 @convert_app.command("merge")
@@ -538,7 +565,6 @@ def generate(
 
 def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_samples: int) -> tuple[Any, Any]:
     """The engine and tokenizer `generate` decodes with, the memory its samples need checked."""
-    import os
 
     from minigpt.engines import choose_backend, load_engine
     from minigpt.memory import check_fits, inference_bytes
@@ -550,9 +576,7 @@ def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_sam
         run_on.backend, run_on.device, run_on.dtype, explain=explain, weights=RunDir(model).weights_path,
         quantize=run_on.quantize,
     )  # fmt: skip
-    # one thread per decode (README: "Generate"); the environment overrides both
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # threads: the engine times its steps on each count (README: "Generate"); the environment fixes them
     engine, tokenizer = load_engine(model, engine_name, run_on.device, run_on.dtype, run_on.quantize)
     if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
         needed = inference_bytes(RunDir(model).model_config(), num_samples)
@@ -715,8 +739,7 @@ def serve(
     """
     import os
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets them, before torch or NumPy load
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets it, before torch loads
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

@@ -1,12 +1,15 @@
 """The run folder: the one module that knows its file names and how each file is read and written.
 
-    config.json         model shape, tokenizer kind, training and data settings, metrics
-    tokenizer.json      the whole tokenizer
-    model.safetensors   the best-validation weights (what generate, eval, params and convert read)
-    adapter.safetensors a LoRA run's best adapter, in place of model.safetensors: applied to the base
-                        run config.json names (and refused on any other: its header holds the base's hash)
-    state.safetensors   latest weights + optimizer moments + resume state (JSON metadata)
-    metrics.jsonl       every logged step and evaluation
+    config.json           model shape, tokenizer kind, training and data settings, metrics
+    tokenizer.json        the whole tokenizer, in Hugging Face's format (minigpt.hftokenizer)
+    tokenizer_config.json what transformers' AutoTokenizer needs beside it
+    model.safetensors     the best-validation weights (what generate, eval, params and convert read)
+    adapter.safetensors   a LoRA run's best adapter, in place of model.safetensors: applied to the base
+                          run config.json names (and refused on any other: its header holds the base's hash)
+    state.safetensors     latest weights + optimizer moments + resume state (JSON metadata)
+    metrics.jsonl         every logged step and evaluation
+    README.md             the model card (minigpt.modelcard), rewritten at every save
+    exports.jsonl         one record per export (convert to-hf, to-gguf): format, where, when
 
 Safetensors and JSON only, every write atomic; importable without torch.
 """
@@ -20,6 +23,7 @@ import math
 import os
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -71,11 +75,15 @@ class RunDir:
 
     CONFIG = "config.json"
     TOKENIZER = "tokenizer.json"
+    TOKENIZER_CONFIG = "tokenizer_config.json"
     WEIGHTS = "model.safetensors"
     STATE = "state.safetensors"
     METRICS = "metrics.jsonl"
-    FILES = (CONFIG, TOKENIZER, WEIGHTS, STATE, METRICS)
     ADAPTER = "adapter.safetensors"  # a LoRA run's, in place of WEIGHTS
+    CARD = "README.md"
+    EXPORTS = "exports.jsonl"
+    # what a save writes (exports.jsonl is not the run changing: `modified` leaves it out)
+    FILES = (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, STATE, METRICS, CARD)
 
     def __init__(self, path: Path | str, base: Path | None = None) -> None:
         self.path = Path(path)
@@ -325,14 +333,18 @@ class RunDir:
         save_weights: bool = True,
         weights_metadata: dict[str, str] | None = None,
     ) -> None:
-        """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights (with
-        `weights_metadata` in their header). The weights and config.json land together: both are written in
-        full, then renamed into place one right after the other."""
+        """Write (or refresh) config.json, the tokenizer files, the model card and, optionally, the best
+        weights (with `weights_metadata` in their header). The weights and config.json land together: both
+        are written in full, then renamed into place one right after the other."""
+        from minigpt.hftokenizer import tokenizer_config, tokenizer_json
         from minigpt.model import model_tensors
 
         make_dir(self.path)
         remove_stale_temps(self.path)
-        atomic_write_json(self.tokenizer_path, tokenizer.to_json())
+        atomic_write_json(self.tokenizer_path, tokenizer_json(tokenizer))
+        atomic_write_json(
+            self.path / self.TOKENIZER_CONFIG, tokenizer_config(tokenizer, model.config.block_size)
+        )
         config = {
             "format": FORMAT,
             "minigpt_version": __version__,
@@ -349,28 +361,54 @@ class RunDir:
             if save_weights:
                 write_tensors(temps[0], model_tensors(model), metadata=metadata)
             temps[-1].write_bytes(json_bytes(config))
+        self._write_card(config, model, tokenizer)
+
+    def _write_card(self, config: dict[str, Any], model: GPT, tokenizer: Tokenizer) -> None:
+        """README.md, the model card (minigpt.modelcard.write_card: a user's own README.md stays)."""
+        from minigpt.modelcard import model_card, write_card
+
+        name = self.path.name
+        usage = (
+            f'```bash\nminigpt generate --model {name} "Once upon a time"\n'
+            f"minigpt convert to-hf {name} {name}-hf      # transformers\n"
+            f"minigpt convert to-gguf {name} {name}.gguf  # llama.cpp\n```\n\n"
+            f'`AutoTokenizer.from_pretrained("{name}")` loads the tokenizer as it is here.'
+        )
+        write_card(
+            self.path / self.CARD,
+            lambda license: model_card(
+                name, config, model.config, tokenizer.describe(), model.num_params(),
+                made_by=_made_by(config), usage=usage, license=license,
+            ),
+        )  # fmt: skip
 
     def save_state(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
         """The resumable training state as one atomic safetensors file."""
         save_tensors(self.state_path, tensors, metadata={"format": STATE_FORMAT, **metadata})
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading),
-        never through a symbolic link: a run folder from elsewhere must not make us write outside it."""
-        line = (to_json(record) + "\n").encode("utf-8")
-        try:
-            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as e:
-            why = "it is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
-            raise MinigptError(f"cannot append to {self.metrics_path}: {why}") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise MinigptError(f"{self.metrics_path} is not a regular file: remove it")
-            os.write(fd, line)
-        except OSError as e:
-            raise MinigptError(f"cannot append to {self.metrics_path} ({e.strerror})") from None
-        finally:
-            os.close(fd)
+        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading)."""
+        _append_line(self.metrics_path, record)
+
+    def record_export(self, kind: str, path: Path, **details: Any) -> None:
+        """Note in exports.jsonl that the run was exported as `kind` ("hf", "gguf") to `path`."""
+        record = {"format": kind, "path": str(Path(path).resolve()), "time": time.time(), **details}
+        _append_line(self.path / self.EXPORTS, record)
+
+    def exports(self) -> list[dict[str, Any]]:
+        """Every export recorded in exports.jsonl (unreadable lines skipped), oldest first."""
+        path = self.path / self.EXPORTS
+        if not path.is_file():
+            return []
+        records = []
+        for line in read_bounded(path).decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("format"), str):
+                records.append(record)
+        return records
 
     def rewind_metrics(self, step: int) -> list[dict[str, Any]]:
         """Drop the records logged after `step` (the checkpoint a resume starts from), so a run that crashed
@@ -403,6 +441,33 @@ class RunDir:
             yield
         finally:
             os.close(fd)
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line to a run's log file, never through a symbolic link: a run folder from elsewhere
+    must not make us write outside it."""
+    line = (to_json(record) + "\n").encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        why = "it is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise MinigptError(f"cannot append to {path}: {why}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MinigptError(f"{path} is not a regular file: remove it")
+        os.write(fd, line)
+    except OSError as e:
+        raise MinigptError(f"cannot append to {path} ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def _made_by(config: dict[str, Any]) -> str:
+    """How the run came to be, for its model card."""
+    source = config.get("source")
+    if isinstance(source, dict):
+        return f"`minigpt convert from-hf` of a Hugging Face {source.get('model_type', '?')} model"
+    return "`minigpt train`"
 
 
 def _metrics_record(line: str) -> dict[str, Any] | None:

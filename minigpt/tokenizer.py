@@ -701,10 +701,16 @@ def _parse_tiktoken_ranks(data: bytes) -> dict[bytes, int]:
 
 
 def tokenizer_from_json(data: Any, source: str | Path = "tokenizer.json") -> Tokenizer:
-    """Rebuild a tokenizer from what `Tokenizer.to_json` wrote, checked through: anything else is a
-    one-line MinigptError naming `source`.
+    """Rebuild a tokenizer from what `Tokenizer.to_json` wrote, or from the Hugging Face tokenizer.json a
+    run folder holds (minigpt.hftokenizer), checked through: anything else is a one-line MinigptError
+    naming `source`.
     """
-    with naming(source, "the file is damaged or was not written by minigpt"):
+    fix = "the file is damaged or was not written by minigpt"
+    if isinstance(data, dict) and "model" in data and "kind" not in data:
+        from minigpt.hftokenizer import tokenizer_from_hf_json
+
+        return tokenizer_from_hf_json(data, source, fix=fix)
+    with naming(source, fix):
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == "char":
             chars, specials = data.get("chars"), data.get("specials", {})

@@ -39,8 +39,7 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
                        pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)  # fmt: skip
     import torch
 
-    from minigpt.model import GPT
-    from minigpt.model import model_tensors
+    from minigpt.model import GPT, model_tensors
 
     torch.manual_seed(0)
     model = GPT(config)
@@ -52,8 +51,8 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
 def endless_run(path: Path) -> Path:
     import torch
 
-    from minigpt.rundir import RunDir
     from minigpt.model import build_model
+    from minigpt.rundir import RunDir
 
     config, tensors, tok = endless_model()
     model = build_model(config, {k: torch.from_numpy(v) for k, v in tensors.items()}, path)

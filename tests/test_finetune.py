@@ -25,13 +25,12 @@ from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
 from minigpt.finetune import full_model, plan_fine_tune
 from minigpt.lora import LoRAConfig, merge, resolve_targets, trainable_count
-from minigpt.model import GPT
+from minigpt.model import GPT, build_model, model_tensors
 from minigpt.optimizers import make_optimizer
 from minigpt.reporters import LineReporter
 from minigpt.rundir import RunDir
 from minigpt.settings import nested_names
 from minigpt.train import TrainConfig, train
-from minigpt.model import build_model, model_tensors
 
 WORDS = "apple banana cherry grape lemon mango peach plum".split()
 BASE_TEXT = "".join(

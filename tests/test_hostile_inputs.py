@@ -216,10 +216,12 @@ def fifo_cache(tmp: Path) -> list[str]:
 
 
 def hf_dir(tmp: Path, *drop: str) -> Path:
-    """A Hugging Face GPT-2 directory exported from the bpe fixture run, without the files named in drop."""
+    """A Hugging Face GPT-2 directory exported from (a copy of) the bpe fixture run, without the files named
+    in drop."""
     from minigpt.convert import to_hf
 
-    to_hf(FIXTURES / "run-v0.1-bpe", tmp / "hf")
+    shutil.copytree(FIXTURES / "run-v0.1-bpe", tmp / "run")  # exporting notes the export in the run
+    to_hf(tmp / "run", tmp / "hf")
     for name in drop:
         (tmp / "hf" / name).unlink()
     return tmp / "hf"
@@ -257,7 +259,7 @@ def deeply_nested_index(tmp: Path) -> list[str]:
 
 def vocab_linked_out(tmp: Path) -> list[str]:
     """GPT-2 tokenizer files whose vocab.json is a symlink to a file outside the directory."""
-    src = hf_dir(tmp, "minigpt_tokenizer.json")
+    src = hf_dir(tmp, "tokenizer.json")
     (tmp / "elsewhere.json").write_text("{}")
     (src / "vocab.json").symlink_to(tmp / "elsewhere.json")
     (src / "merges.txt").write_text("#version: 0.2\n")
@@ -268,9 +270,9 @@ def hf_fast_tokenizer(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path
     """An HF directory whose only tokenizer file is a byte-level BPE tokenizer.json that change edits."""
 
     def build(tmp: Path) -> list[str]:
-        from minigpt.convert import bytes_to_unicode
+        from minigpt.hftokenizer import bytes_to_unicode
 
-        src = hf_dir(tmp, "minigpt_tokenizer.json")
+        src = hf_dir(tmp, "tokenizer.json")
         vocab = {c: b for b, c in bytes_to_unicode().items()}
         data = {
             "model": {"type": "BPE", "vocab": vocab, "merges": []},
@@ -298,8 +300,9 @@ def hub_snapshot(tmp: Path) -> list[str]:
 
 
 def minigpt_tokenizer_linked_out(tmp: Path) -> list[str]:
-    src = hf_dir(tmp)
-    (src / "minigpt_tokenizer.json").rename(tmp / "elsewhere.json")
+    """minigpt 0.1's export of a bpe run (minigpt_tokenizer.json), the file a symlink out of the directory."""
+    src = hf_dir(tmp, "tokenizer.json")
+    shutil.copy(FIXTURES / "run-v0.1-bpe" / "tokenizer.json", tmp / "elsewhere.json")
     (src / "minigpt_tokenizer.json").symlink_to(tmp / "elsewhere.json")
     return from_hf(src)
 
@@ -604,7 +607,7 @@ ATTACKS = [
     Attack(
         "HF tokenizer.json merges that are not string pairs",
         hf_fast_tokenizer(lambda t: t["model"].update(merges=[[["a"], ["b"]]])),
-        "hf/tokenizer.json is not a GPT-2 style BPE vocabulary",
+        "hf/tokenizer.json: a merge is not two tokens",
     ),
     Attack(
         "config.json claims 10**9 layers (numpy engine)",

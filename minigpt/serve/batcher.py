@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 from minigpt.decode import Engine, Sampling, TextStream, resolve_slide, window_drop
 from minigpt.errors import MinigptError
 from minigpt.kvcache import KVCache
+from minigpt.serve.scoring import prompt_log_probs
 from minigpt.tokenizer import Tokenizer
 
 __all__ = ["Batcher", "Job", "Piece", "QueueFull", "TokenLogprob", "Update", "notify_each"]
@@ -29,11 +30,12 @@ class QueueFull(MinigptError):
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token: its text, log-probability, the most likely alternatives, where its text starts."""
+    """One token: its text, log-probability, the most likely alternatives, where its text starts. A prompt's
+    first token has no log-probability (nothing comes before it): None, as OpenAI's API gives it."""
 
     token: str
-    logprob: float
-    top: dict[str, float]
+    logprob: float | None
+    top: dict[str, float] | None
     offset: int
 
 
@@ -66,8 +68,12 @@ class Choice:
 
 
 class Job:
-    """One request: `n` samples of one prompt, decoded as n adjacent rows with the request's own sampling
-    settings and random generator, so its tokens do not depend on which other requests share the batch."""
+    """One prompt of a request: `n` samples, decoded as n adjacent rows with the request's own sampling
+    settings and random generator, so its tokens do not depend on which other requests share the batch.
+
+    With `echo` each choice starts with the prompt's text (and, with `logprobs`, its tokens' scores);
+    `max_tokens` 0 then scores the prompt without generating. `first_index` numbers the job's choices
+    among all of its request's (a request of several prompts has a job for each)."""
 
     def __init__(
         self,
@@ -78,6 +84,8 @@ class Job:
         sampling: Sampling,
         stop: Sequence[str] = (),
         logprobs: int | None = None,
+        echo: str | None = None,
+        first_index: int = 0,
         stop_ids: Collection[int] = (),
         notify: Callable[[Update], None] = lambda update: None,
     ) -> None:
@@ -87,6 +95,8 @@ class Job:
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.logprobs = logprobs
+        self.echo = echo  # the prompt's text, when the choices start with it
+        self.first_index = first_index
         self.notify = notify
         self.choices = [Choice(stop) for _ in range(n)]
         self.steps = 0
@@ -169,27 +179,33 @@ class Batcher:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def submit(self, job: Job) -> None:
-        """Queue a job for decoding; QueueFull when it would have to wait and the queue is full."""
-        if job.n > self.max_rows:
-            raise MinigptError(f"n={job.n} is more than the {self.max_rows} rows this server decodes at once")
+    def submit(self, *jobs: Job) -> None:
+        """Queue jobs for decoding (one request's, all or none); QueueFull when some would have to wait and
+        the queue has no room for them."""
+        for job in jobs:
+            if job.n > self.max_rows:
+                raise MinigptError(
+                    f"n={job.n} is more than the {self.max_rows} rows this server decodes at once"
+                )
         with self._wake:
-            queued = sum(j.n for j in self._waiting)
-            if self.active_rows + queued + job.n > self.max_rows and self._beyond_rows() >= self.max_waiting:
+            if self._beyond_rows(jobs) > self.max_waiting:
                 raise QueueFull(
                     f"the server is busy: {self.active_rows} rows are decoding and {len(self._waiting)} "
                     f"requests are waiting; retry later"
                 )
-            job.submitted = time.monotonic()
-            self._waiting.append(job)
+            for job in jobs:
+                job.submitted = time.monotonic()
+                self._waiting.append(job)
             self._wake.notify()
 
-    def _beyond_rows(self) -> int:
-        """How many waiting jobs the next admission cannot take (those before them fit in the free rows)."""
+    def _beyond_rows(self, new: Sequence[Job] = ()) -> int:
+        """How many waiting jobs (and `new` ones after them) the next admission cannot take: those before
+        them fit in the free rows."""
         free = self.max_rows - self.active_rows
-        for i, job in enumerate(self._waiting):
+        queue = [*self._waiting, *new]
+        for i, job in enumerate(queue):
             if job.n > free:
-                return len(self._waiting) - i
+                return len(queue) - i
             free -= job.n
         return 0
 
@@ -232,16 +248,15 @@ class Batcher:
     def step(self) -> None:
         """One round: sample each group's next tokens, retire the jobs that ended, admit what now fits, then
         one forward pass per group (merged where positions meet)."""
-        with self._inference():
-            for group in self.groups:
-                if group.logits is not None:
-                    self._sample(group)
-                self._retire(group)
-                self._advance(group)
-            self._admit()
-            self.groups = self._merge([g for g in self.groups if g.jobs])
-            for group in self.groups:
-                group.logits = self._forward(group)
+        for group in self.groups:
+            if group.logits is not None:
+                self._sample(group)
+            self._retire(group)
+            self._advance(group)
+        self._admit()
+        self.groups = self._merge([g for g in self.groups if g.jobs])
+        for group in self.groups:
+            group.logits = self._forward(group)
         outbox, self._outbox = self._outbox, []
         if outbox:
             self.deliver(outbox)
@@ -263,11 +278,45 @@ class Batcher:
         with self._wake:
             if not self._ready():
                 return
+            admitted = []
             while self._waiting and self.active_rows + self._waiting[0].n <= self.max_rows:
                 job = self._waiting.popleft()
-                self.active_rows += job.n
-                job.rng = self.engine.rng(job.sampling.seed)
-                self.groups.append(_Group([job], [list(job.prompt_ids) for _ in range(job.n)]))
+                if job.max_tokens > 0:
+                    self.active_rows += job.n
+                admitted.append(job)
+        self._echo([job for job in admitted if job.echo is not None])
+        for job in admitted:
+            if job.max_tokens == 0:  # scored (or echoed) only: done without a row
+                self._finish(job)
+                continue
+            job.rng = self.engine.rng(job.sampling.seed)
+            self.groups.append(_Group([job], [list(job.prompt_ids) for _ in range(job.n)]))
+
+    def _echo(self, jobs: list[Job]) -> None:
+        """Post each job's prompt as its choices' first text, scored where the job asks for logprobs: prompts
+        of one length are scored together, one forward pass per position."""
+        scored = [job for job in jobs if job.logprobs is not None]
+        by_length: dict[int, list[Job]] = {}
+        for job in scored:
+            by_length.setdefault(len(job.prompt_ids), []).append(job)
+        entries: dict[int, list[TokenLogprob]] = {}
+        for group in by_length.values():
+            logp = prompt_log_probs(self.engine, [job.prompt_ids for job in group])
+            for job, rows in zip(group, logp, strict=True):
+                entries[id(job)] = _prompt_logprobs(rows, job.prompt_ids, job.logprobs or 0, self.tokenizer)
+        for job in jobs:
+            pieces = [
+                Piece(job.first_index + i, job.echo or "", None, entries.get(id(job), []))
+                for i in range(job.n)
+            ]
+            self._outbox.append((job, Update(pieces)))
+
+    def _finish(self, job: Job) -> None:
+        """End a job that generates nothing (max_tokens 0)."""
+        for choice in job.choices:
+            choice.stream.close("length")
+        pieces = [Piece(job.first_index + i, "", "length", []) for i in range(job.n)]
+        self._outbox.append((job, Update(pieces, done=True)))
 
     def _sample(self, group: _Group) -> None:
         group.tokens = []
@@ -287,14 +336,17 @@ class Batcher:
         """Feed a job's new tokens to its choices and post the text that became safe to show."""
         job.steps += 1
         last = job.steps == job.max_tokens
-        scored = _logprobs(logits, picks, job.logprobs, self.tokenizer) if job.logprobs is not None else None
+        scored = None
+        if job.logprobs is not None:
+            scored = _logprobs(self.engine.log_probs(logits), picks, job.logprobs, self.tokenizer)
         pieces = []
         for i, (choice, token) in enumerate(zip(job.choices, picks, strict=True)):
             if choice.stream.done:
                 continue
             choice.tokens += 1
             if scored is not None:
-                choice.pending.append(TokenLogprob(*scored[i], offset=len(choice.stream.text)))
+                offset = len(job.echo or "") + len(choice.stream.text)
+                choice.pending.append(TokenLogprob(*scored[i], offset=offset))
             if token == self.tokenizer.eot_id or token in job.stop_ids:
                 choice.stream.close("end_of_text")
             else:
@@ -303,7 +355,7 @@ class Batcher:
                     choice.stream.close("length")
             text = choice.stream.take()
             if text or choice.stream.done:
-                pieces.append(Piece(i, text, choice.stream.finish_reason, choice.pending))
+                pieces.append(Piece(job.first_index + i, text, choice.stream.finish_reason, choice.pending))
                 choice.pending = []
         if pieces or job.done:
             self._outbox.append((job, Update(pieces, done=job.done)))
@@ -317,7 +369,7 @@ class Batcher:
         with self._wake:
             self.active_rows -= sum(job.n for job, k in zip(group.jobs, keep, strict=True) if not k)
         if group.cache is not None and any(keep):
-            group.cache = _gather(self.engine, [(group.cache, a, b) for a, b in _runs(rows)])
+            group.cache = self.engine.gather([(group.cache, a, b) for a, b in _runs(rows)])
         group.jobs = [job for job, k in zip(group.jobs, keep, strict=True) if k]
         group.windows = [w for w, k in zip(group.windows, rows, strict=True) if k]
         group.tokens = [t for t, k in zip(group.tokens, rows, strict=True) if k] if group.tokens else []
@@ -350,7 +402,7 @@ class Batcher:
         windows = [w for g in parts for w in g.windows]
         if parts[0].cache is None:
             return _Group(jobs, windows)
-        return _Group(jobs, windows, _gather(self.engine, [(g.cache, 0, g.cache.batch) for g in parts]))
+        return _Group(jobs, windows, self.engine.gather([(g.cache, 0, g.cache.batch) for g in parts]))
 
     def _forward(self, group: _Group) -> Any:
         self.forwards += 1
@@ -370,34 +422,11 @@ class Batcher:
         self._outbox = []
         self.deliver([(job, Update([], done=True, error=message)) for job in jobs])
 
-    @contextlib.contextmanager
-    def _inference(self) -> Iterator[None]:
-        """torch's caches are inference tensors, writable (when rows are stacked) only in inference mode."""
-        if self.engine.name != "torch":
-            yield
-            return
-        import torch
-
-        with torch.inference_mode():
-            yield
-
 
 def notify_each(updates: list[tuple[Job, Update]]) -> None:
     """Hand each update to its job's `notify` (the default `deliver`: on the decoding thread itself)."""
     for job, update in updates:
         job.notify(update)
-
-
-def _gather(engine: Engine, parts: list[tuple[KVCache[Any], int, int]]) -> KVCache[Any]:
-    """A new cache of rows start:stop of each part's cache, in order, at their common position."""
-    pos = parts[0][0].pos
-    out = engine.new_cache(sum(stop - start for _, start, stop in parts))
-    row = 0
-    for cache, start, stop in parts:
-        out.copy_rows(cache, start, stop, row)
-        row += stop - start
-    out.advance(pos)
-    return out
 
 
 def _runs(mask: list[bool]) -> list[tuple[int, int]]:
@@ -412,13 +441,10 @@ def _runs(mask: list[bool]) -> list[tuple[int, int]]:
 
 
 def _logprobs(
-    logits: Any, picks: list[int], top: int, tokenizer: Tokenizer
+    logp: np.ndarray, picks: list[int], top: int, tokenizer: Tokenizer
 ) -> list[tuple[str, float, dict[str, float]]]:
-    """Each row's picked token, its log-probability under the model (before temperature, top-k and top-p)
-    and the `top` most likely tokens with theirs."""
-    x = np.asarray(logits.float().cpu() if hasattr(logits, "cpu") else logits, dtype=np.float64)
-    x = x - x.max(-1, keepdims=True)
-    logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    """Each row's picked token, its log-probability under the model (`logp`: the engine's log_probs of the
+    logits, before temperature, top-k and top-p) and the `top` most likely tokens with theirs."""
     out = []
     for row, token in zip(logp, picks, strict=True):
         best = np.argsort(-row, kind="stable")[:top]
@@ -426,6 +452,20 @@ def _logprobs(
             (_text(tokenizer, token), float(row[token]), {_text(tokenizer, i): float(row[i]) for i in best})
         )
     return out
+
+
+def _prompt_logprobs(logp: np.ndarray, ids: list[int], top: int, tokenizer: Tokenizer) -> list[TokenLogprob]:
+    """Each prompt token's entry: the first has no log-probability, each later one its log-probability after
+    the tokens before it (`logp[i]` is the distribution of `ids[i + 1]`); offsets are where each token's
+    text starts."""
+    scored = _logprobs(logp, ids[1:], top, tokenizer)
+    data = b""
+    offsets = []
+    for token in ids:
+        offsets.append(len(data.decode("utf-8", errors="ignore")))
+        data += tokenizer.decode_bytes([token])
+    first = TokenLogprob(_text(tokenizer, ids[0]), None, None, 0)
+    return [first, *(TokenLogprob(*entry, offset=o) for entry, o in zip(scored, offsets[1:], strict=True))]
 
 
 def _text(tokenizer: Tokenizer, token: int) -> str:

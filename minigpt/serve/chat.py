@@ -146,12 +146,13 @@ def chat_head(model: str, chunk: bool) -> dict[str, Any]:
 def logprobs_content(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """Chat's logprobs: each token with its log-probability, bytes and most likely alternatives."""
 
-    def item(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": _finite(logprob), "bytes": list(token.encode("utf-8"))}
+    def item(token: str, logprob: float | None) -> dict[str, Any]:
+        value = None if logprob is None else _finite(logprob)  # None: a prompt's first token (never here)
+        return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
 
     return {
         "content": [
-            {**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top.items()]}
+            {**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in (e.top or {}).items()]}
             for e in entries
         ]
     }
@@ -174,13 +175,13 @@ def chat_chunk(head: dict[str, Any], piece: Piece, with_logprobs: bool) -> dict[
 
 
 def chat_body(
-    head: dict[str, Any], job: Job, logprobs: list[list[TokenLogprob]], usage: dict[str, int]
+    head: dict[str, Any], job: Job, logprobs: dict[int, list[TokenLogprob]], usage: dict[str, int]
 ) -> dict[str, Any]:
     choices = [
         {
             "index": i,
             "message": {"role": "assistant", "content": c.stream.text},
-            "logprobs": logprobs_content(logprobs[i]) if job.logprobs is not None else None,
+            "logprobs": logprobs_content(logprobs.get(i, [])) if job.logprobs is not None else None,
             "finish_reason": _finish(c.stream.finish_reason) or "length",
         }
         for i, c in enumerate(job.choices)

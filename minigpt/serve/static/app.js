@@ -278,6 +278,7 @@ async function loadRun() {
     data: s.data, tokenizer: s.tokenizer, shape: s.shape, parameters: s.params.toLocaleString(),
     steps: s.steps ?? "–", "best val loss": s.best_val_loss?.toFixed(4) ?? "–",
     "bits per byte": s.best_val_bpb?.toFixed(3) ?? "–", recipe: s.settings || "–",
+    "exported to": s.exports.join(", ") || "–",
   };
   const pairs = Object.entries(facts).map(([k, v]) => [element("dt", k), element("dd", String(v))]);
   $("summary").replaceChildren(...pairs.flat());
