@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minigpt.budget import EvalCost
 from minigpt.chat.data import ConversationData, ConversationSplit
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, Dataset, bits_per_byte, eval_batches
@@ -147,33 +148,35 @@ def evaluate(
     }
 
 
-def time_evaluation(
+def eval_cost(
     model: torch.nn.Module,
     config: GPTConfig,
     dataset: Dataset | ConversationData,
     batch_size: int,
-    eval_iters: int,
     runtime: Runtime,
     clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """Seconds an evaluate() call should take, from one timed forward pass over a chunk of windows (the
-    first pass pays one-off costs, so this errs long)."""
-    chunk = _chunk(config, batch_size)
+) -> EvalCost:
+    """What evaluate() costs a process, from one timed forward pass over a batch of windows (the first
+    pass pays one-off costs, and evaluations pass larger chunks, so this errs long; it costs about a third
+    of a training step) and the windows each split holds (a conversation is one window)."""
     if isinstance(dataset, ConversationData):
-        # the first chunk of evaluation conversations, as many as a full evaluation reads in all
-        sample = dataset.val
         start = clock()
-        split_loss(model, config, sample, chunk, 1, runtime)
-        seconds = clock() - start
-        wanted = eval_iters * batch_size * runtime.dist.world_size
-        windows = sum(min(wanted, split.conversations) for split in (dataset.val, dataset.train))
-        return seconds * windows / min(chunk, sample.conversations)
-    sample = dataset.val[: chunk * config.block_size + 1]
-    start = clock()
-    split_loss(model, config, sample, batch_size, len(sample), runtime)
+        split_loss(model, config, dataset.val, batch_size, 1, runtime)
+        measured = min(batch_size, dataset.val.conversations)
+    else:
+        sample = dataset.val[: batch_size * config.block_size + 1]
+        start = clock()
+        split_loss(model, config, sample, batch_size, len(sample), runtime)
+        measured = (len(sample) - 1) // config.block_size
     seconds = clock() - start
-    windows = sum(
-        min(eval_iters * batch_size * runtime.dist.world_size, (len(tokens) - 1) // config.block_size)
-        for tokens in (dataset.val, dataset.train)
-    )
-    return seconds * windows / ((len(sample) - 1) // config.block_size)
+    return EvalCost(seconds / max(1, measured), batch_size, split_windows(config, dataset, runtime))
+
+
+def split_windows(
+    config: GPTConfig, dataset: Dataset | ConversationData, runtime: Runtime
+) -> tuple[int, int]:
+    """The windows of the validation and training splits, per process (rank 0's share: the largest)."""
+    world = runtime.dist.world_size
+    if isinstance(dataset, ConversationData):
+        return tuple(-(-s.conversations // world) for s in (dataset.val, dataset.train))  # type: ignore[return-value]
+    return tuple(-(-((len(t) - 1) // config.block_size) // world) for t in (dataset.val, dataset.train))  # type: ignore[return-value]
