@@ -223,6 +223,7 @@ def test_chat_in_a_pseudo_terminal(tmp_path: Path) -> None:
         expect(fd, rb"saved 2 messages", seen)
         os.write(fd, b"/reset\r")
         expect(fd, rb"conversation forgotten", seen)
+        expect(fd, rb"> ", seen)
         os.write(fd, b"\x03")
         expect(fd, rb"Ctrl-D or /exit ends the chat", seen)
         os.write(fd, b"\x04")  # Ctrl-D: end of input

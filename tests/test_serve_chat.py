@@ -36,11 +36,16 @@ def chat_run(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("chatruns")
     chat_run(root)
     shutil.copytree(FIXTURE, root / "plain")
-    s = Server(root, str(root / "chat"), "--model", str(root / "plain"), "--max-tokens", "64")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(runs: Path) -> Iterator[Server]:
+    s = Server(runs, str(runs / "chat"), "--model", str(runs / "plain"), "--max-tokens", "64")
     yield s
     s.stop()
 
@@ -50,10 +55,9 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def reference(server: Server, max_tokens: int, n: int = 1, **sampling: Any) -> list[str]:
+def reference(runs: Path, max_tokens: int, n: int = 1, **sampling: Any) -> list[str]:
     """The answer `minigpt chat` would give: the run's template, the NumPy engine, the same settings."""
-    run = Path(server.log.parent) / "chat"
-    engine, tok = load_engine(run, "numpy")
+    engine, tok = load_engine(runs / "chat", "numpy")
     template = ChatTemplate(tok)
     ids = template.prompt([Message(m["role"], m["content"]) for m in MESSAGES])
     gen = Generation(engine, tok, ids, max_new_tokens=max_tokens, num_samples=n, stop_ids=template.stop_ids,
@@ -62,9 +66,9 @@ def reference(server: Server, max_tokens: int, n: int = 1, **sampling: Any) -> l
 
 
 def test_chat_completions_plain_and_streamed_with_the_openai_client(
-    client: openai.OpenAI, server: Server
+    client: openai.OpenAI, server: Server, runs: Path
 ) -> None:
-    want = reference(server, 24, n=2, temperature=0.8, seed=5)
+    want = reference(runs, 24, n=2, temperature=0.8, seed=5)
     answer = client.chat.completions.create(
         model="chat", messages=MESSAGES, max_completion_tokens=24, temperature=0.8, seed=5, n=2
     )
@@ -85,8 +89,8 @@ def test_chat_completions_plain_and_streamed_with_the_openai_client(
     assert chunk.usage is not None and chunk.usage.completion_tokens == answer.usage.completion_tokens
 
 
-def test_greedy_answers_stop_and_logprobs(client: openai.OpenAI, server: Server) -> None:
-    (want,) = reference(server, 30, temperature=0.0)
+def test_greedy_answers_stop_and_logprobs(client: openai.OpenAI, server: Server, runs: Path) -> None:
+    (want,) = reference(runs, 30, temperature=0.0)
     answer = client.chat.completions.create(
         model="chat", messages=MESSAGES, max_tokens=30, temperature=0, logprobs=True, top_logprobs=3
     )

@@ -27,20 +27,25 @@ def interactive(session: ChatSession, read: Callable[[str], str], out: TextIO, e
     err.flush()
     while True:
         try:
-            line = read("> ")
-        except EOFError:
-            out.write("\n")
-            return
-        except KeyboardInterrupt:
-            err.write("\n(Ctrl-D or /exit ends the chat)\n")
-            continue
-        if not line.strip():
-            continue
-        if line.startswith("/"):
-            if not _command(session, line, err):
+            if not _turn(session, read, out, err):
                 return
-            continue
-        _answer(session, line, out, err)
+        except KeyboardInterrupt:  # at the prompt, or between prompts: only an answer is stopped by it
+            err.write("\n(Ctrl-D or /exit ends the chat)\n")
+
+
+def _turn(session: ChatSession, read: Callable[[str], str], out: TextIO, err: TextIO) -> bool:
+    """Read one line and act on it; False when the chat ends."""
+    try:
+        line = read("> ")
+    except EOFError:
+        out.write("\n")
+        return False
+    if not line.strip():
+        return True
+    if line.startswith("/"):
+        return _command(session, line, err)
+    _answer(session, line, out, err)
+    return True
 
 
 def _command(session: ChatSession, line: str, err: TextIO) -> bool:
