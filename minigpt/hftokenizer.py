@@ -319,9 +319,10 @@ def _added_tokens_of(tok: Tokenizer) -> list[dict[str, Any]]:
 
 
 def tokenizer_config(tok: Tokenizer, max_length: int) -> dict[str, Any]:
+    """tokenizer_config.json; a chat run's (minigpt.chat.template) adds its chat template."""
     eot = ENDOFTEXT if tok.eot_id is not None else None
     added = _added_tokens_of(tok)
-    return {
+    config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
         "bos_token": eot,
@@ -336,17 +337,32 @@ def tokenizer_config(tok: Tokenizer, max_length: int) -> dict[str, Any]:
         "split_special_tokens": True,
         "added_tokens_decoder": {str(a["id"]): {k: v for k, v in a.items() if k != "id"} for a in added},
     }
+    return {**config, **_chat_settings(tok)}
+
+
+def _chat_settings(tok: Tokenizer) -> dict[str, Any]:
+    """A chat run's tokenizer settings: the template `apply_chat_template` renders, whose control tokens the
+    tokenizer must then read as tokens (so special tokens are not split: a control token's name typed in a
+    message is read as the token too, unless the caller passes `sanitize_control_tokens=True`), and the end
+    of a turn as the end of what the model generates."""
+    from minigpt.chat.template import CHAT_TOKENS, END, ChatTemplate, has_chat_tokens
+
+    if not has_chat_tokens(tok):
+        return {}
+    return {"chat_template": ChatTemplate.jinja(), "chat_control_tokens": list(CHAT_TOKENS),
+            "split_special_tokens": False, "eos_token": END}  # fmt: skip
 
 
 def hf_tokenizer_files(tok: Tokenizer, max_length: int) -> dict[str, Any]:
     """File name -> JSON content (or text, for merges.txt) of the Hugging Face tokenizer files of `tok`:
     tokenizer.json, tokenizer_config.json, special_tokens_map.json, and for a byte-level BPE with GPT-2's
     split pattern also GPT-2's vocab.json and merges.txt (what GPT2Tokenizer and older tools read)."""
-    eot = ENDOFTEXT if tok.eot_id is not None else None
+    config = tokenizer_config(tok, max_length)
+    ends = {k: config[k] for k in ("bos_token", "eos_token") if config[k] is not None}
     files: dict[str, Any] = {
         HF_TOKENIZER_JSON: tokenizer_json(tok),
-        HF_TOKENIZER_CONFIG: tokenizer_config(tok, max_length),
-        HF_SPECIAL_TOKENS: {"bos_token": eot, "eos_token": eot} if eot else {},
+        HF_TOKENIZER_CONFIG: config,
+        HF_SPECIAL_TOKENS: ends,
     }
     if isinstance(tok, _RankedBPE) and tok.pattern == GPT2_SPLIT_PATTERN:
         merges = _merge_lines(_cached_merges(tok))

@@ -225,7 +225,8 @@ def test_full_fine_tuning_adds_the_chat_tokens_as_mean_rows(
 
 def test_hf_imported_models_get_rows_past_their_padded_vocabulary(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from minigpt.convert import bpe_vocab_merges, from_hf
+    from minigpt.convert import from_hf
+    from minigpt.hftokenizer import bpe_vocab_merges
     from minigpt.tokenizer import GPT2_SPLIT_PATTERN, BPETokenizer
 
     bpe = BPETokenizer.train([BASE_TEXT], vocab_size=300, pattern=GPT2_SPLIT_PATTERN)

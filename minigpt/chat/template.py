@@ -116,10 +116,21 @@ class ChatTemplate:
     @staticmethod
     def jinja() -> str:
         """The template in Jinja for Hugging Face's tokenizer_config.json: `apply_chat_template` renders
-        `text()`, which a tokenizer that knows the control tokens encodes to `render()`'s ids."""
-        return (
-            "{% for message in messages %}"
-            "{{ '<|' + message['role'] + '|>' + message['content'] + '" + END + "' }}"
-            "{% endfor %}"
-            "{% if add_generation_prompt %}{{ '" + ROLE_TOKENS["assistant"] + "' }}{% endif %}"
+        `text()`, which a tokenizer that knows the control tokens encodes to `render()`'s ids. Each control
+        token is a whole string literal, so transformers' `sanitize_control_tokens=True` finds them and
+        keeps a control token's name typed in a message as text, as `render()` does; "developer" (OpenAI's
+        newer name for it) is the system role, as in `minigpt serve`."""
+        roles = "".join(
+            f"{{%- {'if' if i == 0 else 'elif'} message['role'] in {names!r} -%}}{{{{ '{ROLE_TOKENS[role]}' }}}}"
+            for i, (role, names) in enumerate(_JINJA_ROLES.items())
         )
+        unknown = "{{ raise_exception('a message role must be system, user or assistant') }}"
+        return (
+            f"{{%- for message in messages -%}}{roles}{{%- else -%}}{unknown}{{%- endif -%}}"
+            f"{{{{ message['content'] }}}}{{{{ '{END}' }}}}{{%- endfor -%}}"
+            f"{{%- if add_generation_prompt -%}}{{{{ '{ROLE_TOKENS['assistant']}' }}}}{{%- endif -%}}"
+        )
+
+
+# the message roles the Jinja template takes, by the role whose token they get
+_JINJA_ROLES = {"system": ("system", "developer"), "user": ("user",), "assistant": ("assistant",)}
