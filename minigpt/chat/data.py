@@ -50,7 +50,10 @@ def conversation_files(paths: Sequence[Path]) -> list[Path] | None:
     paths are text; a mix of text and conversations is a UsageError."""
     files: list[Path] = []
     for p in map(Path, paths):
-        files += sorted(f for f in p.rglob(f"*{SUFFIX}") if f.is_file()) if p.is_dir() else [p]
+        try:
+            files += sorted(f for f in p.rglob(f"*{SUFFIX}") if f.is_file()) if p.is_dir() else [p]
+        except OSError as e:  # e.g. a name too long for the filesystem
+            raise MinigptError(f"cannot access {p}: {e.strerror}") from None
     chat = [regular_file(f) for f in files if f.suffix == SUFFIX and _first_record_is_chat(regular_file(f))]
     if not chat:
         return None
