@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from minigpt.chat.template import END, has_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
 from minigpt.exports import ConvertResult, record_export
@@ -292,6 +293,18 @@ def _named(name: str) -> Tokenizer:
 # ---------------------------------------------------------------- the two conversions
 
 
+def _hf_usage(name: str, chat: bool) -> str:
+    """The model card's example: a text continued, or for a chat run a conversation answered (its
+    tokenizer_config.json holds the chat template the pipeline applies)."""
+    prompt = '[{"role": "user", "content": "Who are you?"}]' if chat else '"Once upon a time"'
+    result = '[0]["generated_text"][-1]["content"]' if chat else '[0]["generated_text"]'
+    return (
+        "```python\nfrom transformers import pipeline\n\n"
+        f'generate = pipeline("text-generation", model="{name}")\n'
+        f"print(generate({prompt}, max_new_tokens=50, do_sample=False){result})\n```"
+    )
+
+
 def _check_out(out: Path, src: Path, overwrite: bool) -> None:
     """Refuse to write over the source, into a file, or into a non-empty directory without --overwrite."""
     if out.exists() and not out.is_dir():
@@ -351,7 +364,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     rundir = RunDir(run)
     model, tok, data = rundir.load_model(device)
     config = model.config
-    hf = hf_config(config, tok.eot_id)
+    hf = hf_config(config, tok.eot_id, tok.specials.get(END))  # a chat run's answer ends at <|end|>
     _check_out(out, run, overwrite)
     tok_files = hf_tokenizer_files(tok, config.block_size)
     make_dir(out)
@@ -361,11 +374,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
     for name, content in tok_files.items():
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, indent=2)
         atomic_write_bytes(out / name, text.encode("utf-8"))
-    usage = (
-        "```python\nfrom transformers import pipeline\n\n"
-        f'generate = pipeline("text-generation", model="{out.name}")\n'
-        'print(generate("Once upon a time", max_new_tokens=50, do_sample=False)[0]["generated_text"])\n```'
-    )
+    usage = _hf_usage(out.name, has_chat_tokens(tok))
     write_card(
         out / HF_CARD,
         lambda license: model_card(

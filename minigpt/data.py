@@ -457,11 +457,7 @@ class BatchSampler:
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} is outside world size {world_size}")
-        if len(tokens) < block_size + 1:
-            raise MinigptError(
-                f"{len(tokens):,} tokens are too few for one window of block size {block_size} + 1; "
-                f"use --block-size {max(len(tokens) - 1, 1)} or less, or give more text"
-            )
+        self._check_enough(tokens, block_size)
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
@@ -471,6 +467,13 @@ class BatchSampler:
         self.batches = 0
         self.ramp = ramp
         self._gen = torch.Generator()
+
+    def _check_enough(self, tokens: Any, block_size: int) -> None:
+        if len(tokens) < block_size + 1:
+            raise MinigptError(
+                f"{len(tokens):,} tokens are too few for one window of block size {block_size} + 1; "
+                f"use --block-size {max(len(tokens) - 1, 1)} or less, or give more text"
+            )
 
     def _batch_seed(self, index: int) -> int:
         text = f"minigpt-batches:{self.seed}:{self.rank}:{index}".encode()

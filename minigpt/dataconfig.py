@@ -41,7 +41,8 @@ def parse_size(text: str | int) -> int:
 class DataConfig:
     """Where the text is and how to read and tokenize it."""
 
-    paths: tuple[Path, ...]  # files and/or folders of .txt, .jsonl/.ndjson and .parquet (also compressed)
+    paths: tuple[Path, ...]  # files and/or folders of .txt, .jsonl/.ndjson and .parquet (also compressed),
+    # or conversation JSONL files
     tokenizer: str = setting(
         "bpe", "char, bpe (trained on your text), gpt2/r50k_base/p50k_base/cl100k_base/o200k_base, a "
         ".tiktoken file, or a minigpt tokenizer.json (a run's, or the one `prepare` names).", panel=DATA,
@@ -63,8 +64,8 @@ class DataConfig:
         "text", "The JSON field or Parquet column that holds each document.", panel=DATA
     )
     skip_bad_records: bool = setting(
-        False, "Skip (and count) JSON lines and Parquet values that are not a document, instead of stopping.",
-        panel=DATA,
+        False, "Skip (and count) JSON lines, Parquet values and conversations that are not a document or a "
+        "valid conversation, instead of stopping at the first.", panel=DATA,
     )  # fmt: skip
     tokenizer_sample: int = setting(
         DEFAULT_TOKENIZER_SAMPLE, "Bytes of text --tokenizer bpe learns from, drawn evenly across the corpus "

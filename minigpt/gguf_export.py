@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minigpt.chat.template import END, ChatTemplate, has_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
 from minigpt.exports import ConvertResult, GGUFConfig, record_export
@@ -171,11 +172,13 @@ def _hyperparameters(w: gguf.GGUFWriter, config: GPTConfig, arch: str) -> None:
 
 
 def _special_ids(tok: Tokenizer, kinds: list[str]) -> int | None:
-    """The end-of-text id to name in the file: <|endoftext|>, else for a char tokenizer an id no character
-    uses. llama.cpp's BPE vocabulary always has one (id 11 unless the file names another) and stops
+    """The end-of-text id to name in the file: <|endoftext|>, else a chat run's <|end|>, else for a char
+    tokenizer an id no character uses. llama.cpp's BPE vocabulary always has one (id 11 unless the file names another) and stops
     generating there, so a char model whose every id from 11 up is a character cannot run as itself."""
     if tok.eot_id is not None:
         return tok.eot_id
+    if has_chat_tokens(tok):  # a char chat run: its answers end at <|end|>
+        return tok.specials[END]
     unused = next((i for i, kind in enumerate(kinds) if kind == "unused"), None)
     if unused is None and len(kinds) > _DEFAULT_EOS:
         raise MinigptError(
@@ -209,6 +212,9 @@ def _tokenizer(w: gguf.GGUFWriter, gguf: Any, tok: Tokenizer, vocab_size: int) -
         w.add_eos_token_id(eos)
     w.add_add_bos_token(False)  # minigpt starts a text with nothing before it
     w.add_add_eos_token(False)
+    if has_chat_tokens(tok):  # a chat run: its template (llama.cpp's --jinja runs it) and the end of a turn
+        w.add_chat_template(ChatTemplate.jinja())
+        w.add_eot_token_id(tok.specials[END])
 
 
 # ---------------------------------------------------------------- the export

@@ -103,18 +103,18 @@ def family_for(config: GPTConfig, target: str = "Hugging Face") -> str:
 # ---------------------------------------------------------------- config.json, both ways
 
 
-def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
-    """The transformers config (as config.json) of the model `config` maps to."""
+def hf_config(config: GPTConfig, eot_id: int | None, eos_id: int | None = None) -> dict[str, Any]:
+    """The transformers config (as config.json) of the model `config` maps to: `eot_id` begins and, unless
+    `eos_id` is given (a chat run's end of turn), ends what it generates."""
     family = family_for(config)
-    if eot_id is not None and not 0 <= eot_id < config.vocab_size:
-        eot_id = None
+    eot_id, eos_id = (i if i is not None and 0 <= i < config.vocab_size else None for i in (eot_id, eos_id))
     common = {
         "architectures": [ARCHITECTURES[family]],
         "model_type": family,
         "vocab_size": config.vocab_size,
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
+        "eos_token_id": eot_id if eos_id is None else eos_id,
         "initializer_range": 0.02,
         "use_cache": True,
         "dtype": "float32",

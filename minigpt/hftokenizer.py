@@ -235,13 +235,14 @@ def byte_level_tables(tok: Tokenizer, vocab_size: int) -> ByteLevelTables:
                 if merge not in seen:
                     seen.add(merge)
                     merges.append(merge)
-        return ByteLevelTables(tokens, kinds, merges)
-    assert isinstance(tok, _RankedBPE)
-    for text, rank in _vocab(tok.ranks).items():
-        tokens[rank], kinds[rank] = text, "normal"
+    else:
+        assert isinstance(tok, _RankedBPE)
+        for text, rank in _vocab(tok.ranks).items():
+            tokens[rank], kinds[rank] = text, "normal"
+        merges = _merge_lines(_cached_merges(tok))
     for text, i in tok.specials.items():
         tokens[i], kinds[i] = text, "control"
-    return ByteLevelTables(tokens, kinds, _merge_lines(_cached_merges(tok)))
+    return ByteLevelTables(tokens, kinds, merges)
 
 
 # one tokenizer's merges are found once per process: a run is saved at every evaluation
@@ -292,7 +293,7 @@ def tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     if isinstance(tok, CharTokenizer):
         vocab = {c: i for i, c in enumerate(tok.chars)}
         model = {**_bpe_model(vocab, [], False), "minigpt": {"kind": "char"}}
-        return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": _added_tokens_of(tok),
                 "normalizer": None, "pre_tokenizer": None, "post_processor": None,
                 "decoder": {"type": "Fuse"}, "model": model}  # fmt: skip
     assert isinstance(tok, _RankedBPE)
@@ -314,14 +315,14 @@ def tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
 
 
 def _added_tokens_of(tok: Tokenizer) -> list[dict[str, Any]]:
-    specials = tok.specials if isinstance(tok, _RankedBPE) else {}
-    return [_added(text, i) for text, i in sorted(specials.items(), key=lambda kv: kv[1])]
+    return [_added(text, i) for text, i in sorted(tok.specials.items(), key=lambda kv: kv[1])]
 
 
 def tokenizer_config(tok: Tokenizer, max_length: int) -> dict[str, Any]:
+    """tokenizer_config.json; a chat run's (minigpt.chat.template) adds its chat template."""
     eot = ENDOFTEXT if tok.eot_id is not None else None
     added = _added_tokens_of(tok)
-    return {
+    config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
         "bos_token": eot,
@@ -336,17 +337,32 @@ def tokenizer_config(tok: Tokenizer, max_length: int) -> dict[str, Any]:
         "split_special_tokens": True,
         "added_tokens_decoder": {str(a["id"]): {k: v for k, v in a.items() if k != "id"} for a in added},
     }
+    return {**config, **_chat_settings(tok)}
+
+
+def _chat_settings(tok: Tokenizer) -> dict[str, Any]:
+    """A chat run's tokenizer settings: the template `apply_chat_template` renders, whose control tokens the
+    tokenizer must then read as tokens (so special tokens are not split: a control token's name typed in a
+    message is read as the token too, unless the caller passes `sanitize_control_tokens=True`), and the end
+    of a turn as the end of what the model generates."""
+    from minigpt.chat.template import CHAT_TOKENS, END, ChatTemplate, has_chat_tokens
+
+    if not has_chat_tokens(tok):
+        return {}
+    return {"chat_template": ChatTemplate.jinja(), "chat_control_tokens": list(CHAT_TOKENS),
+            "split_special_tokens": False, "eos_token": END}  # fmt: skip
 
 
 def hf_tokenizer_files(tok: Tokenizer, max_length: int) -> dict[str, Any]:
     """File name -> JSON content (or text, for merges.txt) of the Hugging Face tokenizer files of `tok`:
     tokenizer.json, tokenizer_config.json, special_tokens_map.json, and for a byte-level BPE with GPT-2's
     split pattern also GPT-2's vocab.json and merges.txt (what GPT2Tokenizer and older tools read)."""
-    eot = ENDOFTEXT if tok.eot_id is not None else None
+    config = tokenizer_config(tok, max_length)
+    ends = {k: config[k] for k in ("bos_token", "eos_token") if config[k] is not None}
     files: dict[str, Any] = {
         HF_TOKENIZER_JSON: tokenizer_json(tok),
-        HF_TOKENIZER_CONFIG: tokenizer_config(tok, max_length),
-        HF_SPECIAL_TOKENS: {"bos_token": eot, "eos_token": eot} if eot else {},
+        HF_TOKENIZER_CONFIG: config,
+        HF_SPECIAL_TOKENS: ends,
     }
     if isinstance(tok, _RankedBPE) and tok.pattern == GPT2_SPLIT_PATTERN:
         merges = _merge_lines(_cached_merges(tok))
@@ -427,13 +443,14 @@ def tokenizer_from_hf_json(
 
 
 def _char_from_hf(model: dict[str, Any], data: dict[str, Any]) -> CharTokenizer:
-    if model.get("merges") or _added_tokens(data):
-        raise MinigptError("a character vocabulary has no merges and no added tokens")
+    """A character vocabulary; its added tokens are control tokens (a chat run's), after the characters."""
+    if model.get("merges"):
+        raise MinigptError("a character vocabulary has no merges")
     vocab = model["vocab"]
     ids = sorted(vocab.values(), key=lambda i: i if isinstance(i, int) else -1)
     if ids != list(range(len(vocab))) or any(isinstance(i, bool) for i in ids):
         raise MinigptError("a character vocabulary's ids must be 0..n-1, each once")
-    return CharTokenizer(sorted(vocab, key=vocab.__getitem__))
+    return CharTokenizer(sorted(vocab, key=vocab.__getitem__), _added_tokens(data))
 
 
 def _bpe_from_hf(
@@ -484,7 +501,12 @@ def _ranked(
     else a tiktoken BPE called `name`."""
     kind = own.get("kind")
     own_name = own.get("name") if isinstance(own.get("name"), str) and own.get("name") else None
-    ours = pattern == GPT4_SPLIT_PATTERN and specials == {ENDOFTEXT: len(ranks)}
+    # minigpt's bpe: <|endoftext|> right after the ranks, any control tokens (a chat run's) after it
+    ours = (
+        pattern == GPT4_SPLIT_PATTERN
+        and specials.get(ENDOFTEXT) == len(ranks)
+        and all(i >= len(ranks) for i in specials.values())
+    )
     if kind == "bpe" or (kind is None and ours):
         return BPETokenizer(ranks, pattern, specials, own_name or "bpe")
     named = None if kind == "tiktoken" and own_name else _named_encoding(ranks, specials)

@@ -29,13 +29,26 @@ _LICENSE_HINT = (
     "(https://huggingface.co/docs/hub/repositories-licenses), and respect your training data's terms"
 )
 _LICENSE_LINE = re.compile(r"^license:[ \t]*(\S.*)$", re.MULTILINE)
-_SETTINGS = ("batch_size", "grad_accum", "optimizer", "lr", "schedule", "warmup", "weight_decay", "seed")
+_SETTINGS = (
+    "batch_size",
+    "grad_accum",
+    "optimizer",
+    "lr",
+    "schedule",
+    "warmup",
+    "weight_decay",
+    "seed",
+    "lora_rank",
+)
 
 
 def data_label(data: dict[str, Any]) -> str:
     """What a run learned from, in a few words: its input files' names, or where converted weights came from."""
     if isinstance(data.get("source"), dict):
         return f"converted from {data['source'].get('path', '?')}"
+    if isinstance(data.get("adapter"), dict):  # a LoRA run: its data, on its base
+        base = Path(str(data["adapter"].get("base", "?"))).name
+        return f"{data_label({'data': data.get('data')})} (LoRA on {base})"
     paths = (data.get("data") or {}).get("paths") or []
     names = [Path(str(p)).name for p in paths]
     return ", ".join(names[:3]) + (f" (+{len(names) - 3})" if len(names) > 3 else "") if names else "?"

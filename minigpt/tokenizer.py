@@ -214,7 +214,23 @@ class Tokenizer(ABC):
 
     def special_ids(self) -> list[int]:
         """Ids that are control tokens rather than text."""
-        return [] if self.eot_id is None else [self.eot_id]
+        return sorted(self.specials.values())
+
+    @property
+    def specials(self) -> dict[str, int]:
+        """Control tokens by name (never produced by `encode`, which reads their names as plain text)."""
+        return {} if self.eot_id is None else {ENDOFTEXT: self.eot_id}
+
+    def with_specials(self, names: Sequence[str], first_id: int) -> Tokenizer:
+        """This tokenizer plus the control tokens `names` it lacks, numbered from `first_id` (at least
+        vocab_size: ids past a model's rows are new rows, never ids it already uses)."""
+        raise MinigptError(f"a {self.kind} tokenizer cannot take new control tokens")
+
+    def _added_specials(self, names: Sequence[str], first_id: int) -> dict[str, int]:
+        if first_id < self.vocab_size:
+            raise MinigptError(f"new token ids must start at {self.vocab_size} or later, not {first_id}")
+        missing = [n for n in dict.fromkeys(names) if n not in self.specials]
+        return {**self.specials, **{name: first_id + i for i, name in enumerate(missing)}}
 
 
 class CharTokenizer(Tokenizer):
@@ -222,10 +238,16 @@ class CharTokenizer(Tokenizer):
 
     kind = "char"
 
-    def __init__(self, chars: Sequence[str]) -> None:
+    def __init__(self, chars: Sequence[str], specials: dict[str, int] | None = None) -> None:
         self.chars = list(chars)
         _check_chars(self.chars)
+        self._specials = dict(specials or {})
+        _check_char_specials(self._specials, len(self.chars))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
+        # id -> text of every id: the characters, then the control tokens (None: an unused id)
+        self._itos: list[str | None] = [*self.chars, *[None] * (self.vocab_size - len(self.chars))]
+        for name, i in self._specials.items():
+            self._itos[i] = name
         self._lookup: np.ndarray | None = None
 
     @classmethod
@@ -244,7 +266,18 @@ class CharTokenizer(Tokenizer):
 
     @property
     def vocab_size(self) -> int:
-        return len(self.chars)
+        return max([len(self.chars), *(i + 1 for i in self._specials.values())])
+
+    @property
+    def specials(self) -> dict[str, int]:
+        return dict(self._specials)
+
+    @property
+    def eot_id(self) -> int | None:
+        return self._specials.get(ENDOFTEXT)
+
+    def with_specials(self, names: Sequence[str], first_id: int) -> CharTokenizer:
+        return CharTokenizer(self.chars, self._added_specials(names, first_id))
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -311,19 +344,25 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         try:
-            return "".join(self.chars[i] for i in ids)
+            text = "".join(self._itos[i] for i in ids)  # type: ignore[misc]  # None raises TypeError
         except (IndexError, TypeError):
-            raise MinigptError(
-                f"token ids must be 0..{len(self.chars) - 1} for this char tokenizer"
-            ) from None
+            text = None
+        if text is None:
+            raise MinigptError(f"token ids must be 0..{self.vocab_size - 1} for this char tokenizer")
+        return text
 
     def text_byte_lengths(self) -> np.ndarray:
         import numpy as np
 
-        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)  # control tokens and unused ids: 0
+        lengths[: len(self.chars)] = [len(c.encode("utf-8")) for c in self.chars]
+        return lengths
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "chars": self.chars}
+        data: dict[str, Any] = {"kind": self.kind, "chars": self.chars}
+        if self._specials:
+            data["specials"] = self.specials
+        return data
 
     def describe(self) -> str:
         return f"char ({self.vocab_size:,} symbols)"
@@ -346,6 +385,20 @@ def _check_chars(chars: list[Any]) -> None:
         raise MinigptError("char tokenizer characters must be distinct")
 
 
+def _check_char_specials(specials: dict[str, int], n_chars: int) -> None:
+    """Control tokens of a char tokenizer: names of several characters (a one-character name would read
+    as that character), distinct ids after the characters', at most MAX_UNUSED_IDS of them unused."""
+    if not all(isinstance(s, str) and len(s) > 1 for s in specials):
+        raise MinigptError("char tokenizer control tokens must be names of two or more characters")
+    ids = list(specials.values())
+    if not all(_is_id(i) and i >= n_chars for i in ids) or len(set(ids)) != len(ids):
+        raise MinigptError(
+            f"char tokenizer control token ids must be distinct integers from {n_chars} (after the characters)"
+        )
+    if ids and max(ids) + 1 - n_chars - len(ids) > MAX_UNUSED_IDS:
+        raise MinigptError(f"char tokenizer control token ids leave more than {MAX_UNUSED_IDS:,} ids unused")
+
+
 class _RankedBPE(Tokenizer):
     """A byte-level BPE given by mergeable ranks, a split pattern and special tokens, run by tiktoken."""
 
@@ -355,11 +408,11 @@ class _RankedBPE(Tokenizer):
         self.name = name
         self.pattern = pattern
         self.ranks = ranks
-        self.specials = dict(specials)
+        self._specials = dict(specials)
         import tiktoken
 
         self._enc = tiktoken.Encoding(
-            name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
+            name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self._specials
         )
 
     @property
@@ -373,10 +426,11 @@ class _RankedBPE(Tokenizer):
 
     @property
     def eot_id(self) -> int | None:
-        return self.specials.get(ENDOFTEXT)
+        return self._specials.get(ENDOFTEXT)
 
-    def special_ids(self) -> list[int]:
-        return sorted(self.specials.values())
+    @property
+    def specials(self) -> dict[str, int]:
+        return dict(self._specials)
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
@@ -558,6 +612,9 @@ class BPETokenizer(_RankedBPE):
         name, pattern, ranks, specials = cls._parse_json(data)
         return cls(ranks, pattern, specials, name)
 
+    def with_specials(self, names: Sequence[str], first_id: int) -> BPETokenizer:
+        return BPETokenizer(self.ranks, self.pattern, self._added_specials(names, first_id), self.name)
+
 
 def check_bpe_vocab_size(vocab_size: Any) -> None:
     """Raise a UsageError unless vocab_size can hold the 256 byte tokens plus <|endoftext|>."""
@@ -624,6 +681,9 @@ class TiktokenTokenizer(_RankedBPE):
     def from_json(cls, data: dict[str, Any]) -> TiktokenTokenizer:
         return cls(*cls._parse_json(data))
 
+    def with_specials(self, names: Sequence[str], first_id: int) -> TiktokenTokenizer:
+        return TiktokenTokenizer(self.name, self.pattern, self.ranks, self._added_specials(names, first_id))
+
     def describe(self) -> str:
         return f"tiktoken {self.name} ({self.vocab_size:,} tokens)"
 
@@ -673,10 +733,10 @@ def tokenizer_from_json(data: Any, source: str | Path = "tokenizer.json") -> Tok
     with naming(source, fix):
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == "char":
-            chars = data.get("chars")
-            if not isinstance(chars, list):
-                raise MinigptError("a char tokenizer needs a list of characters")
-            return CharTokenizer(chars)
+            chars, specials = data.get("chars"), data.get("specials", {})
+            if not isinstance(chars, list) or not isinstance(specials, dict):
+                raise MinigptError("a char tokenizer needs a list of characters (and control tokens by name)")
+            return CharTokenizer(chars, specials)
         if kind == "bpe":
             return BPETokenizer.from_json(data)
         if kind == "tiktoken":

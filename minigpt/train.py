@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from minigpt.budget import lr_at
+from minigpt.chat.data import ConversationData
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError
@@ -261,6 +262,7 @@ def _training_end(run: TrainingRun, reason: str, interrupted: bool, command_seco
         overrun=run.budget.overrun(elapsed),
         best_val_bpb=bits_per_byte(state.best_val_loss, len(val), run.dataset.val_bytes),
         history=run.history,
+        chat=isinstance(run.dataset, ConversationData),
     )
 
 

@@ -462,6 +462,65 @@ def b64(token: bytes) -> str:
 
 # ---------------------------------------------------------------------------------------------- the attacks
 
+
+def chat_jsonl(tmp: Path, *extra: str) -> Path:
+    """Conversations in the char fixture's characters (prompt and completion: halves of corpus lines), then
+    the `extra` lines."""
+    lines = [line.split(" ") for line in CORPUS.read_text(encoding="utf-8").splitlines()[:40]]
+    records = [json.dumps({"prompt": " ".join(w[:2]), "completion": " ".join(w[2:4]) or "a"}) for w in lines]
+    path = tmp / "chat.jsonl"
+    path.write_text("\n".join([*records, *extra]) + "\n", encoding="utf-8")
+    return path
+
+
+def fine_tune(*options: str, chat: Callable[[Path], Path] = chat_jsonl) -> Callable[[Path], list[str]]:
+    """`train --init-from` (a copy of the char fixture run) on conversations."""
+
+    def build(tmp: Path) -> list[str]:
+        base = run_copy(tmp)
+        return ["train", "--init-from", str(base), str(chat(tmp)), "--max-iters", "1", "--eval-iters", "1",
+                "--batch-size", "2", "--device", "cpu", "--out", str(tmp / "out"), *options]  # fmt: skip
+
+    return build
+
+
+def lora_then(tamper: Callable[[Path], Any], *command: str) -> Callable[[Path], list[str]]:
+    """A LoRA run trained here on the char fixture, `tamper`ed, then `command` ({run}: the LoRA run)."""
+
+    def build(tmp: Path) -> list[str]:
+        proc = minigpt(tmp, fine_tune("--lora-rank", "2")(tmp))
+        assert proc.returncode == 0, proc.stderr
+        tamper(tmp / "out")
+        return [part.replace("{run}", str(tmp / "out")) for part in command]
+
+    return build
+
+
+def edit_adapter(change: Callable[[dict[str, Any], dict[str, str]], Any]) -> Callable[[Path], None]:
+    def tamper(run: Path) -> None:
+        from safetensors.numpy import load_file, safe_open, save_file
+
+        with safe_open(str(run / "adapter.safetensors"), framework="np") as f:
+            meta = f.metadata()
+        tensors = load_file(str(run / "adapter.safetensors"))
+        change(tensors, meta)
+        save_file(tensors, str(run / "adapter.safetensors"), metadata=meta)
+
+    return tamper
+
+
+def retrained_base(run: Path) -> None:
+    """Point the LoRA run at another base: the fixture with every weight nudged."""
+    other = run.parent / "other"
+    shutil.copytree(run.parent / "run", other)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {k: v + 0.01 for k, v in load_file(str(other / "model.safetensors")).items()}
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "minigpt-run"})
+    edit_config(lambda c: c["adapter"].update(base=str(other)))(run)
+
+
+CHAT = ("chat", "{run}", "-n", "3")
 ATTACKS = [
     Attack(
         "special token id 10**12",
@@ -781,6 +840,72 @@ ATTACKS = [
         ],
         "after 0 steps",  # "reached max_time within a step", or before it when start-up took the time
         exit_code=0,
+    ),
+]
+
+
+ATTACKS += [
+    Attack(
+        "conversation JSONL nested past reason",
+        fine_tune(chat=lambda tmp: chat_jsonl(tmp, "[" * 100_000)),
+        "chat.jsonl:41: not a JSON record",
+    ),
+    Attack(
+        "conversation JSONL with a 17 MB line",
+        fine_tune(chat=lambda tmp: chat_jsonl(tmp, '{"prompt": "' + "a" * (17 << 20) + '"}')),
+        "chat.jsonl:41: the line is longer than 16 MB",
+    ),
+    Attack(
+        "conversation JSONL with a record longer than the context",
+        fine_tune(chat=lambda tmp: chat_jsonl(tmp, json.dumps({"prompt": "a " * 40, "completion": "b"}))),
+        "chat.jsonl:41: the conversation is 85 tokens, more than the model's context of 32",
+    ),
+    Attack(
+        "conversation JSONL that is a FIFO",
+        fine_tune(chat=lambda tmp: (os.mkfifo(tmp / "c.jsonl"), tmp / "c.jsonl")[1]),
+        "c.jsonl is not a regular file",
+    ),
+    Attack("train --lora-rank 0", fine_tune("--lora-rank", "0"), "lora_rank must be from 1 to 4096"),
+    Attack(
+        "train --lora-targets q_proj", fine_tune("--lora-rank", "2", "--lora-targets", "q_proj"), "q_proj"
+    ),
+    Attack(
+        "a LoRA run whose base was retrained",
+        lora_then(retrained_base, *CHAT),
+        "trained on other base weights",
+    ),
+    Attack(
+        "a LoRA run whose base is /etc",
+        lora_then(edit_config(lambda c: c["adapter"].update(base="/etc")), *CHAT),
+        "the base run /etc of the LoRA run",
+    ),
+    Attack(
+        "an adapter file with a misshapen tensor",
+        lora_then(
+            edit_adapter(lambda t, m: t.update({k: v[:1] for k, v in t.items() if k.endswith("lora_A")})),
+            *GENERATE,
+        ),  # fmt: skip
+        "does not hold the adapter its settings describe",
+    ),
+    Attack(
+        "an adapter file claiming rank 10**9",
+        lora_then(edit_config(lambda c: c["adapter"]["lora"].update(rank=10**9)), *GENERATE),
+        "--lora-rank must be an integer from 1 to 4096",
+    ),
+    Attack(
+        "an adapter file of NaN",
+        lora_then(edit_adapter(lambda t, m: t.update({k: v * np.nan for k, v in t.items()})), *GENERATE),
+        "holds NaN or infinite weights",
+    ),
+    Attack(
+        "an adapter file whose header names another base",
+        lora_then(edit_adapter(lambda t, m: m.update(base_sha256="0" * 64)), *GENERATE),
+        "describe different adapters",
+    ),
+    Attack(
+        "a LoRA run resumed after its base changed",
+        lora_then(retrained_base, "train", "--resume", "{run}", "--max-iters", "2"),
+        "trained on other base weights",
     ),
 ]
 

@@ -18,8 +18,10 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from minigpt.chat.template import has_chat_tokens
 from minigpt.errors import MinigptError
-from minigpt.serve.batcher import Job, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.batcher import Job, Piece, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.chat import ChatRequest, chat_body, chat_chunk, chat_head, make_chat_job, role_chunk
 from minigpt.serve.models import ServedModel
 from minigpt.serve.protocol import (
     ApiError,
@@ -80,7 +82,7 @@ api = APIRouter(prefix="/v1", dependencies=[Depends(_check_key)])
 async def list_models(request: Request) -> dict[str, Any]:
     data = [
         {"id": m.id, "object": "model", "created": int(m.run.modified()), "owned_by": "minigpt",
-         "context_length": m.engine.block_size}
+         "context_length": m.engine.block_size, "chat": has_chat_tokens(m.tokenizer)}
         for m in _state(request).models.values()
     ]  # fmt: skip
     return {"object": "list", "data": data}
@@ -105,6 +107,30 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     return await _complete(served, jobs, updates, first, request)
+
+
+@api.post("/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request) -> Response:
+    state = _state(request)
+    served = state.model(req.model)
+    jobs = [make_chat_job(req, served.tokenizer, served.engine.block_size, state.limits)]
+    updates = _channel(jobs)
+    try:
+        served.batcher.submit(*jobs)
+    except QueueFull as e:
+        raise ApiError(429, str(e), kind="rate_limit_error") from None
+    if req.stream:
+        first = chat_head(served.id, chunk=True)
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        opening = [role_chunk(first, i) for i in range(req.n)]
+        return StreamingResponse(
+            _sse(served, jobs, updates, first, with_usage, chat_chunk, opening),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    first = chat_head(served.id, chunk=False)
+    return await _complete(served, jobs, updates, first, request,
+                           lambda logprobs: chat_body(first, jobs[0], logprobs, usage(jobs)))  # fmt: skip
 
 
 @api.post("/attention")
@@ -157,13 +183,18 @@ async def _sse(
     queue: asyncio.Queue[Update],
     first: dict[str, Any],
     with_usage: bool,
+    chunk: Callable[[dict[str, Any], Piece, bool], dict[str, Any]] = chunk_body,
+    opening: Sequence[dict[str, Any]] = (),
 ) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, one choice per chunk, then `data: [DONE]`."""
+    """Server-sent events in OpenAI's chunk format (`chunk`: completions' or chat's), the `opening` chunks
+    first, one choice per chunk, then `data: [DONE]`."""
     with_logprobs = jobs[0].logprobs is not None
     try:
+        for body in opening:
+            yield _event(body)
         async for update in _updates(queue, len(jobs)):
             for piece in update.pieces:
-                yield _event(chunk_body(first, piece, with_logprobs))
+                yield _event(chunk(first, piece, with_logprobs))
         if with_usage:
             yield _event({**first, "choices": [], "usage": usage(jobs)})
         yield "data: [DONE]\n\n"
@@ -180,8 +211,10 @@ async def _complete(
     queue: asyncio.Queue[Update],
     first: dict[str, Any],
     request: Request,
+    body: Callable[[dict[int, list[TokenLogprob]]], dict[str, Any]] | None = None,
 ) -> Response:
-    """The whole completion as one body; a client that hangs up first cancels the jobs."""
+    """The whole completion as one body (`body`: chat's, given the logprobs by choice; default
+    completions'); a client that hangs up first cancels the jobs."""
     logprobs: dict[int, list[TokenLogprob]] = {}
 
     async def collect() -> None:
@@ -202,7 +235,7 @@ async def _complete(
     if work.cancelled():
         return Response(status_code=204)  # nobody is there to read it
     work.result()  # an error update raises here
-    return JSONResponse(completion_body(first, jobs, logprobs))
+    return JSONResponse(completion_body(first, jobs, logprobs) if body is None else body(logprobs))
 
 
 async def _disconnected(request: Request) -> None:

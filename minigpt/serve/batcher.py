@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,9 +86,11 @@ class Job:
         logprobs: int | None = None,
         echo: str | None = None,
         first_index: int = 0,
+        stop_ids: Collection[int] = (),
         notify: Callable[[Update], None] = lambda update: None,
     ) -> None:
         self.prompt_ids = list(prompt_ids)
+        self.stop_ids = frozenset(stop_ids)  # tokens besides <|endoftext|> that end a choice (a chat turn's)
         self.n = n
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -345,7 +347,7 @@ class Batcher:
             if scored is not None:
                 offset = len(job.echo or "") + len(choice.stream.text)
                 choice.pending.append(TokenLogprob(*scored[i], offset=offset))
-            if token == self.tokenizer.eot_id:
+            if token == self.tokenizer.eot_id or token in job.stop_ids:
                 choice.stream.close("end_of_text")
             else:
                 choice.stream.feed(self.tokenizer.decode_bytes([token]))
