@@ -34,7 +34,9 @@ class GPTConfig:
     n_embd: int = setting(768, "Model width (divisible by --n-head).", panel=MODEL, shown=PRESET_DEFAULT)
     dropout: float = setting(0.0, "Dropout probability in [0, 1).", panel=MODEL)
     # the architecture: GPT-2's choices by default; the others are what later small models adopted
-    bias: bool = setting(True, "Biases in Linear and LayerNorm layers.", panel=ARCH, by=ARCHS)
+    bias: bool = setting(
+        True, "Biases in Linear and LayerNorm layers (off with --qk-norm unless given).", panel=ARCH, by=ARCHS
+    )
     tie_embeddings: bool = setting(
         True, "Share the token embedding with the LM head.", panel=ARCH, by=ARCHS,
         flags=("--tie/--untie", "--tied/--untied"),

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
+from minigpt.lora import LoRAConfig, base_config, join_added_rows
 from minigpt.memory import score_chunks
 from minigpt.weights import (
     AttentionWeights,
@@ -31,6 +32,7 @@ from minigpt.weights import (
     block_shapes,
     check_shapes,
     expected_shapes,
+    is_adapter_tensor,
     weights_by_name,
 )
 
@@ -137,12 +139,20 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head."""
+    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head.
 
-    def __init__(self, config: GPTConfig) -> None:
+    With `lora`, the base weights are frozen and each targeted linear layer of every block holds a trainable
+    `lora_A` and `lora_B` beside its weight (minigpt.lora), the embedding (and an untied head) a trainable
+    `added` block of the rows past the base vocabulary: `config` is the adapted model's shape.
+    """
+
+    def __init__(self, config: GPTConfig, lora: LoRAConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        shapes = expected_shapes(config)  # what a weights file holds; the blocks follow block_shapes
+        self.lora = lora
+        # what a weights file holds (a LoRA model's base: the new rows are the adapter's); blocks follow
+        # block_shapes
+        shapes = expected_shapes(base_config(config, lora) if lora is not None else config)
         vocab, width = shapes["transformer.wte.weight"]
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(vocab, width)}
         if "transformer.wpe.weight" in shapes:
@@ -154,31 +164,48 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(width, vocab, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+        if lora is not None:
+            self._add_adapters(lora)
         self.reset_parameters()
 
+    def _add_adapters(self, lora: LoRAConfig) -> None:
+        """Freeze the base weights and give the targeted layers (and the new rows) trainable parameters."""
+        self.requires_grad_(False)
+        for block_module in self.transformer.h:
+            for target in lora.targets:
+                layer = block_module.get_submodule(target)
+                layer.lora_A = nn.Parameter(torch.empty(lora.rank, layer.in_features))
+                layer.lora_B = nn.Parameter(torch.empty(layer.out_features, lora.rank))
+        if lora.new_rows:
+            heads = [self.transformer.wte] + ([] if self.config.tie_embeddings else [self.lm_head])
+            for module in heads:
+                module.added = nn.Parameter(torch.empty(lora.new_rows, self.config.n_embd))
+
     @classmethod
-    def uninitialized(cls, config: GPTConfig) -> GPT:
+    def uninitialized(cls, config: GPTConfig, lora: LoRAConfig | None = None) -> GPT:
         """A GPT with allocated but uninitialised weights, fast to build when loaded weights replace them."""
         with _skip_init():
-            return cls(config)
+            return cls(config, lora)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); LoRA's A as
+        nn.Linear's default (uniform within 1/sqrt(in)) and B zero, so an adapter starts as no change."""
         maps = []  # initialised last, so every score starts from the same weights for the same seed
         for name, p in self.named_parameters():
             if ".attn.score" in name:
                 maps.append((name, p))
-            elif name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-            elif p.dim() >= 2:
-                nn.init.normal_(p, mean=0.0, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-            else:  # LayerNorm gains
-                nn.init.ones_(p)
+            else:
+                _initialise(name, p, self.config.n_layer)
         for name, p in maps:
             _init_score_map(name, p)
+
+    @torch.no_grad()
+    def reset_adapters(self) -> None:
+        """Initialise only the LoRA adapter's tensors (the base weights loaded into an uninitialized model)."""
+        for name, p in self.named_parameters():
+            if is_adapter_tensor(name):
+                _initialise(name, p, self.config.n_layer)
 
     def num_params(self) -> int:
         """Parameters the module holds, a tied tensor counted once."""
@@ -190,7 +217,11 @@ class GPT(nn.Module):
         It holds the parameter objects of this moment: in-place updates (training steps) show through,
         parameters replaced afterwards (load_state_dict(assign=True)) do not: read it again then.
         """
-        return weights_by_name(self.config, dict(self.named_parameters()))
+        tensors = dict(self.named_parameters())
+        if self.lora is None:
+            return weights_by_name(self.config, tensors)
+        # the new rows join the frozen ones on every call, so their gradient reaches `added`
+        return weights_by_name(self.config, join_added_rows(tensors, torch.cat), self.lora.scale)
 
     def new_cache(self, batch: int) -> Cache:
         """An empty KV cache of `batch` rows, each layer as long as its window, in the model's dtype and
@@ -240,8 +271,27 @@ def _init_score_map(name: str, p: torch.Tensor) -> None:
         nn.init.normal_(p, mean=0.0, std=p.size(-1) ** -0.5)
 
 
+def _initialise(name: str, p: nn.Parameter, n_layer: int) -> None:
+    if name.endswith("lora_A"):
+        bound = 1.0 / math.sqrt(p.size(1))
+        nn.init.uniform_(p, -bound, bound)
+    elif name.endswith("lora_B"):
+        nn.init.zeros_(p)
+    elif name.endswith("c_proj.weight"):
+        nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    elif p.dim() >= 2:
+        nn.init.normal_(p, mean=0.0, std=0.02)
+    elif name.endswith("bias"):
+        nn.init.zeros_(p)
+    else:  # LayerNorm gains
+        nn.init.ones_(p)
+
+
 def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's state dict with GPT-2 names, the tied head left out (it is wte)."""
+    """What a checkpoint of the model holds: its state dict with GPT-2 names, the tied head left out (it is
+    wte); for a model with LoRA adapters, the adapter's tensors only (the base stays in its own run)."""
+    if model.lora is not None:
+        return {n: p for n, p in model.named_parameters() if is_adapter_tensor(n)}
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight", None)
@@ -278,7 +328,13 @@ def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     if w.scale is None:  # an input-major weight (a decoding engine's layout) is the transpose of torch's
-        return F.linear(x, w.weight.t() if w.input_major else w.weight, w.bias)
+        y = F.linear(x, w.weight.t() if w.input_major else w.weight, w.bias)
+        if w.lora is not None:
+            # the scale goes on the rank-r product, and the update is added in place (linear's backward
+            # needs its input, not its output): one full-width temporary, not three
+            low = w.lora
+            y = y.add_(F.linear(F.linear(x, low.a) * low.scale, low.b))
+        return y
     # int8 weight-only (minigpt.quantize): the kernel takes activations in the scales' dtype, bf16 for
     # float32 models because its float32 path is several times slower; results return to x's dtype
     y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).to(w.scale.dtype), w.weight, w.scale)

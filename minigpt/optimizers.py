@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minigpt.trainconfig import TrainConfig
+from minigpt.weights import is_adapter_tensor
 
 # the per-parameter state each optimizer keeps, as torch names it: all a state file may hold for a parameter
 SLOTS: dict[type[torch.optim.Optimizer], tuple[str, ...]] = {
@@ -54,8 +55,9 @@ class Optimizers:
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     """A 2-D weight inside a transformer block (attention and MLP projections): what Muon trains.
-    Embeddings, the LM head and every 1-D gain or bias stay with AdamW, as Muon's authors advise."""
-    return param.dim() == 2 and name.startswith("transformer.h.")
+    Embeddings, the LM head and every 1-D gain or bias stay with AdamW, as Muon's authors advise, and so
+    do LoRA's low-rank factors (orthogonalising a rank-r factor is not the update LoRA is tuned for)."""
+    return param.dim() == 2 and name.startswith("transformer.h.") and not is_adapter_tensor(name)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> Optimizers:

@@ -24,11 +24,21 @@ A = TypeVar("A", bound=Any)  # torch.Tensor or np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
+class LowRank(Generic[A]):
+    """A LoRA update of a linear layer (minigpt.lora): y += scale * (x a^T) b^T."""
+
+    a: A  # (rank, in)
+    b: A  # (out, rank)
+    scale: float  # alpha / rank
+
+
+@dataclass(frozen=True, slots=True)
 class LinearWeights(Generic[A]):
     weight: A  # (out, in), or (in, out) when input_major; int8 when quantized
     bias: A | None
     scale: A | None = None  # (out,) per-channel scales of an int8 weight (minigpt.quantize), else None
     input_major: bool = False  # weight stored transposed: y = x @ weight + bias
+    lora: LowRank[A] | None = None  # a trained adapter's update (training only: inference merges it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +91,18 @@ class ModelWeights(Generic[A]):
     head_dim: int
 
 
-def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights[A]:
-    """The tree of `tensors` named as GPT-2 names them; absent biases are None, an absent head is wte."""
+def weights_by_name(
+    config: GPTConfig, tensors: Mapping[str, A], lora_scale: float | None = None
+) -> ModelWeights[A]:
+    """The tree of `tensors` named as GPT-2 names them; absent biases are None, an absent head is wte.
+    With `lora_scale`, a layer's `lora_A` and `lora_B` beside its weight become its LowRank update."""
     rms = config.norm == "rmsnorm"
 
     def linear(name: str) -> LinearWeights[A]:
-        return LinearWeights(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
+        low_rank = None
+        if lora_scale is not None and f"{name}.lora_A" in tensors:
+            low_rank = LowRank(tensors[f"{name}.lora_A"], tensors[f"{name}.lora_B"], lora_scale)
+        return LinearWeights(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), lora=low_rank)
 
     def norm(name: str, is_rms: bool = rms) -> NormWeights[A]:
         return NormWeights(
@@ -120,6 +136,11 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
         rope_base=config.rope_base if config.pos == "rope" else None,
         head_dim=config.head_dim,
     )
+
+
+def is_adapter_tensor(name: str) -> bool:
+    """A LoRA adapter's tensor (minigpt.lora): a layer's lora_A or lora_B, or new embedding or head rows."""
+    return name.endswith((".lora_A", ".lora_B", ".added"))
 
 
 def map_linears(node: Any, fn: Callable[[LinearWeights[Any]], LinearWeights[Any]]) -> Any:
