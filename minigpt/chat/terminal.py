@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TextIO
@@ -23,6 +24,9 @@ HELP = (
 
 def interactive(session: ChatSession, read: Callable[[str], str], out: TextIO, err: TextIO) -> None:
     """Chat until Ctrl-D or /exit: each line the user types is a message, answered as it is generated."""
+    # a chat in a terminal takes Ctrl-C even when started with SIGINT ignored (from a background job of a
+    # script, or nohup): Python then installs no handler of its own, and Ctrl-C would do nothing
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     err.write(f"chatting with a model of context {session.engine.block_size} tokens. {HELP}\n")
     err.flush()
     while True:
