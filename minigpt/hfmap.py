@@ -77,9 +77,19 @@ def _rotary_checks(c: GPTConfig) -> list[Check]:
     return [*checks, (_has_windows(c), f"--window {c.window}", why)]
 
 
+def _speedrun_checks(c: GPTConfig) -> list[Check]:
+    why = "GPT-2, Llama and Qwen3 have no such part, so transformers could not run the model"
+    return [
+        (c.value_embeds, "--value-embeds", why),
+        (c.skips, "--skips", why),
+        (c.logit_cap is not None, f"--logit-cap {c.logit_cap}", why),
+    ]
+
+
 def family_for(config: GPTConfig) -> str:
     """The model_type a minigpt model converts to, or a one-line error naming the option none can hold."""
-    checks = _gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config)
+    checks = _speedrun_checks(config)
+    checks += _gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config)
     for failed, option, why in checks:
         if failed:
             raise MinigptError(f"cannot convert to Hugging Face: this model has {option}; {why}")

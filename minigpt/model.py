@@ -39,6 +39,7 @@ __all__ = [
     "attend",
     "block",
     "attention_mask",
+    "head",
     "build_model",
     "linear",
     "mlp",
@@ -98,6 +99,8 @@ class CausalSelfAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = _norm(config, shapes, "attn.q_norm")
             self.k_norm = _norm(config, shapes, "attn.k_norm")
+        if "attn.v_embed.weight" in shapes:
+            self.v_embed = nn.Embedding(*shapes["attn.v_embed.weight"])
 
 
 class MLP(nn.Module):
@@ -140,6 +143,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(width, vocab, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+        if "skip_weights" in shapes:
+            self.skip_weights = nn.Parameter(torch.empty(shapes["skip_weights"]))
         self.reset_parameters()
 
     @classmethod
@@ -150,8 +155,11 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
-        for name, p in self.named_parameters():
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); value
+        embeddings N(0, 0.02) too, drawn after the rest (so a seed gives the other weights with or
+        without them), and U-net skip weights 1 (modded-nanogpt's)."""
+        named = sorted(self.named_parameters(), key=lambda item: item[0].endswith("v_embed.weight"))
+        for name, p in named:
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
             elif p.dim() >= 2:
@@ -160,6 +168,14 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
             else:  # LayerNorm gains
                 nn.init.ones_(p)
+
+    @torch.no_grad()
+    def zero_output_projections(self) -> None:
+        """Zero every block's output projections (attention's and the MLP's c_proj) and an untied head,
+        so each block starts as the identity and the first logits are uniform (modded-nanogpt's init)."""
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight") or (name == "lm_head.weight" and not self.config.tie_embeddings):
+                p.zero_()
 
     def num_params(self) -> int:
         """Parameters the module holds, a tied tensor counted once."""
@@ -203,12 +219,12 @@ class GPT(nn.Module):
         dropout = self.config.dropout if self.training else 0.0
         x = transformer(w, idx, kv_cache, attention, dropout)
         if targets is not None:
-            logits = F.linear(x, w.lm_head)
+            logits = head(w, x)
             loss = F.cross_entropy(
                 logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
             )
             return logits, loss
-        return F.linear(x if all_logits else x[:, -1, :], w.lm_head), None
+        return head(w, x if all_logits else x[:, -1, :]), None
 
 
 def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
@@ -286,13 +302,19 @@ def attention_mask(queries: int, keys: int, window: int, device: torch.device) -
 
 
 def qkv(
-    w: AttentionWeights[torch.Tensor], x: torch.Tensor, rope: Rotary | None = None
+    w: AttentionWeights[torch.Tensor],
+    x: torch.Tensor,
+    rope: Rotary | None = None,
+    idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
-    QK-norm and rotary positions applied when the model has them."""
+    QK-norm, rotary positions and the value embeddings of the tokens idx (B, T) applied when the model
+    has them."""
     B, T, _ = x.shape
     hd = x.size(-1) // w.n_head
     q, k, v = linear(w.c_attn, x).split([w.n_head * hd, w.n_kv_head * hd, w.n_kv_head * hd], dim=-1)
+    if w.v_embed is not None and idx is not None:
+        v = v + F.embedding(idx, w.v_embed).to(v.dtype)
     q = q.view(B, T, w.n_head, hd).transpose(1, 2)
     k = k.view(B, T, w.n_kv_head, hd).transpose(1, 2)
     v = v.view(B, T, w.n_kv_head, hd).transpose(1, 2)
@@ -311,15 +333,16 @@ def attend(
     rope: Rotary | None = None,
     attention: list[torch.Tensor] | None = None,
     dropout: float = 0.0,
+    idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
-    each query seeing at most the layer's window.
+    each query seeing at most the layer's window (idx: the tokens, for value embeddings).
 
     Fused SDPA by default; with an `attention` list it computes softmax(QKᵀ/√d) explicitly and appends
     the probabilities (B, H, T, keys), so inspection reads the very attention the model runs.
     """
     B, T, C = x.shape
-    q, k, v = qkv(w, x, rope)
+    q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
     if attention is None:
@@ -371,9 +394,10 @@ def block(
     rope: Rotary | None = None,
     attention: list[torch.Tensor] | None = None,
     dropout: float = 0.0,
+    idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, attention, dropout)
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, attention, dropout, idx)
     return x + mlp(w.mlp, norm(w.ln_2, x), dropout)
 
 
@@ -394,8 +418,23 @@ def transformer(
     if w.rope_base is not None:
         rope = rotary(w.rope_base, w.head_dim, start, T, x.device)
     x = _dropout(x, dropout)
+    inputs: list[torch.Tensor] = []  # the layers' inputs that U-net skips carry to later layers
+    takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
     for layer, b in enumerate(w.h):
-        x = block(b, x, layer, cache, rope, attention, dropout)
+        if layer in takes and w.skips is not None:
+            i, giver = takes[layer]
+            x = x + w.skips[i].to(x.dtype) * inputs[giver]
+        if layer < len(w.skip_pairs):
+            inputs.append(x)
+        x = block(b, x, layer, cache, rope, attention, dropout, idx)
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)
+
+
+def head(w: ModelWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The logits of hidden states x: the LM head, soft-capped when the model caps them."""
+    logits = F.linear(x, w.lm_head)
+    if w.logit_cap is None:
+        return logits
+    return w.logit_cap * torch.tanh(logits / w.logit_cap)

@@ -29,6 +29,7 @@ DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
 # the peak lr early and has the rest of the budget to decay
 WARMUP_FRACTION = 0.1
 OPTIMIZERS = ("adamw", "muon")
+ORTHOGONALIZERS = ("newton-schulz", "polar-express")  # Muon's (minigpt.muon)
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 _MIN_LR_DEFAULT = ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
@@ -88,6 +89,17 @@ class TrainConfig:
         choices=OPTIMIZERS, by=RECIPES,
     )  # fmt: skip
     muon_lr: float = setting(0.02, "Muon's peak learning rate (--optimizer muon).", panel=OPT)
+    orthogonalizer: str = setting(
+        "newton-schulz", "How Muon orthogonalises its update: newton-schulz (one quintic, 5 times) or "
+        "polar-express (5 quintics, each optimal for where the last left the singular values).", panel=OPT,
+        choices=ORTHOGONALIZERS,
+    )  # fmt: skip
+    normuon: bool = setting(
+        False, "NorMuon: Muon's update row by row over the root of its running mean square.", panel=OPT
+    )
+    zero_init: bool = setting(
+        False, "Start every block's output projections (and an untied head) at zero.", panel=OPT
+    )
     # budget: the first one reached stops the run
     max_iters: int | None = setting(
         None, "Stop at this optimizer step (counted over the whole run).", panel=BUDGET,

@@ -300,6 +300,8 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
     fix = "lower batch_size, block_size or the model's size"
     check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
     model = GPT(shape).to(device)
+    if cfg.zero_init:
+        model.zero_output_projections()
     if plan.init_from is not None:
         source = RunDir(plan.init_from)
         weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))

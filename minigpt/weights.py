@@ -43,6 +43,7 @@ class AttentionWeights(Generic[A]):
     window: int  # the latest positions a query sees, itself included
     q_norm: NormWeights[A] | None  # QK-norm: RMSNorm over each head's dimensions
     k_norm: NormWeights[A] | None
+    v_embed: A | None = None  # value embeddings (vocab, n_kv_head * head_dim): added to the values
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,9 @@ class ModelWeights(Generic[A]):
     lm_head: A  # wte itself when the embeddings are tied
     rope_base: float | None  # rotary positions' base, None with learned positions
     head_dim: int
+    skips: A | None = None  # U-net skips' weights (n_layer // 2,), pair i as GPTConfig.skip_pairs lists it
+    skip_pairs: tuple[tuple[int, int], ...] = ()
+    logit_cap: float | None = None  # soft cap of the logits: cap * tanh(logits / cap)
 
 
 def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights[A]:
@@ -94,6 +98,7 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
             window,
             norm(f"{p}.attn.q_norm", True) if qk else None,
             norm(f"{p}.attn.k_norm", True) if qk else None,
+            tensors[f"{p}.attn.v_embed.weight"] if config.value_embeds else None,
         )
         gate = linear(f"{p}.mlp.c_gate") if config.mlp == "swiglu" else None
         mlp = MLPWeights(linear(f"{p}.mlp.c_fc"), linear(f"{p}.mlp.c_proj"), gate, config.mlp)
@@ -108,6 +113,9 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
         lm_head=tensors.get("lm_head.weight", wte),
         rope_base=config.rope_base if config.pos == "rope" else None,
         head_dim=config.head_dim,
+        skips=tensors["skip_weights"] if config.skips else None,
+        skip_pairs=config.skip_pairs,
+        logit_cap=config.logit_cap,
     )
 
 
@@ -123,6 +131,7 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     }
     if config.mlp == "swiglu":
         linears["mlp.c_gate"] = (F, C)
+    tables = {"attn.v_embed.weight": (config.vocab_size, config.kv_heads * hd)} if config.value_embeds else {}
     norms = {"ln_1": C, "ln_2": C, **({"attn.q_norm": hd, "attn.k_norm": hd} if config.qk_norm else {})}
     shapes: dict[str, tuple[int, ...]] = {}
     for name, width in norms.items():
@@ -133,7 +142,7 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{name}.weight"] = shape
         if config.bias:
             shapes[f"{name}.bias"] = shape[:1]
-    return shapes
+    return {**shapes, **tables}
 
 
 def norm_has_bias(config: GPTConfig, name: str) -> bool:
@@ -156,6 +165,8 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes["transformer.ln_f.bias"] = (C,)
     if not config.tie_embeddings:
         shapes["lm_head.weight"] = (V, C)
+    if config.skips:
+        shapes["skip_weights"] = (len(config.skip_pairs),)
     return shapes
 
 

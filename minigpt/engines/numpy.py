@@ -88,13 +88,15 @@ def attention_mask(queries: int, keys: int, window: int) -> np.ndarray:
 
 
 def qkv(
-    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None
+    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None, idx: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
-    QK-norm and rotary positions applied when the model has them."""
+    QK-norm, rotary positions and the value embeddings of the tokens idx applied when the model has them."""
     B, T, C = x.shape
     hd = C // w.n_head
     q, k, v = np.split(linear(w.c_attn, x), [w.n_head * hd, (w.n_head + w.n_kv_head) * hd], axis=-1)
+    if w.v_embed is not None:
+        v = v + w.v_embed[idx]
     q = q.reshape(B, T, w.n_head, hd).transpose(0, 2, 1, 3)
     k = k.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
     v = v.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
@@ -106,12 +108,17 @@ def qkv(
 
 
 def attend(
-    w: AttentionWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None, rope: Rotary | None
+    w: AttentionWeights[np.ndarray],
+    x: np.ndarray,
+    layer: int,
+    cache: Cache | None,
+    rope: Rotary | None,
+    idx: np.ndarray,
 ) -> np.ndarray:
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
-    each query seeing at most the layer's window."""
+    each query seeing at most the layer's window (idx: the tokens, for value embeddings)."""
     B, T, C = x.shape
-    q, k, v = qkv(w, x, rope)
+    q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
     # each key/value head serves a group of consecutive query heads: (B, n_kv_head, group, T, hd)
@@ -135,10 +142,15 @@ def mlp(w: MLPWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def block(
-    w: BlockWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None, rope: Rotary | None
+    w: BlockWeights[np.ndarray],
+    x: np.ndarray,
+    layer: int,
+    cache: Cache | None,
+    rope: Rotary | None,
+    idx: np.ndarray,
 ) -> np.ndarray:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope)
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, idx)
     return x + mlp(w.mlp, norm(w.ln_2, x))
 
 
@@ -152,11 +164,27 @@ def transformer(w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | Non
         x = x + w.wpe[start : start + T]
     if w.rope_base is not None:
         rope = rotary(w.rope_base, w.head_dim, start, T)
+    inputs: list[np.ndarray] = []  # the layers' inputs that U-net skips carry to later layers
+    takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
     for layer, b in enumerate(w.h):
-        x = block(b, x, layer, cache, rope)
+        if layer in takes and w.skips is not None:
+            i, giver = takes[layer]
+            x = x + w.skips[i] * inputs[giver]
+        if layer < len(w.skip_pairs):
+            inputs.append(x)
+        x = block(b, x, layer, cache, rope, idx)
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)
+
+
+def head(w: ModelWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The logits of hidden states x: the LM head, soft-capped when the model caps them."""
+    logits = x @ w.lm_head.T
+    if w.logit_cap is None:
+        return logits
+    cap = np.float32(w.logit_cap)
+    return cap * np.tanh(logits / cap)
 
 
 # --- sampling -------------------------------------------------------------------------------------------
@@ -217,7 +245,7 @@ class NumpyEngine:
 
     def forward(self, ids: Sequence[Sequence[int]], cache: Cache | None) -> np.ndarray:
         x = transformer(self.weights, np.asarray(ids, dtype=np.int64), cache)
-        logits = x[:, -1] @ self.weights.lm_head.T
+        logits = head(self.weights, x[:, -1])
         return logits if cache is None else np.broadcast_to(logits, (cache.batch, logits.shape[-1]))
 
     def sample(
