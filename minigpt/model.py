@@ -174,7 +174,9 @@ class GPT(nn.Module):
         """Zero every block's output projections (attention's and the MLP's c_proj) and an untied head,
         so each block starts as the identity and the first logits are uniform (modded-nanogpt's init)."""
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight") or (name == "lm_head.weight" and not self.config.tie_embeddings):
+            if name.endswith("c_proj.weight") or (
+                name == "lm_head.weight" and not self.config.tie_embeddings
+            ):
                 p.zero_()
 
     def num_params(self) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from minigpt.trainconfig import ORTHOGONALIZERS
+
 NS_QUINTIC = (3.4445, -4.7750, 2.0315)  # Keller Jordan's, the coefficients torch.optim.Muon uses
 STEPS = 5
 POLAR_LOWER = 1e-3  # Polar Express's assumed smallest singular value after normalising (the paper's choice)
@@ -65,7 +66,9 @@ def _range(q: Quintic, lower: float, upper: float) -> tuple[float, float]:
 
 
 @functools.cache
-def polar_express(steps: int = STEPS, lower: float = POLAR_LOWER, safety: float = POLAR_SAFETY) -> tuple[Quintic, ...]:
+def polar_express(
+    steps: int = STEPS, lower: float = POLAR_LOWER, safety: float = POLAR_SAFETY
+) -> tuple[Quintic, ...]:
     """Polar Express's quintics: each the minimax one for the interval the previous left the singular values
     in (starting from [lower, 1]), applied to x / safety; the next interval is its range over this one."""
     low, high = lower, 1.0
