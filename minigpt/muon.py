@@ -8,8 +8,8 @@ singular values are known to lie in closest to 1 in the worst case. NorMuon (Li 
 row (neuron) of the update by the root of its running mean square, so no neuron's update dominates.
 
 The iterations run in float32 on the CPU, where bf16 matrix products are slow unless the CPU has bf16
-instructions, and in bf16 on GPUs; matrices of one shape are orthogonalised together, one batched product
-per iteration.
+instructions (10-70x slower than float32 on an AVX2-only CPU), and in bf16 on GPUs (`--muon-dtype` picks);
+matrices of one shape are orthogonalised together, one batched product per iteration.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ POLAR_LOWER = 1e-3  # Polar Express's assumed smallest singular value after norm
 POLAR_SAFETY = 1.01  # each polynomial is applied to x / 1.01, so round-off just above the interval is safe
 NORMUON_BETA2 = 0.95  # NorMuon's decay of each row's mean square (the paper's default)
 NORMUON_EPS = 1e-8
-EPS = 1e-7  # added to the Frobenius norm before dividing by it (torch.optim.Muon's)
+EPS = 1e-7  # the least Frobenius norm divided by (torch.optim.Muon's)
 
 Quintic = tuple[float, float, float]  # p(x) = a x + b x^3 + c x^5
 
@@ -90,7 +90,7 @@ def orthogonalize(g: torch.Tensor, polynomials: tuple[Quintic, ...]) -> torch.Te
     singular values are at most 1), then X <- aX + (b XXᵀ + c (XXᵀ)²) X per quintic, over the shorter side."""
     tall = g.size(-2) > g.size(-1)
     x = g.mT if tall else g
-    x = x / (torch.linalg.matrix_norm(x, keepdim=True) + EPS)
+    x = x / torch.linalg.matrix_norm(x, keepdim=True).clamp(min=EPS)
     for a, b, c in polynomials:
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
@@ -115,6 +115,7 @@ class Muon(torch.optim.Optimizer):
         momentum: float = 0.95,
         orthogonalizer: str = "newton-schulz",
         normuon: bool = False,
+        dtype: str = "auto",
     ) -> None:
         if orthogonalizer not in ORTHOGONALIZERS:
             raise ValueError(f"unknown orthogonalizer {orthogonalizer!r}")
@@ -122,6 +123,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.polynomials = quintics(orthogonalizer)
         self.normuon = normuon
+        self.dtype = dtype
 
     def slots(self, param: torch.Tensor) -> dict[str, tuple[int, ...]]:
         """The state this optimizer keeps for `param` and each one's shape."""
@@ -151,7 +153,7 @@ class Muon(torch.optim.Optimizer):
             buf.lerp_(p.grad, 1 - momentum)
             updates.append(p.grad.lerp(buf, momentum))  # Nesterov
         stacked = torch.stack(updates)
-        ortho = orthogonalize(stacked.bfloat16() if stacked.is_cuda else stacked.float(), self.polynomials)
+        ortho = orthogonalize(stacked.to(self._work_dtype(stacked.device)), self.polynomials)
         if self.normuon:
             ortho = self._normalise_rows(params, ortho.float())
         lr, decay = group["lr"], group["weight_decay"]
@@ -159,6 +161,12 @@ class Muon(torch.optim.Optimizer):
         for p, u in zip(params, ortho.unbind(0), strict=True):
             p.mul_(1 - lr * decay)
             p.add_(u.to(p.dtype), alpha=-scale)
+
+    def _work_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of the iterations: bf16 on GPUs and float32 elsewhere, unless `dtype` names one."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
 
     def _normalise_rows(self, params: list[torch.Tensor], ortho: torch.Tensor) -> torch.Tensor:
         """NorMuon: each row over the root of its running mean square, then the whole update rescaled to

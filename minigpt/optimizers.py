@@ -85,7 +85,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
         parts.append(
             Muon(
                 [group], lr=cfg.muon_lr, weight_decay=cfg.weight_decay, orthogonalizer=cfg.orthogonalizer,
-                normuon=cfg.normuon,
+                normuon=cfg.normuon, dtype=cfg.muon_dtype,
             )
         )  # fmt: skip
     return Optimizers(parts)

@@ -30,6 +30,7 @@ DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
 WARMUP_FRACTION = 0.1
 OPTIMIZERS = ("adamw", "muon")
 ORTHOGONALIZERS = ("newton-schulz", "polar-express")  # Muon's (minigpt.muon)
+MUON_DTYPES = ("auto", "float32", "bfloat16")
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 _MIN_LR_DEFAULT = ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
@@ -97,6 +98,10 @@ class TrainConfig:
     normuon: bool = setting(
         False, "NorMuon: Muon's update row by row over the root of its running mean square.", panel=OPT
     )
+    muon_dtype: str = setting(
+        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs, float32 elsewhere (CPUs without bf16 "
+        "instructions multiply bf16 matrices many times slower).", panel=OPT, choices=MUON_DTYPES,
+    )  # fmt: skip
     zero_init: bool = setting(
         False, "Start every block's output projections (and an untied head) at zero.", panel=OPT
     )

@@ -84,11 +84,17 @@ def _row(name: str) -> str:
         "mlp.c_gate.weight": "Gate-projection (SwiGLU)",
         "mlp.c_proj.weight": "Down-projection",
         "lm_head.weight": "Unembedding",
+        "attn.v_embed.weight": "Value embeddings",
+        "skip_weights": "U-net skip weights",
     }
     return next(row for suffix, row in suffixes.items() if name.endswith(suffix))
 
 
 def _share(name: str) -> str:
+    if name.endswith("v_embed.weight"):
+        return "embeddings"
+    if name == "skip_weights":
+        return "norms"
     if ".attn." in name:
         return "attention"
     if ".mlp." in name:
@@ -127,6 +133,22 @@ def test_every_combination_counts_exactly_per_row() -> None:
         assert shares == expected_shares, config
         checked += 1
     assert checked == len(SHAPES) * 96 * 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(value_embeds=True), dict(skips=True), dict(value_embeds=True, skips=True, n_kv_head=2, pos="rope")],
+)
+def test_value_embeddings_and_skips_count_exactly_per_row(options: dict) -> None:
+    """Value embeddings (a table per layer, as wide as the keys) and U-net skip weights (one per pair of
+    layers) are rows of the reconciliation, counted as the module holds them."""
+    for L, H, D, V, T in SHAPES[1:]:
+        config = GPTConfig(n_layer=L, n_head=H, n_embd=D, vocab_size=V, block_size=T, **options)
+        with torch.device("meta"):
+            model = GPT(config)
+        report = count_params(config)
+        assert report.exact_total == model.num_params()
+        assert report_rows(config) == module_rows(model), config
 
 
 @pytest.mark.parametrize(

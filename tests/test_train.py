@@ -28,6 +28,7 @@ from minigpt.data import BatchSampler, DataConfig, prepare_data
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
 from minigpt.model import GPT
+from minigpt.muon import Muon
 from minigpt.panel import TrainingPanel
 from minigpt.presets import PRESETS
 from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
@@ -128,8 +129,12 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     [
         dict(arch="gpt2", optimizer="adamw"),
         dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8),
+        dict(
+            arch="modern", optimizer="muon", value_embeds=True, skips=True, logit_cap=10.0, zero_init=True,
+            orthogonalizer="polar-express", normuon=True,
+        ),
     ],
-    ids=["gpt2", "modern"],
+    ids=["gpt2", "modern", "speedrun"],
 )
 def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str, Any]) -> None:
     """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
@@ -192,7 +197,7 @@ def test_muon_trains_the_blocks_matrices_and_the_schedule_scales_both_rates() ->
     cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.05)
     optimizer = make_optimizer(model, cfg, torch.device("cpu"))
     adamw, muon = optimizer.parts
-    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, Muon)
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         hidden = name.startswith("transformer.h.") and p.dim() == 2
