@@ -13,6 +13,7 @@ import torch
 from test_decode import ENGINES, GREEDY, tiny_model
 
 from minigpt import model as tm
+from minigpt.budget import batch_at
 from minigpt.config import GPTConfig
 from minigpt.decode import decode
 from minigpt.errors import MinigptError, UsageError
@@ -306,3 +307,36 @@ def test_muon_trains_the_blocks_matrices_but_not_the_value_embeddings() -> None:
         assert (id(p) in in_muon) == hidden, name
     with pytest.raises(UsageError, match="unknown orthogonalizer 'svd'"):
         TrainConfig(orthogonalizer="svd")
+
+
+# --- schedules ------------------------------------------------------------------------------------------
+
+
+def test_the_batch_ramps_from_a_quarter_to_the_whole_batch() -> None:
+    cfg = TrainConfig(batch_size=16, batch_ramp=0.5)
+    assert [batch_at(cfg, p) for p in (0.0, 0.125, 0.25, 0.49, 0.5, 0.9)] == [4, 7, 10, 15, 16, 16]
+    assert batch_at(TrainConfig(batch_size=16), 0.0) == 16
+    assert batch_at(TrainConfig(batch_size=2, batch_ramp=1.0), 0.0) == 1
+    for bad in (-0.1, 1.5):
+        with pytest.raises(UsageError, match="batch_ramp is a fraction"):
+            TrainConfig(batch_ramp=bad)
+
+
+def test_a_ramped_run_draws_and_counts_the_ramped_batches(tmp_path) -> None:
+    from minigpt.data import DataConfig
+    from minigpt.train import train
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    cfg = TrainConfig(
+        preset="tiny", batch_size=8, batch_ramp=0.5, max_iters=8, eval_iters=1, eval_every=8, log_every=1,
+        warmup=0, device="cpu", dtype="float32",
+    )  # fmt: skip
+    result = train(
+        cfg, DataConfig(paths=(text,), tokenizer="char", cache_dir=tmp_path / "cache"), out=tmp_path / "r"
+    )
+    batches = [batch_at(cfg, step / 8) for step in range(8)]
+    assert batches == [2, 3, 5, 6, 8, 8, 8, 8]
+    assert result.state.tokens == sum(batches) * 32  # tiny's block_size
+    steps = [r for r in result.metrics if r["kind"] == "train"]
+    assert [r["tokens"] for r in steps] == [sum(batches[: i + 1]) * 32 for i in range(8)]

@@ -131,7 +131,7 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
         dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8),
         dict(
             arch="modern", optimizer="muon", value_embeds=True, skips=True, logit_cap=10.0, zero_init=True,
-            orthogonalizer="polar-express", normuon=True,
+            orthogonalizer="polar-express", normuon=True, batch_ramp=0.5,
         ),
     ],
     ids=["gpt2", "modern", "speedrun"],
