@@ -1,25 +1,30 @@
 """Generation speed: each engine's cached decoding against the memory-bandwidth bound, and end to end.
 
-Prints markdown tables. The model is nanoGPT's shakespeare_char shape (6 layers, 6 heads, 384 wide,
-block 256, 65 characters) with random weights: speed does not depend on what the weights say.
+Prints the README's markdown tables. The models are nanoGPT's shakespeare_char shape (6 layers, 6 heads,
+384 wide, block 256, 65 characters) in GPT-2's architecture and in `--arch modern` (rotary, RMSNorm,
+SwiGLU, untied), with random weights: speed does not depend on what the weights say.
 
 A cached step reads every weight once, however many rows it decodes, so a step cannot be faster than
-(bytes of weights it reads) / (memory bandwidth). The benchmark measures this machine's bandwidth itself
-(a float32 matrix-vector product over a 256 MB matrix, far larger than the caches) and reports each
-engine's tokens/s as a fraction of that bound: 1.0 would be a step that does nothing but stream weights.
-At batch N the bound is N times the batch-1 bound (one weight read serves N rows); the KV cache each row
-also reads is left out of it. Weights that fit in the last-level cache (int8, bf16) can beat the bound.
+(bytes of weights it reads) / (memory bandwidth). The benchmark measures this machine's bandwidth in the
+same run: the best of 3 passes of a float32 matrix-vector product over a 256 MB matrix (NumPy, its
+default threads), far larger than the caches, taken between the rounds so it sees the same load. Each
+engine's tokens/s is shown as a fraction of that bound: 1.0 would be a step that does nothing but stream
+weights. At batch N the bound is N times the batch-1 bound (one weight read serves N rows); the KV cache
+each row also reads is left out of it. Weights that fit in the last-level cache (int8) can beat it.
 
-The last table decodes past the block: a rotary model's ring-buffer cache against the learned-position
-slide, tokens/s over --e2e-tokens and over --long new tokens at batch 1 (the rotary ratio should stay
-near 1: constant work per token however long the text).
+Engines are timed as `minigpt generate` runs them: `load_engine` on a saved run (which picks the weights'
+layout by timing), the decode loop and its text, with the threads the engine chooses itself
+(minigpt.engines.tuning: its first steps try each count) and, for the NumPy engine, with one thread.
+The NumPy engine runs in a process of its own, as `generate` runs it, without torch. Everything is
+measured round-robin, `--repeats` times, medians shown: on a shared machine interleaving spreads the
+noise over every row alike, and the ratios (to the bound, batch 8 to batch 1, int8 to float32) hold
+better than the absolute numbers.
 
-Engines are timed as `minigpt generate` runs them (`load_engine` on a saved run, the decode loop and its
-text), round-robin over engines and batch sizes, `--repeats` times, medians shown: the machine may be
-shared, and interleaving spreads the noise over every row alike.
+The last tables time whole `minigpt generate` commands (start-up, loading, generation) and decoding past
+the block (a rotary model's ring-buffer cache against the learned-position slide).
 
     python bench/bench_generate.py                       # ~5 minutes on 2 slow cores
-    python bench/bench_generate.py --repeats 1 --skip-baseline --e2e-runs 1
+    python bench/bench_generate.py --repeats 1 --skip-baseline --e2e-runs 1 --long 0
 """
 
 from __future__ import annotations
@@ -38,9 +43,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # measure this checkout, not whatever minigpt is installed
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets them (see minigpt/cli.py)
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets it (see minigpt/cli.py)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from minigpt.config import GPTConfig  # noqa: E402
@@ -50,19 +55,32 @@ from minigpt.engines.torch import make_generator  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
 from minigpt.rundir import RunDir  # noqa: E402
 from minigpt.tokenizer import CharTokenizer, Tokenizer  # noqa: E402
+from minigpt.trainconfig import arch_fields  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 CONFIG = GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
-# (label, backend, dtype, quantize): what `minigpt generate --backend B --dtype D --quantize Q` runs
-TORCH_ENGINES = [
-    ("torch", "torch", "float32", "none"),
-    ("torch `--dtype bfloat16`", "torch", "bfloat16", "none"),
-    ("torch `--quantize int8`", "torch", "float32", "int8"),
+ARCHS = {"GPT-2": CONFIG, "modern": GPTConfig(**{**CONFIG.to_dict(), **arch_fields("modern")})}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What `minigpt generate --backend B --quantize Q` runs, on `threads` (None: the engine's choice)."""
+
+    label: str
+    backend: str
+    quantize: str = "none"
+    threads: int | None = None
+
+
+SETUPS = [
+    Setup("NumPy (generate's default)", "numpy"),
+    Setup("NumPy, one thread", "numpy", threads=1),
+    Setup("torch", "torch"),
+    Setup("torch `--quantize int8`", "torch", "int8"),
 ]
-NUMPY_ENGINE = ("NumPy (one BLAS thread)", "numpy", "float32", "none")
 E2E: list[tuple[str, tuple[str, ...], dict[str, str]]] = [  # (what, extra options, environment)
-    ("`minigpt generate` (auto: the NumPy engine)", (), {}),
-    ("the same with `OPENBLAS_NUM_THREADS=2`", (), {"OPENBLAS_NUM_THREADS": "2"}),
+    ("`minigpt generate` (auto: the NumPy engine, its own threads)", (), {}),
+    ("the same with `OPENBLAS_NUM_THREADS=1`", (), {"OPENBLAS_NUM_THREADS": "1"}),
     ("`minigpt generate --backend torch`", ("--backend", "torch"), {}),
     ("`minigpt generate --quantize int8`", ("--quantize", "int8"), {}),
 ]
@@ -77,17 +95,19 @@ def tokenizer() -> CharTokenizer:
 # --- the bound ------------------------------------------------------------------------------------------
 
 
-def bandwidth(threads: int, repeats: int = 15) -> float:
-    """Bytes/s a float32 matrix-vector product streams from a 256 MB matrix: the best of `repeats`, as
-    STREAM reports, since a shared machine only ever slows a run down."""
-    torch.set_num_threads(threads)
-    matrix, vector = torch.randn(8192, 8192), torch.randn(8192)
-    torch.mv(matrix, vector)  # first touch and thread start-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mv(matrix, vector)
-        times.append(time.perf_counter() - t0)
+def bandwidth(passes: int = 3, threads: int | None = None) -> float:
+    """Bytes/s a float32 matrix-vector product streams from a 256 MB matrix, the best of `passes` (a shared
+    machine only ever slows a run down), with NumPy's default threads unless `threads` says otherwise."""
+    from threadpoolctl import threadpool_limits
+
+    matrix, vector = np.ones((8192, 8192), dtype=np.float32), np.ones(8192, dtype=np.float32)
+    with threadpool_limits(threads):
+        matrix @ vector  # first touch and thread start-up
+        times = []
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            matrix @ vector
+            times.append(time.perf_counter() - t0)
     return matrix.nbytes / min(times)
 
 
@@ -111,52 +131,48 @@ def step_bytes(tree: Any) -> int:
 # --- timing ---------------------------------------------------------------------------------------------
 
 
-def tokens_per_second(engine: Engine, tok: Tokenizer, n: int, batch: int) -> tuple[float, float]:
-    """(aggregate tokens/s, time to first token) of `batch` samples of n tokens, as `minigpt generate`."""
+def timed(engine: Engine, tok: Tokenizer, n: int, batch: int) -> tuple[float, float, int]:
+    """(aggregate tokens/s, time to first token, threads of the last step) of `batch` samples of n tokens,
+    as `minigpt generate` runs them."""
     gen = Generation(
         engine, tok, encode_prompt(tok, ""), max_new_tokens=n, num_samples=batch, temperature=1.0, seed=0
     )
     gen.run()
-    return gen.tokens_per_second, gen.time_to_first_token
+    return gen.tokens_per_second, gen.time_to_first_token, engine.threads
 
 
 NUMPY_TIMING = """
-import json, os, sys
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `minigpt generate` sets it
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from minigpt.decode import Generation, encode_prompt
 from minigpt.engines import load_engine
-engine, tok = load_engine(Path(sys.argv[2]), "numpy")
+threads = None if sys.argv[5] == "auto" else int(sys.argv[5])
+engine, tok = load_engine(Path(sys.argv[2]), "numpy", threads=threads)
 n, batches = int(sys.argv[3]), json.loads(sys.argv[4])
-Generation(engine, tok, encode_prompt(tok, ""), max_new_tokens=20).run()  # warm-up
 out = []
 for batch in batches:
     gen = Generation(engine, tok, encode_prompt(tok, ""), max_new_tokens=n, num_samples=batch, seed=0,
                      temperature=1.0)
     gen.run()
-    out.append([gen.tokens_per_second, gen.time_to_first_token])
-print(json.dumps(out), "torch" in sys.modules)
+    out.append([gen.tokens_per_second, gen.time_to_first_token, engine.threads])
+print(json.dumps({"results": out, "layout": engine.layout}), "torch" in sys.modules)
 """
 
 
-def numpy_round(run_dir: Path, n: int, batches: list[int]) -> list[tuple[float, float]]:
+def numpy_round(run_dir: Path, n: int, batches: list[int], threads: int | None) -> tuple[list[Any], str]:
     """One round of the NumPy engine over every batch size, in a process of its own as `minigpt generate`
-    runs it: no torch loaded, whose idle OpenMP threads would otherwise share the cores."""
+    runs it: no torch loaded, whose idle OpenMP threads would otherwise share the cores. Returns each
+    batch's (tokens/s, first token, threads) and the layout the engine chose."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    args = [str(ROOT), str(run_dir), str(n), json.dumps(batches), str(threads or "auto")]
     out = subprocess.run(
-        [sys.executable, "-c", NUMPY_TIMING, str(ROOT), str(run_dir), str(n), json.dumps(batches)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if out[-1] != "False":
+        [sys.executable, "-c", NUMPY_TIMING, *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.rsplit(" ", 1)
+    if out[-1].strip() != "False":
         raise SystemExit("the NumPy engine imported torch")
-    return [(tps, ttft) for tps, ttft in json.loads(" ".join(out[:-1]))]
-
-
-def numpy_bytes(run_dir: Path) -> int:
-    engine, _ = load_engine(run_dir, "numpy")
-    return step_bytes(engine.weights)  # type: ignore[attr-defined]
+    data = json.loads(out[0])
+    return data["results"], data["layout"]
 
 
 @torch.inference_mode()
@@ -172,7 +188,7 @@ def full_recompute(model: GPT, tok: Tokenizer, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def end_to_end(run_dir: Path, n: int, runs: int, *extra: str, env: dict[str, str]) -> list[float]:
+def end_to_end(run_dir: Path, n: int, *extra: str, env: dict[str, str]) -> float:
     """Wall seconds of `python -m minigpt generate` as a user runs it: start-up, loading, generation."""
     cmd = [
         sys.executable,
@@ -187,13 +203,11 @@ def end_to_end(run_dir: Path, n: int, runs: int, *extra: str, env: dict[str, str
         "--seed",
         "1",
     ]
-    run_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT")}
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run([*cmd, *extra], cwd=ROOT, check=True, capture_output=True, env={**run_env, **env})
-        times.append(time.perf_counter() - t0)
-    return times
+    clean = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")
+    run_env = {k: v for k, v in os.environ.items() if k not in clean}
+    t0 = time.perf_counter()
+    subprocess.run([*cmd, *extra], cwd=ROOT, check=True, capture_output=True, env={**run_env, **env})
+    return time.perf_counter() - t0
 
 
 def import_torch_seconds() -> float:
@@ -202,50 +216,57 @@ def import_torch_seconds() -> float:
     return time.perf_counter() - t0
 
 
-# --- the report -----------------------------------------------------------------------------------------
+# --- the measurements -----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class Row:
-    label: str
-    dtype: str
-    quantize: str
-    bytes_per_step: int
-    speeds: dict[int, list[float]]  # batch -> aggregate tokens/s of every repeat
-    first_token: list[float]  # seconds, batch 1
+    arch: str
+    setup: Setup
+    bytes_per_step: int = 0
+    layout: str = ""
+    speeds: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # batch -> tokens/s per repeat
+    threads: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # batch -> threads chosen
+    first_token: list[float] = dataclasses.field(default_factory=list)  # seconds, batch 1
 
     def median(self, batch: int) -> float:
         return statistics.median(self.speeds[batch])
 
+    def add(self, batch: int, tps: float, ttft: float, threads: int) -> None:
+        self.speeds.setdefault(batch, []).append(tps)
+        self.threads.setdefault(batch, []).append(threads)
+        if batch == 1:
+            self.first_token.append(ttft)
+
 
 def measure(
-    run_dir: Path, tok: Tokenizer, n: int, batches: list[int], repeats: int, threads: int
-) -> list[Row]:
-    """Every engine at every batch size, round-robin, `repeats` times."""
-    torch.set_num_threads(threads)
-    engines: dict[str, Engine] = {}
-    rows = []
-    for label, backend, dtype, quantize in TORCH_ENGINES:
-        engines[label], _ = load_engine(run_dir, backend, "cpu", dtype, quantize)
-        bytes_read = step_bytes(engines[label].weights)  # type: ignore[attr-defined]
-        rows.append(Row(label, dtype, quantize, bytes_read, {b: [] for b in batches}, []))
-        tokens_per_second(engines[label], tok, 20, 1)  # warm-up: first-call allocations, thread start
-    label, _, dtype, quantize = NUMPY_ENGINE
-    rows.append(Row(label, dtype, quantize, numpy_bytes(run_dir), {b: [] for b in batches}, []))
+    runs: dict[str, Path], tok: Tokenizer, n: int, batches: list[int], repeats: int
+) -> tuple[list[Row], list[float]]:
+    """Every setup of every architecture at every batch size, round-robin, `repeats` times, with the
+    bandwidth measured before each round; (rows, bandwidths)."""
+    rows = [Row(arch, setup) for arch in runs for setup in SETUPS]
+    engines: dict[tuple[str, str], Engine] = {}
+    for row in rows:
+        setup = row.setup
+        engine, _ = load_engine(
+            runs[row.arch], setup.backend, "cpu", "float32", setup.quantize, setup.threads
+        )
+        row.bytes_per_step = step_bytes(engine.weights)  # type: ignore[attr-defined]
+        row.layout = engine.layout  # type: ignore[attr-defined]
+        if setup.backend == "torch":  # the NumPy engine is timed in processes of its own
+            engines[(row.arch, setup.label)] = engine
+    bandwidths = []
     for _ in range(repeats):
+        bandwidths.append(bandwidth())
         for row in rows:
-            if row.label in engines:
-                results = [tokens_per_second(engines[row.label], tok, n, b) for b in batches]
+            if row.setup.backend == "numpy":
+                results, row.layout = numpy_round(runs[row.arch], n, batches, row.setup.threads)
             else:
-                results = numpy_round(run_dir, n, batches)
-            for batch, (tps, ttft) in zip(batches, results, strict=True):
-                row.speeds[batch].append(tps)
-                if batch == 1:
-                    row.first_token.append(ttft)
-    return rows
-
-
-# --- past the block: rotary ring buffer against the learned-position slide ------------------------------
+                engine = engines[(row.arch, row.setup.label)]
+                results = [timed(engine, tok, n, b) for b in batches]
+            for batch, (tps, ttft, threads) in zip(batches, results, strict=True):
+                row.add(batch, tps, ttft, threads)
+    return rows, bandwidths
 
 
 def past_the_block(tok: Tokenizer, short: int, long: int, repeats: int) -> list[tuple[str, float, float]]:
@@ -262,47 +283,80 @@ def past_the_block(tok: Tokenizer, short: int, long: int, repeats: int) -> list[
         for _ in range(repeats):
             for name, engine in engines.items():
                 for n in (short, long):
-                    speeds[name][n].append(tokens_per_second(engine, tok, n, 1)[0])
+                    speeds[name][n].append(timed(engine, tok, n, 1)[0])
     return [(name, statistics.median(s[short]), statistics.median(s[long])) for name, s in speeds.items()]
 
 
+# --- the report -----------------------------------------------------------------------------------------
+
+
+def _threads(row: Row, batch: int) -> str:
+    counts = sorted(set(row.threads[batch]))
+    return "/".join(str(c) for c in counts)
+
+
 def print_rows(rows: list[Row], batches: list[int], bw: float) -> None:
+    heads = " | ".join(f"batch {b}" for b in batches)
     print(
-        f"| engine | weights | MB read per step | {' | '.join(f'batch {b}' for b in batches)} | first token |"
+        f"| model | engine | layout | threads (batch {' / '.join(map(str, batches))}) | MB read per step | {heads} | batch {batches[-1]} / batch 1 | first token |"
     )
-    print(f"| --- | --- | ---: | {' | '.join('---:' for _ in batches)} | ---: |")
+    print(f"| --- | --- | --- | --- | ---: | {' | '.join('---:' for _ in batches)} | ---: | ---: |")
     for row in rows:
         bound = bw / row.bytes_per_step
         cells = [f"{row.median(b):,.0f} ({row.median(b) / (b * bound):.2f})" for b in batches]
-        weights = row.dtype if row.quantize == "none" else f"{row.quantize} (activations {row.dtype})"
-        ttft = statistics.median(row.first_token) * 1000 if row.first_token else float("nan")
+        threads = " / ".join(_threads(row, b) for b in batches)
+        ratio = row.median(batches[-1]) / row.median(batches[0])
+        ttft = statistics.median(row.first_token) * 1000
         print(
-            f"| {row.label} | {weights} | {row.bytes_per_step / 1e6:.1f} | {' | '.join(cells)} | {ttft:.1f} ms |"
+            f"| {row.arch} | {row.setup.label} | {row.layout} | {threads} | {row.bytes_per_step / 1e6:.1f} | "
+            f"{' | '.join(cells)} | {ratio:.2f}x | {ttft:.1f} ms |"
         )
 
 
-def print_header(args: argparse.Namespace, bw: dict[int, float], load_before: float) -> None:
-    print(
-        f"\n{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
-        f"vocab {CONFIG.vocab_size}; {args.tokens} new tokens per sample, torch {torch.__version__} with "
-        f"{args.threads} threads; medians of {args.repeats} round-robin repeats; load average "
-        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n"
-    )
-    print(
-        f"memory bandwidth (float32 matrix-vector product, 256 MB): {bw[2] / 1e9:.1f} GB/s with 2 threads, "
-        f"{bw[1] / 1e9:.1f} GB/s with 1; the bound below uses the higher\n"
-    )
+def print_targets(rows: list[Row], bw: float) -> None:
+    """The issue's targets, each as a ratio measured in this run."""
+    print("\n| target | " + " | ".join(ARCHS) + " |")
+    print("| --- | " + " | ".join("---:" for _ in ARCHS) + " |")
+    by = {(r.arch, r.setup.label): r for r in rows}
+
+    def frac(arch: str, label: str) -> float:
+        row = by[(arch, label)]
+        return row.median(1) / (bw / row.bytes_per_step)
+
+    lines = {
+        "NumPy batch 1, generate's threads, of the bound (>= 0.7)": lambda a: frac(a, SETUPS[0].label),
+        "NumPy batch 1, one thread, of the bound (>= 0.6)": lambda a: frac(a, SETUPS[1].label),
+        "int8 batch 1 / NumPy float32 batch 1 (>= 2)": lambda a: (
+            by[(a, SETUPS[3].label)].median(1) / by[(a, SETUPS[0].label)].median(1)
+        ),
+        "int8 batch 1 / torch float32 batch 1": lambda a: (
+            by[(a, SETUPS[3].label)].median(1) / by[(a, SETUPS[2].label)].median(1)
+        ),
+    }
+    for what, value in lines.items():
+        print(f"| {what} | " + " | ".join(f"{value(a):.2f}" for a in ARCHS) + " |")
+
+
+def load_line() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def cpu_model() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return "unknown CPU"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default 1, as `minigpt generate`)"
-    )
-    ap.add_argument(
         "--tokens", type=int, default=250, help="new tokens per sample, inside the block (default 250)"
     )
-    ap.add_argument("--batches", default="1,4,8,16", help="batch sizes, comma-separated (default 1,4,8,16)")
+    ap.add_argument("--batches", default="1,8", help="batch sizes, comma-separated, 1 first (default 1,8)")
     ap.add_argument("--repeats", type=int, default=3, help="round-robin repeats, median shown (default 3)")
     ap.add_argument("--e2e-tokens", type=int, default=200, help="tokens for the end-to-end run (default 200)")
     ap.add_argument(
@@ -318,29 +372,49 @@ def main() -> None:
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
-    torch.manual_seed(0)
     tok = tokenizer()
-    model = GPT(CONFIG).eval()
-    load_before = os.getloadavg()[0]
-    bw = {threads: bandwidth(threads) for threads in (1, 2)}
+    load_before = load_line()
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        RunDir(run_dir).save(model, tok, extra={})
-        rows = measure(run_dir, tok, args.tokens, batches, args.repeats, args.threads)
-        print_header(args, bw, load_before)
-        print("aggregate tokens/s (fraction of the bandwidth bound: N x bandwidth / bytes read per step)\n")
-        print_rows(rows, batches, max(bw.values()))
-        if not args.skip_baseline:
-            baseline = full_recompute(model, tok, args.tokens)
-            print(f"\nfull recompute (nanoGPT's loop, float32, batch 1): {baseline:.1f} tokens/s")
+        # the layouts are measured in this run (its first loads), not read from an earlier one
+        os.environ["MINIGPT_CACHE_DIR"] = str(Path(tmp) / "cache")
+        runs = {}
+        for arch, config in ARCHS.items():
+            torch.manual_seed(0)
+            runs[arch] = Path(tmp) / arch
+            RunDir(runs[arch]).save(GPT(config).eval(), tok, extra={})
+        rows, bandwidths = measure(runs, tok, args.tokens, batches, args.repeats)
+        bw = max(bandwidths)
+        one_thread = bandwidth(threads=1)
         print(
-            f"\n| {args.e2e_tokens} tokens, end to end (start-up included) | median of {args.e2e_runs} | each |"
+            f"\n{cpu_model()}, {os.cpu_count()} CPUs; numpy {np.__version__}, torch {torch.__version__}; "
+            f"{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
+            f"vocab {CONFIG.vocab_size}; {args.tokens} new tokens per sample; medians of {args.repeats} "
+            f"round-robin repeats; load average {load_before} before, {load_line()} after\n"
+        )
+        print(
+            f"memory bandwidth (float32 matrix-vector product over 256 MB, NumPy's default threads, best of 3 "
+            f"passes before each round): {', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s; the bound "
+            f"uses the best, {bw / 1e9:.1f} GB/s (one thread: {one_thread / 1e9:.1f})\n"
+        )
+        print("aggregate tokens/s (fraction of the bound: N x bandwidth / bytes read per step)\n")
+        print_rows(rows, batches, bw)
+        print_targets(rows, bw)
+        if not args.skip_baseline:
+            model = GPT(CONFIG).eval()
+            print(
+                f"\nfull recompute (nanoGPT's loop, float32, batch 1): {full_recompute(model, tok, args.tokens):.1f} tokens/s"
+            )
+        print(
+            f"\n| {args.e2e_tokens} tokens, end to end (start-up included), GPT-2 architecture | median of {args.e2e_runs} | each |"
         )
         print("| --- | ---: | --- |", flush=True)
-        for what, extra, env in E2E:
-            times = end_to_end(run_dir, args.e2e_tokens, args.e2e_runs, *extra, env=env)
+        times: dict[str, list[float]] = {what: [] for what, _, _ in E2E}
+        for _ in range(args.e2e_runs):  # round robin, as everywhere
+            for what, extra, env in E2E:
+                times[what].append(end_to_end(runs["GPT-2"], args.e2e_tokens, *extra, env=env))
+        for what, each in times.items():
             print(
-                f"| {what} | {statistics.median(times):.2f} s | {', '.join(f'{t:.2f}' for t in times)} |",
+                f"| {what} | {statistics.median(each):.2f} s | {', '.join(f'{t:.2f}' for t in each)} |",
                 flush=True,
             )
     print(f"| `python -c 'import torch'` alone | {import_torch_seconds():.2f} s | |")

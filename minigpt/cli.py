@@ -509,7 +509,6 @@ def generate(
 
 def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_samples: int) -> tuple[Any, Any]:
     """The engine and tokenizer `generate` decodes with, the memory its samples need checked."""
-    import os
 
     from minigpt.engines import choose_backend, load_engine
     from minigpt.memory import check_fits, inference_bytes
@@ -521,9 +520,7 @@ def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_sam
         run_on.backend, run_on.device, run_on.dtype, explain=explain, weights=RunDir(model).weights_path,
         quantize=run_on.quantize,
     )  # fmt: skip
-    # one thread per decode (README: "Generate"); the environment overrides both
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # threads: the engine times its steps on each count (README: "Generate"); the environment fixes them
     engine, tokenizer = load_engine(model, engine_name, run_on.device, run_on.dtype, run_on.quantize)
     if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
         needed = inference_bytes(RunDir(model).model_config(), num_samples)
@@ -632,8 +629,7 @@ def serve(
     """
     import os
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets them, before torch or NumPy load
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets it, before torch loads
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

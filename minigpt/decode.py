@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TextIO
 from minigpt.errors import MinigptError, UsageError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from minigpt.kvcache import KVCache
     from minigpt.tokenizer import Tokenizer
 
@@ -52,8 +54,9 @@ SAMPLE_SEPARATOR = "\n---------------\n"
 
 
 class Engine(Protocol):
-    """One backend's model, as the decode loop drives it. Logits and random generators are the backend's
-    own types: the loop only hands them back to `sample`."""
+    """One backend's model, as the decode loop and the server drive it. Logits, caches and random
+    generators are the backend's own types: callers only hand them back to the engine; `log_probs` turns
+    logits into NumPy for what is shown to people."""
 
     name: str  # "torch" or "numpy"
     device: str
@@ -64,13 +67,29 @@ class Engine(Protocol):
     # oldest entries and decoding goes on; learned positions slide the window and re-read it instead
     rotary: bool
 
+    @property
+    def threads(self) -> int:
+        """CPU threads the latest step ran on (minigpt.engines.tuning chooses them)."""
+        ...
+
     def new_cache(self, batch: int) -> KVCache[Any]:
         """An empty KV cache of `batch` rows."""
         ...
 
-    def forward(self, ids: Sequence[Sequence[int]], cache: KVCache[Any] | None) -> Any:
-        """Last-position logits after feeding ids (B rows of T tokens) at cache.pos; without a cache, a
-        full forward pass over ids. A 1-row feed into an empty cache of B rows gives logits for all B."""
+    def forward(
+        self, ids: Sequence[Sequence[int]], cache: KVCache[Any] | None, *, every_position: bool = False
+    ) -> Any:
+        """Last-position logits (B, V) after feeding ids (B rows of T tokens) at cache.pos; without a cache,
+        a full forward pass over ids. A 1-row feed into an empty cache of B rows gives logits for all B.
+        every_position: logits (B, T, V) of every fed position (scoring a prompt), the same pass."""
+        ...
+
+    def gather(self, parts: Sequence[tuple[KVCache[Any], int, int]]) -> KVCache[Any]:
+        """A new cache of rows start:stop of each (cache, start, stop), in order, at their common position."""
+        ...
+
+    def log_probs(self, logits: Any) -> np.ndarray:
+        """float64 NumPy log-probabilities (log-softmax over the last axis) of this engine's logits."""
         ...
 
     def sample(
@@ -428,6 +447,7 @@ class Generation:
             "device": self.engine.device,
             "dtype": self.engine.dtype,
             "quantize": self.engine.quantize,
+            "threads": self.engine.threads if self.engine.device == "cpu" else None,
             "time_to_first_token_s": round(self.time_to_first_token, 4),
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
@@ -447,10 +467,12 @@ class Generation:
         total = sum(len(ids) for ids in self.token_ids)
         seed = "greedy" if self.sampling.temperature == 0 else f"seed {self.sampling.seed}"
         quantized = "" if self.engine.quantize == "none" else f", {self.engine.quantize} weights"
+        threads = self.engine.threads
+        on_cpu = f", {threads} thread{'s' * (threads > 1)}" if self.engine.device == "cpu" else ""
         return (
             f"{total:,} tokens in {self.seconds:.2f} s ({self.tokens_per_second:,.1f} tokens/s, first after "
-            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}{quantized}), "
-            f"{seed}"
+            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}{on_cpu}"
+            f"{quantized}), {seed}"
         )
 
 

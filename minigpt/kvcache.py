@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from minigpt.errors import UsageError
 
-__all__ = ["KVCache", "first_position"]
+__all__ = ["KVCache", "first_position", "gather_rows"]
 
 Array = TypeVar("Array", bound=Any)  # torch.Tensor or np.ndarray: both slice and assign alike
 
@@ -103,3 +103,17 @@ def first_position(cache: KVCache[Any] | None, new: int, limit: int | None) -> i
     if limit is not None and start + new > limit:
         raise UsageError(f"sequence of {start + new} tokens is longer than the model's block_size {limit}")
     return start
+
+
+def gather_rows(
+    new_cache: Callable[[int], KVCache[Array]], parts: Sequence[tuple[KVCache[Array], int, int]]
+) -> KVCache[Array]:
+    """A new cache (made by `new_cache(rows)`) of rows start:stop of each part's cache, in order, at their
+    common position: how a server joins requests that reached one position and drops finished ones."""
+    out = new_cache(sum(stop - start for _, start, stop in parts))
+    row = 0
+    for cache, start, stop in parts:
+        out.copy_rows(cache, start, stop, row)
+        row += stop - start
+    out.advance(parts[0][0].pos)
+    return out

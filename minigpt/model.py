@@ -266,8 +266,8 @@ def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    if w.scale is None:
-        return F.linear(x, w.weight, w.bias)
+    if w.scale is None:  # an input-major weight (a decoding engine's layout) is the transpose of torch's
+        return F.linear(x, w.weight.t() if w.input_major else w.weight, w.bias)
     # int8 weight-only (minigpt.quantize): the kernel takes activations in the scales' dtype, bf16 for
     # float32 models because its float32 path is several times slower; results return to x's dtype
     y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).to(w.scale.dtype), w.weight, w.scale)
@@ -383,6 +383,9 @@ def mlp(w: MLPWeights[torch.Tensor], x: torch.Tensor, dropout: float = 0.0) -> t
         h = F.gelu(h, approximate="tanh")
     elif w.activation == "relu2":
         h = F.relu(h).square()
+    elif w.fused_gate:
+        gate, up = h.chunk(2, dim=-1)
+        h = F.silu(gate) * up
     elif w.c_gate is not None:
         h = F.silu(linear(w.c_gate, x)) * h
     return _dropout(linear(w.c_proj, h), dropout)

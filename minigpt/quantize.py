@@ -10,14 +10,11 @@ dtype the kernel is fast in.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import torch
 
 from minigpt.errors import UsageError
 from minigpt.genconfig import QUANTIZATIONS
-from minigpt.weights import LinearWeights, ModelWeights
+from minigpt.weights import LinearWeights, ModelWeights, map_linears
 
 __all__ = ["QUANTIZATIONS", "check_quantize", "quantize_int8", "quantize_weights"]
 
@@ -32,24 +29,12 @@ def check_quantize(quantize: str, device: torch.device | str) -> None:
 
 def quantize_int8(w: LinearWeights[torch.Tensor]) -> LinearWeights[torch.Tensor]:
     """The int8 form of one linear layer: per-output-channel symmetric scales, rounded to nearest."""
-    weight = w.weight.detach().float()
+    weight = (w.weight.t() if w.input_major else w.weight).detach().float()
     kernel_dtype = torch.bfloat16 if w.weight.dtype == torch.float32 else w.weight.dtype
     # round the scales to the dtype the kernel multiplies by first, so the int8 values are chosen for them
     scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(kernel_dtype)
     q = torch.round(weight / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
     return LinearWeights(q.contiguous(), w.bias, scale)
-
-
-def _quantized(node: Any) -> Any:
-    if isinstance(node, LinearWeights):
-        return quantize_int8(node)
-    if isinstance(node, tuple):
-        return tuple(_quantized(n) for n in node)
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return dataclasses.replace(
-            node, **{f.name: _quantized(getattr(node, f.name)) for f in dataclasses.fields(node)}
-        )
-    return node
 
 
 def quantize_weights(weights: ModelWeights[torch.Tensor], quantize: str) -> ModelWeights[torch.Tensor]:
@@ -59,4 +44,4 @@ def quantize_weights(weights: ModelWeights[torch.Tensor], quantize: str) -> Mode
         return weights
     check_quantize(quantize, weights.wte.device)
     with torch.no_grad():
-        return _quantized(weights)
+        return map_linears(weights, quantize_int8)

@@ -84,8 +84,8 @@ class Option:
     def spell(self, value: Any) -> str:
         """A value as the help writes it: a bool as the flag that sets it, 8e-3 rather than 0.008."""
         if isinstance(value, bool):
-            on, off = self.flags[0].split("/")
-            return (on if value else off).removeprefix("--")
+            on, _, off = self.flags[0].partition("/")  # a lone flag (--overwrite) has no off form
+            return (on if value or not off else off).removeprefix("--")
         return number(value) if isinstance(value, int | float) else str(value)
 
     def label(self) -> str | None:
@@ -177,8 +177,11 @@ class Given:
 
     def flags(self, *, skip: tuple[str, ...] = ()) -> list[str]:
         """The given options' names as a user typed them (--n-layer), minus `skip` (field names)."""
-        spelled = {o.name: "--" + o.spell(v) if isinstance(v, bool) else o.flag for o, v in self.items()}
-        return [flag for name, flag in spelled.items() if name not in skip]
+        return [
+            "--" + o.spell(v) if isinstance(v, bool) else o.flag
+            for o, v in self.items()
+            if o.name not in skip
+        ]
 
 
 NO_OPTIONS = Given({}, ())  # a command's `given` parameter before `minigpt.options` fills it in

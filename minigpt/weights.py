@@ -3,12 +3,16 @@ be checked against), and the tree both engines compute over; no torch.
 
 `model.py` (torch) and `engines/numpy.py` run the same forward pass over this tree, each with its own
 array type: named fields rather than module attribute lookups, which a single-token decode step would
-pay for a few hundred times. Every linear weight keeps torch's (out, in) layout: y = x @ weight.T + bias.
+pay for a few hundred times. A linear weight keeps torch's (out, in) layout, y = x @ weight.T + bias, as
+the file stores it; a decoding engine may hold it input-major instead and fuse SwiGLU's two input
+projections into one (`for_decoding`), the same arithmetic in the form its matrix-vector products stream
+fastest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -21,9 +25,10 @@ A = TypeVar("A", bound=Any)  # torch.Tensor or np.ndarray
 
 @dataclass(frozen=True, slots=True)
 class LinearWeights(Generic[A]):
-    weight: A  # (out, in); int8 when quantized
+    weight: A  # (out, in), or (in, out) when input_major; int8 when quantized
     bias: A | None
     scale: A | None = None  # (out,) per-channel scales of an int8 weight (minigpt.quantize), else None
+    input_major: bool = False  # weight stored transposed: y = x @ weight + bias
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,8 @@ class MLPWeights(Generic[A]):
     c_proj: LinearWeights[A]  # the down-projection
     c_gate: LinearWeights[A] | None  # SwiGLU's gate: silu(gate x) * (c_fc x)
     activation: str  # "gelu", "relu2" or "swiglu"
+    # SwiGLU with one input product: c_fc's outputs are the gate's, then the up-projection's (c_gate None)
+    fused_gate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +124,46 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
         skip_pairs=config.skip_pairs,
         logit_cap=config.logit_cap,
     )
+
+
+def map_linears(node: Any, fn: Callable[[LinearWeights[Any]], LinearWeights[Any]]) -> Any:
+    """A copy of a weight tree (or any part of it) with `fn` applied to every linear layer."""
+    if isinstance(node, LinearWeights):
+        return fn(node)
+    if isinstance(node, tuple):
+        return tuple(map_linears(n, fn) for n in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        changes = {f.name: map_linears(getattr(node, f.name), fn) for f in dataclasses.fields(node)}
+        return dataclasses.replace(node, **changes)
+    return node
+
+
+def fuse_gate_up(w: MLPWeights[A], cat: Callable[[Sequence[A]], A]) -> MLPWeights[A]:
+    """SwiGLU's gate and up-projection as one linear layer (`cat` stacks arrays along their first
+    axis): one matrix product reads both, and the activation splits its outputs in two."""
+    if w.c_gate is None or w.fused_gate:
+        return w
+    bias = None if w.c_fc.bias is None or w.c_gate.bias is None else cat([w.c_gate.bias, w.c_fc.bias])
+    fused = LinearWeights(cat([w.c_gate.weight, w.c_fc.weight]), bias)
+    return dataclasses.replace(w, c_fc=fused, c_gate=None, fused_gate=True)
+
+
+def for_decoding(
+    w: ModelWeights[A], cat: Callable[[Sequence[A]], A], transpose: Callable[[A], A] | None = None
+) -> ModelWeights[A]:
+    """The tree as a decoding engine holds it: SwiGLU's two input projections fused, and with `transpose`
+    (a contiguous transposed copy) every linear weight input-major. The file's tensors are untouched."""
+    blocks = tuple(dataclasses.replace(b, mlp=fuse_gate_up(b.mlp, cat)) for b in w.h)
+    w = dataclasses.replace(w, h=blocks)
+    if transpose is None:
+        return w
+
+    def input_major(lin: LinearWeights[A]) -> LinearWeights[A]:
+        if lin.input_major or lin.scale is not None:
+            return lin
+        return dataclasses.replace(lin, weight=transpose(lin.weight), input_major=True)
+
+    return map_linears(w, input_major)
 
 
 def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:

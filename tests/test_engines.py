@@ -19,9 +19,10 @@ from minigpt import engines
 from minigpt.config import GPTConfig
 from minigpt.decode import Generation, Sampling, decode, generate, generate_uncached
 from minigpt.engines import choose_backend, load_engine
+from minigpt.engines.numpy import NumpyEngine
 from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
-from minigpt.model import GPT
+from minigpt.model import GPT, model_tensors
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
 
@@ -120,6 +121,71 @@ def test_a_one_row_prefill_serves_every_row(backend: str) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(UsageError, match="rows"):
         engine.forward([[1], [2]], cache)
+
+
+# --- the weights' layout, chosen at load: the same logits in every form -------------------------------
+
+LAYOUT_CONFIGS = {
+    "gpt2": GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32),
+    "modern": GPTConfig(
+        vocab_size=37, block_size=16, n_layer=2, n_head=4, n_embd=32, pos="rope", norm="rmsnorm",
+        mlp="swiglu", tie_embeddings=False, qk_norm=True, n_kv_head=2, window=5, window_pattern="SL",
+    ),
+    "relu2": GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32, mlp="relu2", bias=False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", LAYOUT_CONFIGS)
+def test_a_layout_chosen_at_load_gives_the_same_logits(name: str) -> None:
+    config = LAYOUT_CONFIGS[name]
+    model = tiny_model(1, config, scale=3.0)
+    tensors = {k: v.detach().numpy() for k, v in model_tensors(model).items()}
+    ids = torch.randint(
+        0, config.vocab_size, (2, config.block_size), generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        want = model(ids, all_logits=True)[0].numpy()
+    split = config.block_size // 2
+    positions = [split - 1, split + 1, *range(split + 2, config.block_size)]
+    for layout in ("output-major", "input-major", "auto"):
+        for engine in (NumpyEngine(config, tensors, layout=layout), TorchEngine(model, layout=layout)):
+            label = f"{engine.name} {layout}"
+            assert engine.layout == layout or layout == "auto", label
+            c_attn = engine.weights.h[0].attn.c_attn
+            assert c_attn.input_major == (engine.layout == "input-major"), label
+            assert c_attn.weight.shape[0 if c_attn.input_major else 1] == config.n_embd, label  # the inputs
+            if config.mlp == "swiglu":  # the gate and the up-projection: one product
+                assert engine.weights.h[0].mlp.fused_gate and engine.weights.h[0].mlp.c_gate is None
+            np.testing.assert_allclose(
+                feed_in_pieces(engine, ids), want[:, positions], rtol=1e-4, atol=1e-4, err_msg=label
+            )
+            every = np.asarray(engine.forward(ids.tolist(), engine.new_cache(2), every_position=True))
+            np.testing.assert_allclose(every, want, rtol=1e-4, atol=1e-4, err_msg=label)
+            logp = engine.log_probs(engine.forward(ids.tolist(), None))
+            assert logp.dtype == np.float64 and logp.shape == (2, config.vocab_size)
+            expected = torch.log_softmax(torch.from_numpy(want[:, -1]).double(), -1).numpy()
+            np.testing.assert_allclose(logp, expected, atol=1e-4, err_msg=label)
+    # the file's tensors are what they were: the layouts are the engine's copies
+    assert all(np.array_equal(v, model_tensors(model)[k].numpy()) for k, v in tensors.items())
+
+
+def test_the_layout_and_threads_come_from_the_engine_loading_a_run(tmp_path: Path, monkeypatch) -> None:
+    run = save(tmp_path / "run", tiny_model(8))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    greedy = []
+    for backend in ("numpy", "torch"):
+        engine, _ = load_engine(run, backend, "cpu")
+        assert engine.layout in ("output-major", "input-major")  # type: ignore[attr-defined]
+        tuner = engine.tuner  # type: ignore[attr-defined]
+        assert len(tuner.candidates) >= 1 and tuner.chosen((1, True)) in (None, *tuner.candidates)
+        greedy.append(list(decode(engine, [[1, 2, 3]], 20, sampling=GREEDY)))  # trials ran on every count
+        assert tuner.chosen((1, True)) in tuner.candidates
+        fixed, _ = load_engine(run, backend, "cpu", threads=1)
+        assert fixed.tuner.candidates == [1]  # type: ignore[attr-defined]
+        assert list(decode(fixed, [[1, 2, 3]], 20, sampling=GREEDY)) == greedy[-1]
+    torch.set_num_threads(1)
+    assert greedy[0] == greedy[1]
 
 
 # --- one rule set: sampling, held equal across both engines ---------------------------------------------

@@ -16,6 +16,8 @@ from minigpt import model as tm
 from minigpt.budget import batch_at
 from minigpt.config import GPTConfig
 from minigpt.decode import decode
+from minigpt.engines.numpy import NumpyEngine
+from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
 from minigpt.hfmap import family_for
 from minigpt.model import GPT
@@ -125,12 +127,18 @@ def test_numpy_engine_equals_the_torch_model_with_the_speedrun_options(options: 
     idx = torch.randint(0, 29, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(idx, all_logits=True)[0].numpy()
-    for name, make in ENGINES.items():
-        engine = make(model)
-        cache = engine.new_cache(2)
-        chunks = [idx[:, :7], idx[:, 7:9], *[idx[:, t : t + 1] for t in range(9, 16)]]
-        got = np.stack([np.asarray(engine.forward(c.tolist(), cache)) for c in chunks], axis=1)
-        np.testing.assert_allclose(got, want[:, [6, 8, *range(9, 16)]], rtol=1e-4, atol=1e-4, err_msg=name)
+    tensors = {k: v.numpy() for k, v in tm.model_tensors(model).items()}
+    chunks = [idx[:, :7], idx[:, 7:9], *[idx[:, t : t + 1] for t in range(9, 16)]]
+    for layout in ("output-major", "input-major"):  # the engines' decoding layouts (main's issue 30)
+        for engine in (NumpyEngine(cfg, tensors, layout=layout), TorchEngine(model, layout=layout)):
+            name = f"{engine.name} {layout}"
+            cache = engine.new_cache(2)
+            got = np.stack([np.asarray(engine.forward(c.tolist(), cache)) for c in chunks], axis=1)
+            np.testing.assert_allclose(
+                got, want[:, [6, 8, *range(9, 16)]], rtol=1e-4, atol=1e-4, err_msg=name
+            )
+            every = np.asarray(engine.forward(idx.tolist(), None, every_position=True))
+            np.testing.assert_allclose(every, want, rtol=1e-4, atol=1e-4, err_msg=name)
     prompts = idx[:, :4].tolist()
     tokens = [list(decode(make(model), prompts, 40, sampling=GREEDY)) for make in ENGINES.values()]
     assert tokens[0] == tokens[1]

@@ -79,11 +79,18 @@ def choose_backend(
 
 
 def load_engine(
-    run_dir: Path, backend: str, device: str = "auto", dtype: str = "auto", quantize: str = "none"
+    run_dir: Path,
+    backend: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    quantize: str = "none",
+    threads: int | None = None,
 ) -> tuple[Engine, Tokenizer]:
     """The engine (best weights, eval mode) and tokenizer of a run directory, for backend 'torch' (on
     `device` in `dtype`, 'auto' resolved as minigpt.device does, linear layers in `quantize` form) or
-    'numpy' (the CPU in float32)."""
+    'numpy' (the CPU in float32), with its weights in the layout its steps run fastest in. CPU threads:
+    `threads` fixes them, else the environment does, else each engine chooses them by timing its steps
+    (`minigpt.engines.tuning`)."""
     run = RunDir(run_dir)
     if backend == "torch":
         from minigpt.device import resolve_device, resolve_dtype
@@ -93,7 +100,10 @@ def load_engine(
         torch_device = resolve_device(device)
         check_quantize(quantize, torch_device)
         model, tokenizer, _ = run.load_model(str(torch_device))
-        return TorchEngine(model.to(resolve_dtype(dtype, torch_device)), quantize), tokenizer
+        engine = TorchEngine(
+            model.to(resolve_dtype(dtype, torch_device)), quantize, layout="auto", threads=threads
+        )
+        return engine, tokenizer
     if backend != "numpy":
         raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
     if quantize != "none":
@@ -106,4 +116,6 @@ def load_engine(
         raise MinigptError(
             f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
         )
-    return NumpyEngine(config, run.load_weights(config, framework="np")), tokenizer
+    return NumpyEngine(
+        config, run.load_weights(config, framework="np"), layout="auto", threads=threads
+    ), tokenizer

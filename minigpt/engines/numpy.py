@@ -10,12 +10,15 @@ NumPy's PCG64, so a seed reproduces text on this engine (the torch engine's gene
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from minigpt.config import GPTConfig
-from minigpt.kvcache import KVCache, first_position
+from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout
+from minigpt.errors import UsageError
+from minigpt.kvcache import KVCache, first_position, gather_rows
+from minigpt.memory import available_bytes, inference_bytes
 from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
@@ -23,10 +26,11 @@ from minigpt.weights import (
     MLPWeights,
     ModelWeights,
     NormWeights,
+    for_decoding,
     weights_by_name,
 )
 
-__all__ = ["NumpyEngine", "sample_next"]
+__all__ = ["LAYOUTS", "NumpyEngine", "log_softmax", "sample_next"]
 
 Cache = KVCache[np.ndarray]
 Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
@@ -34,50 +38,86 @@ _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 
 
 # --- the computation: minigpt.model's functions in NumPy (inference only: no dropout) ---------------------
+# Written for a decoding step's few hundred small operations: reductions through the ufuncs themselves
+# (ndarray.mean is a Python wrapper), results updated in place where that spares a temporary.
+
+
+def _reduce_mean(x: np.ndarray) -> np.ndarray:
+    return np.add.reduce(x, axis=-1, keepdims=True) * np.float32(1.0 / x.shape[-1])
 
 
 def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    if w.rms:
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(w.eps)) * w.weight
-    centred = x - x.mean(-1, keepdims=True)
-    y = centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + np.float32(w.eps)) * w.weight
-    return y if w.bias is None else y + w.bias
+    if not w.rms:
+        x = x - _reduce_mean(x)
+    scale = _reduce_mean(x * x)
+    scale += np.float32(w.eps)
+    np.sqrt(scale, out=scale)
+    y = x / scale
+    y *= w.weight
+    if w.bias is not None:
+        y += w.bias
+    return y
 
 
 def linear(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     # one matrix product over all B*T rows: NumPy multiplies a stacked (B, T, C) array matrix by matrix,
     # reading the whole weight once per row, which made a batch of B single tokens cost B steps
-    y = (x.reshape(-1, x.shape[-1]) @ w.weight.T).reshape(*x.shape[:-1], -1)
-    return y if w.bias is None else y + w.bias
+    y = x.reshape(-1, x.shape[-1]) @ (w.weight if w.input_major else w.weight.T)
+    if w.bias is not None:
+        y += w.bias
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    # GPT-2's gelu_new, the same formula as torch's gelu(approximate="tanh")
-    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
+    # GPT-2's gelu_new, torch's gelu(approximate="tanh"): 0.5 x (1 + tanh(u)) = x sigmoid(2u) with
+    # u = c (x + a x³), the form with the fewest operations
+    e = x * x
+    e *= np.float32(-2.0 * 0.044715) * _GELU_C
+    e -= np.float32(2.0) * _GELU_C
+    e *= x
+    np.exp(e, out=e)
+    e += np.float32(1.0)
+    return np.divide(x, e, out=e)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
+    e = np.negative(x)
+    np.exp(e, out=e)
+    e += np.float32(1.0)
+    return np.divide(x, e, out=e)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
+    e = x - np.maximum.reduce(x, axis=-1, keepdims=True)
+    np.exp(e, out=e)
+    e /= np.add.reduce(e, axis=-1, keepdims=True)
+    return e
 
 
-def rotary(base: float, head_dim: int, start: int, length: int) -> Rotary:
-    """cos and sin (length, head_dim) of the rotary angles of positions start..start+length."""
+def inverse_frequencies(base: float, head_dim: int) -> np.ndarray:
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inverse = np.float32(1.0) / np.power(np.float32(base), exponents, dtype=np.float32)
+    return np.float32(1.0) / np.power(np.float32(base), exponents, dtype=np.float32)
+
+
+def rotary(base: float, head_dim: int, start: int, length: int, inverse: np.ndarray | None = None) -> Rotary:
+    """cos and sin (length, head_dim) of the rotary angles of positions start..start+length (`inverse`:
+    the frequencies, `inverse_frequencies(base, head_dim)`, when the caller keeps them), the first half
+    of sin negated, as `rotate` applies it."""
+    inverse = inverse_frequencies(base, head_dim) if inverse is None else inverse
     angles = np.arange(start, start + length, dtype=np.float32)[:, None] * inverse[None, :]
     angles = np.concatenate((angles, angles), axis=-1)
-    return np.cos(angles), np.sin(angles)
+    sin = np.sin(angles)
+    sin[:, : head_dim // 2] *= np.float32(-1.0)
+    return np.cos(angles), sin
 
 
 def rotate(x: np.ndarray, rope: Rotary) -> np.ndarray:
-    cos, sin = rope
+    cos, sin = rope  # sin's first half negated (`rotary`): the turned half is (-x2, x1)
     half = x.shape[-1] // 2
-    return x * cos + np.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
+    turned = np.concatenate((x[..., half:], x[..., :half]), axis=-1)
+    turned *= sin
+    turned += x * cos
+    return turned
 
 
 def attention_mask(queries: int, keys: int, window: int) -> np.ndarray:
@@ -88,23 +128,23 @@ def attention_mask(queries: int, keys: int, window: int) -> np.ndarray:
 
 
 def qkv(
-    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None, idx: np.ndarray
+    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None, idx: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
     QK-norm, rotary positions and the value embeddings of the tokens idx applied when the model has them."""
     B, T, C = x.shape
-    hd = C // w.n_head
-    q, k, v = np.split(linear(w.c_attn, x), [w.n_head * hd, (w.n_head + w.n_kv_head) * hd], axis=-1)
-    if w.v_embed is not None:
-        v = v + w.v_embed[idx]
-    q = q.reshape(B, T, w.n_head, hd).transpose(0, 2, 1, 3)
-    k = k.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
-    v = v.reshape(B, T, w.n_kv_head, hd).transpose(0, 2, 1, 3)
+    H, kv = w.n_head, w.n_kv_head
+    heads = linear(w.c_attn, x).reshape(B, T, H + 2 * kv, C // H)  # a new array: changed in place
+    if w.v_embed is not None and idx is not None:
+        heads[:, :, -kv:] += w.v_embed[idx].reshape(B, T, kv, -1)
     if w.q_norm is not None and w.k_norm is not None:
-        q, k = norm(w.q_norm, q), norm(w.k_norm, k)
-    if rope is not None:
-        q, k = rotate(q, rope), rotate(k, rope)
-    return q, k, v
+        heads[:, :, :H] = norm(w.q_norm, heads[:, :, :H])
+        heads[:, :, H:-kv] = norm(w.k_norm, heads[:, :, H:-kv])
+    if rope is not None:  # queries and keys turn together: (B, T, heads, hd) by (T, 1, hd)
+        cos, sin = rope
+        heads[:, :, :-kv] = rotate(heads[:, :, :-kv], (cos[:, None], sin[:, None]))
+    heads = heads.transpose(0, 2, 1, 3)
+    return heads[:, :H], heads[:, H:-kv], heads[:, -kv:]
 
 
 def attend(
@@ -113,7 +153,7 @@ def attend(
     layer: int,
     cache: Cache | None,
     rope: Rotary | None,
-    idx: np.ndarray,
+    idx: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
     each query seeing at most the layer's window (idx: the tokens, for value embeddings)."""
@@ -121,12 +161,15 @@ def attend(
     q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
-    # each key/value head serves a group of consecutive query heads: (B, n_kv_head, group, T, hd)
-    q = q.reshape(B, w.n_kv_head, w.n_head // w.n_kv_head, T, -1)
-    scores = (q @ k[:, :, None].swapaxes(-1, -2)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
+    # the queries of a key/value head's group and of every new position share its keys: one product per
+    # (row, key/value head) for all of them, (B, n_kv_head, group * T, hd) against (B, n_kv_head, S, hd)
+    group = w.n_head // w.n_kv_head
+    q = q * np.float32(1.0 / math.sqrt(q.shape[-1]))
+    scores = q.reshape(B, w.n_kv_head, group * T, -1) @ k.swapaxes(-1, -2)
     if T > 1:  # one new query sees every key the cache hands back
-        scores[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf
-    y = (softmax(scores) @ v[:, :, None]).reshape(B, w.n_head, T, -1)
+        by_position = scores.reshape(B, w.n_kv_head, group, T, -1)
+        by_position[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf
+    y = (softmax(scores) @ v).reshape(B, w.n_head, T, -1)
     return linear(w.c_proj, y.transpose(0, 2, 1, 3).reshape(B, T, C))
 
 
@@ -135,7 +178,13 @@ def mlp(w: MLPWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     if w.activation == "gelu":
         h = gelu_tanh(h)
     elif w.activation == "relu2":
-        h = np.square(np.maximum(h, np.float32(0.0)))
+        h = np.maximum(h, np.float32(0.0), out=h)
+        h *= h
+    elif w.fused_gate:
+        half = h.shape[-1] // 2
+        gate = silu(h[..., :half])
+        gate *= h[..., half:]
+        h = gate
     elif w.c_gate is not None:
         h = silu(linear(w.c_gate, x)) * h
     return linear(w.c_proj, h)
@@ -147,23 +196,26 @@ def block(
     layer: int,
     cache: Cache | None,
     rope: Rotary | None,
-    idx: np.ndarray,
+    idx: np.ndarray | None = None,
 ) -> np.ndarray:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
     x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, idx)
-    return x + mlp(w.mlp, norm(w.ln_2, x))
+    x += mlp(w.mlp, norm(w.ln_2, x))
+    return x
 
 
-def transformer(w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | None) -> np.ndarray:
+def transformer(
+    w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | None, inverse: np.ndarray | None = None
+) -> np.ndarray:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
     T = idx.shape[1]
     start = first_position(cache, T, None if w.wpe is None else w.wpe.shape[0])
     x = w.wte[idx]
     rope = None
     if w.wpe is not None:
-        x = x + w.wpe[start : start + T]
+        x += w.wpe[start : start + T]
     if w.rope_base is not None:
-        rope = rotary(w.rope_base, w.head_dim, start, T)
+        rope = rotary(w.rope_base, w.head_dim, start, T, inverse)
     inputs: list[np.ndarray] = []  # the layers' inputs that U-net skips carry to later layers
     takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
     for layer, b in enumerate(w.h):
@@ -178,9 +230,10 @@ def transformer(w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | Non
     return norm(w.ln_f, x)
 
 
-def head(w: ModelWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    """The logits of hidden states x: the LM head, soft-capped when the model caps them."""
-    logits = x @ w.lm_head.T
+def head(w: ModelWeights[np.ndarray], lm_head: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The logits of hidden states x: the LM head (`lm_head`, in the engine's layout), soft-capped when
+    the model caps them."""
+    logits = linear(lm_head, x)
     if w.logit_cap is None:
         return logits
     cap = np.float32(w.logit_cap)
@@ -220,21 +273,70 @@ def sample_next(
     return np.minimum(np.array(picks, dtype=np.int64), vocab - 1)
 
 
+LAYOUTS = ("auto", "output-major", "input-major")
+
+
+def transposed(a: np.ndarray, band: int = 128) -> np.ndarray:
+    """A C-contiguous copy of a.T, written `band` rows of `a` at a time: a plain copy strides through
+    memory column by column and runs several times slower."""
+    out = np.empty(a.shape[::-1], dtype=a.dtype)
+    for i in range(0, a.shape[0], band):
+        out[:, i : i + band] = a[i : i + band].T
+    return out
+
+
+def _transposed(weights: ModelWeights[np.ndarray]) -> ModelWeights[np.ndarray]:
+    return for_decoding(weights, np.concatenate, transposed)
+
+
 class NumpyEngine:
-    """GPT weights in float32 NumPy as the decode loop's Engine (the CPU, float32 only)."""
+    """GPT weights in float32 NumPy as the decode loop's Engine (the CPU, float32 only).
+
+    The weights are held in the form the matrix products stream fastest on this machine: `layout`
+    'output-major' keeps the file's (out, in) matrices, 'input-major' holds transposed copies, and 'auto'
+    times a one-token step in each and keeps the faster (the file is never changed). The BLAS library's
+    threads: `threads` fixes them, else the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does,
+    else they are chosen from the steps' timings (`minigpt.engines.tuning`).
+    """
 
     name = "numpy"
     device = "cpu"
     dtype = "float32"
     quantize = "none"
 
-    def __init__(self, config: GPTConfig, tensors: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        config: GPTConfig,
+        tensors: Mapping[str, np.ndarray],
+        *,
+        layout: str = "output-major",
+        threads: int | None = None,
+    ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before)."""
+        if layout not in LAYOUTS:
+            raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
+        self.tuner = blas_tuner(threads)
         arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
-        self.weights = weights_by_name(config, arrays)
+        fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
+        self._inverse = (
+            None if config.pos != "rope" else inverse_frequencies(config.rope_base, config.head_dim)
+        )
+        have = available_bytes()  # timing both layouts needs room for a second copy of every matrix
+        self.layout, self.weights = pick_layout(
+            layout,
+            {"output-major": lambda: fused, "input-major": lambda: _transposed(fused)},
+            self._step_times,
+            {"engine": "numpy", "numpy": np.__version__, "model": model_key(config)},
+            have is None or inference_bytes(config) <= have,
+        )
+        self._head = _head(self.weights, self.layout == "input-major")
+
+    @property
+    def threads(self) -> int:
+        return self.tuner.last
 
     def new_cache(self, batch: int) -> Cache:
         c = self.config
@@ -243,10 +345,46 @@ class NumpyEngine:
         values = [np.zeros(s, dtype=np.float32) for s in shapes]
         return KVCache(keys, values, c.block_size if c.pos == "learned" else None, np.concatenate)
 
-    def forward(self, ids: Sequence[Sequence[int]], cache: Cache | None) -> np.ndarray:
-        x = transformer(self.weights, np.asarray(ids, dtype=np.int64), cache)
-        logits = head(self.weights, x[:, -1])
-        return logits if cache is None else np.broadcast_to(logits, (cache.batch, logits.shape[-1]))
+    def forward(
+        self, ids: Sequence[Sequence[int]], cache: Cache | None, *, every_position: bool = False
+    ) -> np.ndarray:
+        idx = np.asarray(ids, dtype=np.int64)
+        rows, new = idx.shape
+        with self.tuner.step((rows, new == 1), work=new):
+            return self._forward(self.weights, self._head, idx, cache, every_position)
+
+    def _forward(
+        self,
+        weights: ModelWeights[np.ndarray],
+        lm_head: LinearWeights[np.ndarray],
+        idx: np.ndarray,
+        cache: Cache | None,
+        every_position: bool,
+    ) -> np.ndarray:
+        # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
+        with np.errstate(over="ignore"):
+            x = transformer(weights, idx, cache, self._inverse)
+        logits = head(weights, lm_head, x if every_position else x[:, -1])
+        if cache is None or logits.shape[0] == cache.batch:
+            return logits
+        return np.broadcast_to(logits, (cache.batch, *logits.shape[1:]))
+
+    def _step_times(self, trees: dict[str, ModelWeights[np.ndarray]]) -> dict[str, float]:
+        """Each layout's best time for a one-token step, on the thread count a step starts with."""
+        heads = {name: _head(tree, name == "input-major") for name, tree in trees.items()}
+        cache, idx = self.new_cache(1), np.zeros((1, 1), dtype=np.int64)
+        self.tuner.use(self.tuner.candidates[0])
+
+        def step(name: str) -> Callable[[], object]:
+            return lambda: (cache.reset(), self._forward(trees[name], heads[name], idx, cache, False))
+
+        return best_times({name: step(name) for name in trees})
+
+    def gather(self, parts: Sequence[tuple[Cache, int, int]]) -> Cache:
+        return gather_rows(self.new_cache, parts)
+
+    def log_probs(self, logits: np.ndarray) -> np.ndarray:
+        return log_softmax(logits)
 
     def sample(
         self,
@@ -260,3 +398,17 @@ class NumpyEngine:
 
     def rng(self, seed: int) -> np.random.Generator:
         return np.random.default_rng(seed)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-probabilities over the last axis of float logits of any shape."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _head(weights: ModelWeights[np.ndarray], input_major: bool) -> LinearWeights[np.ndarray]:
+    """The LM head as a linear layer in the engine's layout (a tied head gets its own transposed copy)."""
+    if input_major:
+        return LinearWeights(transposed(weights.lm_head), None, input_major=True)
+    return LinearWeights(weights.lm_head, None)

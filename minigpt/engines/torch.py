@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
-from minigpt.kvcache import KVCache
+from minigpt.engines.tuning import (
+    ThreadTuner,
+    best_times,
+    cores,
+    env_threads,
+    model_key,
+    pick_layout,
+    thread_candidates,
+)
+from minigpt.errors import UsageError
+from minigpt.kvcache import KVCache, gather_rows
 from minigpt.model import GPT
 from minigpt.quantize import quantize_weights
+from minigpt.weights import ModelWeights, for_decoding
 
-__all__ = ["TorchEngine", "make_generator", "sample_next"]
+__all__ = ["LAYOUTS", "TorchEngine", "make_generator", "sample_next", "torch_tuner"]
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -48,16 +60,27 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+LAYOUTS = ("auto", "output-major", "input-major")
+
+
 class TorchEngine:
-    """A GPT as the decode loop's Engine: prefill and every step go through GPT.forward.
+    """A GPT as the decode loop's Engine: prefill and every step go through model.py's forward pass.
 
     The engine reads the model's weight tree once (`GPT.weights`), so each step skips the module lookups,
-    and with `quantize` keeps its linear layers in that form (minigpt.quantize) for every step.
+    fuses SwiGLU's gate and up-projection into one product, and keeps its linear layers in `quantize` form
+    (minigpt.quantize) or, in float, in `layout`: 'output-major' (torch's own), 'input-major' (transposed
+    copies) or 'auto', which on the CPU times a one-token step in each and keeps the faster. CPU threads:
+    `threads` fixes them, else OMP_NUM_THREADS does, else they are chosen by timing the steps
+    (`minigpt.engines.tuning`).
     """
 
     name = "torch"
 
-    def __init__(self, model: GPT, quantize: str = "none") -> None:
+    def __init__(
+        self, model: GPT, quantize: str = "none", *, layout: str = "output-major", threads: int | None = None
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
         self.model = model
         self.block_size = model.config.block_size
         self.rotary = model.config.pos == "rope"
@@ -66,17 +89,73 @@ class TorchEngine:
         self.device = str(w.device)
         self.dtype = str(w.dtype).removeprefix("torch.")
         self.quantize = quantize
-        self.weights = quantize_weights(model.weights(), quantize)
+        cpu = w.device.type == "cpu"
+        self.tuner = torch_tuner(threads) if cpu else ThreadTuner(lambda: 1, lambda n: None, [1])
+        with torch.no_grad():
+            tree = quantize_weights(for_decoding(model.weights(), torch.cat), quantize)
+        forms = {"output-major": lambda: tree}
+        if quantize == "none":  # int8 weights have the one layout their kernel reads
+            forms["input-major"] = lambda: for_decoding(tree, torch.cat, _transposed)
+        key = {
+            "engine": "torch",
+            "torch": torch.__version__,
+            "dtype": self.dtype,
+            "model": model_key(model.config),
+        }
+        self.layout, self.weights = pick_layout(layout, forms, self._step_times, key, cpu)
+
+    @property
+    def threads(self) -> int:
+        return self.tuner.last
 
     @torch.inference_mode()
     def new_cache(self, batch: int) -> KVCache[torch.Tensor]:
         return self.model.new_cache(batch)
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[Sequence[int]], cache: KVCache[torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: Sequence[Sequence[int]],
+        cache: KVCache[torch.Tensor] | None,
+        *,
+        every_position: bool = False,
+    ) -> torch.Tensor:
         idx = torch.tensor(ids, dtype=torch.long, device=self._device)
-        logits, _ = self.model(idx, kv_cache=cache, weights=self.weights)
-        return logits if cache is None else logits.expand(cache.batch, -1)
+        rows, new = idx.shape
+        with self.tuner.step((rows, new == 1), work=new):
+            return self._forward(self.weights, idx, cache, every_position)
+
+    def _forward(
+        self,
+        weights: ModelWeights[torch.Tensor],
+        idx: torch.Tensor,
+        cache: KVCache[torch.Tensor] | None,
+        every_position: bool,
+    ) -> torch.Tensor:
+        logits, _ = self.model(idx, kv_cache=cache, all_logits=every_position, weights=weights)
+        if cache is None or logits.size(0) == cache.batch:
+            return logits
+        return logits.expand(cache.batch, *logits.shape[1:])
+
+    @torch.inference_mode()
+    def _step_times(self, trees: dict[str, ModelWeights[torch.Tensor]]) -> dict[str, float]:
+        """Each layout's best time for a one-token step, on the thread count a step starts with."""
+        cache = self.new_cache(1)
+        idx = torch.zeros((1, 1), dtype=torch.long, device=self._device)
+        self.tuner.use(self.tuner.candidates[0])
+
+        def step(name: str) -> Callable[[], object]:
+            return lambda: (cache.reset(), self._forward(trees[name], idx, cache, False))
+
+        return best_times({name: step(name) for name in trees})
+
+    @torch.inference_mode()
+    def gather(self, parts: Sequence[tuple[KVCache[torch.Tensor], int, int]]) -> KVCache[torch.Tensor]:
+        return gather_rows(self.model.new_cache, parts)
+
+    @torch.inference_mode()
+    def log_probs(self, logits: torch.Tensor) -> np.ndarray:
+        return torch.log_softmax(logits.double(), dim=-1).cpu().numpy()
 
     @torch.inference_mode()
     def sample(
@@ -91,3 +170,16 @@ class TorchEngine:
 
     def rng(self, seed: int) -> torch.Generator:
         return make_generator(seed, self._device)
+
+
+@torch.no_grad()
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous()
+
+
+def torch_tuner(threads: int | None = None) -> ThreadTuner:
+    """A tuner over torch's CPU threads: `threads` fixed, else OMP_NUM_THREADS's (or MKL_NUM_THREADS's),
+    else chosen by timing among `thread_candidates(cores())`."""
+    fixed = threads or env_threads(("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+    candidates = [fixed] if fixed else thread_candidates(cores())
+    return ThreadTuner(torch.get_num_threads, torch.set_num_threads, candidates)

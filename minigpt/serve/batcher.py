@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,16 +230,15 @@ class Batcher:
     def step(self) -> None:
         """One round: sample each group's next tokens, retire the jobs that ended, admit what now fits, then
         one forward pass per group (merged where positions meet)."""
-        with self._inference():
-            for group in self.groups:
-                if group.logits is not None:
-                    self._sample(group)
-                self._retire(group)
-                self._advance(group)
-            self._admit()
-            self.groups = self._merge([g for g in self.groups if g.jobs])
-            for group in self.groups:
-                group.logits = self._forward(group)
+        for group in self.groups:
+            if group.logits is not None:
+                self._sample(group)
+            self._retire(group)
+            self._advance(group)
+        self._admit()
+        self.groups = self._merge([g for g in self.groups if g.jobs])
+        for group in self.groups:
+            group.logits = self._forward(group)
         outbox, self._outbox = self._outbox, []
         if outbox:
             self.deliver(outbox)
@@ -285,7 +284,9 @@ class Batcher:
         """Feed a job's new tokens to its choices and post the text that became safe to show."""
         job.steps += 1
         last = job.steps == job.max_tokens
-        scored = _logprobs(logits, picks, job.logprobs, self.tokenizer) if job.logprobs is not None else None
+        scored = None
+        if job.logprobs is not None:
+            scored = _logprobs(self.engine.log_probs(logits), picks, job.logprobs, self.tokenizer)
         pieces = []
         for i, (choice, token) in enumerate(zip(job.choices, picks, strict=True)):
             if choice.stream.done:
@@ -315,7 +316,7 @@ class Batcher:
         with self._wake:
             self.active_rows -= sum(job.n for job, k in zip(group.jobs, keep, strict=True) if not k)
         if group.cache is not None and any(keep):
-            group.cache = _gather(self.engine, [(group.cache, a, b) for a, b in _runs(rows)])
+            group.cache = self.engine.gather([(group.cache, a, b) for a, b in _runs(rows)])
         group.jobs = [job for job, k in zip(group.jobs, keep, strict=True) if k]
         group.windows = [w for w, k in zip(group.windows, rows, strict=True) if k]
         group.tokens = [t for t, k in zip(group.tokens, rows, strict=True) if k] if group.tokens else []
@@ -348,7 +349,7 @@ class Batcher:
         windows = [w for g in parts for w in g.windows]
         if parts[0].cache is None:
             return _Group(jobs, windows)
-        return _Group(jobs, windows, _gather(self.engine, [(g.cache, 0, g.cache.batch) for g in parts]))
+        return _Group(jobs, windows, self.engine.gather([(g.cache, 0, g.cache.batch) for g in parts]))
 
     def _forward(self, group: _Group) -> Any:
         self.forwards += 1
@@ -368,34 +369,11 @@ class Batcher:
         self._outbox = []
         self.deliver([(job, Update([], done=True, error=message)) for job in jobs])
 
-    @contextlib.contextmanager
-    def _inference(self) -> Iterator[None]:
-        """torch's caches are inference tensors, writable (when rows are stacked) only in inference mode."""
-        if self.engine.name != "torch":
-            yield
-            return
-        import torch
-
-        with torch.inference_mode():
-            yield
-
 
 def notify_each(updates: list[tuple[Job, Update]]) -> None:
     """Hand each update to its job's `notify` (the default `deliver`: on the decoding thread itself)."""
     for job, update in updates:
         job.notify(update)
-
-
-def _gather(engine: Engine, parts: list[tuple[KVCache[Any], int, int]]) -> KVCache[Any]:
-    """A new cache of rows start:stop of each part's cache, in order, at their common position."""
-    pos = parts[0][0].pos
-    out = engine.new_cache(sum(stop - start for _, start, stop in parts))
-    row = 0
-    for cache, start, stop in parts:
-        out.copy_rows(cache, start, stop, row)
-        row += stop - start
-    out.advance(pos)
-    return out
 
 
 def _runs(mask: list[bool]) -> list[tuple[int, int]]:
@@ -410,13 +388,10 @@ def _runs(mask: list[bool]) -> list[tuple[int, int]]:
 
 
 def _logprobs(
-    logits: Any, picks: list[int], top: int, tokenizer: Tokenizer
+    logp: np.ndarray, picks: list[int], top: int, tokenizer: Tokenizer
 ) -> list[tuple[str, float, dict[str, float]]]:
-    """Each row's picked token, its log-probability under the model (before temperature, top-k and top-p)
-    and the `top` most likely tokens with theirs."""
-    x = np.asarray(logits.float().cpu() if hasattr(logits, "cpu") else logits, dtype=np.float64)
-    x = x - x.max(-1, keepdims=True)
-    logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    """Each row's picked token, its log-probability under the model (`logp`: the engine's log_probs of the
+    logits, before temperature, top-k and top-p) and the `top` most likely tokens with theirs."""
     out = []
     for row, token in zip(logp, picks, strict=True):
         best = np.argsort(-row, kind="stable")[:top]
