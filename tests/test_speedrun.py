@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_architecture import config
 from test_decode import ENGINES, GREEDY, tiny_model
 
 from minigpt import model as tm
@@ -32,11 +33,6 @@ SPEEDRUN = dict(value_embeds=True, skips=True, logit_cap=6.0)
 @pytest.fixture(autouse=True)
 def _few_threads() -> None:
     torch.set_num_threads(1)
-
-
-def config(**kw: Any) -> GPTConfig:
-    base = dict(vocab_size=29, block_size=16, n_layer=2, n_head=4, n_embd=32)
-    return GPTConfig(**{**base, **kw})
 
 
 def same_weights(source: GPT, config: GPTConfig) -> GPT:
