@@ -180,7 +180,8 @@ def table(rows: list[str], results: dict[str, list[Result]], base: str, timed: b
         )
     if not timed:
         lines.append(
-            "\n(wall s and time per step ran under whatever load the machine had: compare within the table)"
+            "\n(rows ran one after another: their wall s and time per step follow the load as it changed between"
+            " them; --step-cost times steps interleaved)"
         )
     return lines
 
