@@ -17,3 +17,4 @@ bench:  # each prints a markdown table for the README; about an hour together on
 	$(PY) bench/bench_recipe.py --budget 75s --seeds 2 --bpe
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_tokenize.py --mb 10
+	$(PY) bench/bench_budget.py

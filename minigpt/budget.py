@@ -1,11 +1,14 @@
-"""A training budget: how far along a run is, when it stops, the time it keeps for the end, and the lr."""
+"""A training budget: how far along a run is, when it stops, the time it keeps for the end, what its
+evaluations may cost, and the lr."""
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minigpt.trainconfig import WARMUP_FRACTION, TrainConfig, format_seconds
@@ -15,6 +18,50 @@ if TYPE_CHECKING:
 
 # weight of the newest step in the running estimate of seconds per step
 STEP_TIME_WEIGHT = 0.1
+# what a command still does after its final save: the summary, leaving the process group, and exiting
+# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
+EXIT_SECONDS = 1.0
+# a training step against a forward pass of the same batch: the backward pass costs about two more
+STEP_FORWARDS = 3
+# under a time budget an evaluation takes at most this share of it: fewer batches of windows when they cost
+# more (a 50,257-token head, a wide model, a loaded machine), none when one batch costs more than that
+EVAL_SHARE = 0.1
+
+
+def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
+    """A `clock` reading of when this process started (Linux: from /proc; elsewhere: now), so that the wall
+    time of a whole command counts the interpreter's start-up and imports too (seconds on a loaded machine)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5): starttime
+        age = float(Path("/proc/uptime").read_text().split()[0]) - since_boot
+    except (OSError, ValueError, IndexError, AttributeError):
+        return clock()
+    return clock() - max(age, 0.0)
+
+
+@dataclass
+class EvalCost:
+    """What an evaluation costs one process: seconds per window, and the windows `iters` batches cover on
+    each split (a short split has fewer than asked for)."""
+
+    window_seconds: float = 0.0  # 0: not measured yet
+    batch_windows: int = 1  # windows a batch adds to each split, per process
+    split_windows: tuple[int, ...] = ()  # windows each split holds, per process
+
+    def windows(self, iters: int) -> int:
+        return sum(min(iters * self.batch_windows, n) for n in self.split_windows)
+
+    def seconds(self, iters: int) -> float:
+        return self.window_seconds * self.windows(iters)
+
+    def iters_within(self, seconds: float, most: int) -> int:
+        """The most batches, up to `most`, an evaluation can take and still finish within `seconds`."""
+        low, high = 0, most
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.seconds(mid) <= seconds else (low, mid - 1)
+        return low
 
 
 @dataclass
@@ -34,14 +81,21 @@ class Budget:
     reserve: float = 0.0
     # running estimate of the seconds one optimizer step takes (0: not measured yet)
     step_seconds: float = 0.0
+    # until a step is timed, what one should take: forward and backward, three forward passes of a batch
+    step_estimate: float = 0.0
     clock: Callable[[], float] = time.perf_counter
     origin: float = 0.0  # clock reading at which the run's elapsed time was 0
+    eval_iters: int = 0  # batches an evaluation takes when time allows (the config's eval_iters)
+    eval_cost: EvalCost = field(default_factory=EvalCost)
+    save_seconds: float = 0.0  # what a checkpoint takes to write, estimated, then measured
 
     @classmethod
     def of(
         cls, cfg: TrainConfig, state: TrainState, clock: Callable[[], float] = time.perf_counter
     ) -> Budget:
-        return cls(cfg.max_iters, cfg.max_time, cfg.max_tokens, state.time_budget_from, clock=clock)
+        budget = cls(cfg.max_iters, cfg.max_time, cfg.max_tokens, state.time_budget_from, clock=clock)
+        budget.eval_iters = cfg.eval_iters
+        return budget
 
     def start(self, started: float | None, elapsed: float) -> None:
         """Count the run's elapsed time on from `elapsed` seconds at clock reading `started` (None: now)."""
@@ -63,7 +117,7 @@ class Budget:
     def _time_for_steps(self) -> float:
         """Of max_time, the seconds by which the last step must have started."""
         assert self.max_time is not None
-        return max(self.max_time - self.reserve - self.step_seconds, 1e-9)
+        return max(self.max_time - self.reserve - (self.step_seconds or self.step_estimate), 1e-9)
 
     def progress(self, state: TrainState) -> float:
         """Fraction of the budget used, in [0, 1]: the largest of steps, time and tokens."""
@@ -115,6 +169,45 @@ class Budget:
         if self.max_time is None:
             return 0.0
         return max(0.0, elapsed - self.time_from - self.max_time)
+
+    # --- evaluations under a time budget --------------------------------------------------------------
+
+    def planned_eval_iters(self) -> int:
+        """Batches a periodic evaluation takes: eval_iters, or under a time budget as many as fit in its
+        EVAL_SHARE (0 when even one does not: then only the final evaluation runs, if time is left)."""
+        if self.max_time is None or self.eval_cost.window_seconds <= 0:
+            return self.eval_iters
+        return self.eval_cost.iters_within(EVAL_SHARE * self.max_time, self.eval_iters)
+
+    def keep_reserve(self) -> None:
+        """Keep back what the final evaluation (planned size), its save and the exit will take."""
+        self.reserve = self.eval_cost.seconds(self.planned_eval_iters()) + self.save_seconds + EXIT_SECONDS
+
+    def observe_eval(self, eval_seconds: float, windows: int, save_seconds: float) -> None:
+        """Fold a measured evaluation (of `windows` windows) and save into the costs and the reserve."""
+        if windows > 0:
+            self.eval_cost.window_seconds = eval_seconds / windows
+        self.save_seconds = save_seconds
+        self.keep_reserve()
+
+    def eval_iters_now(self, state: TrainState, final: bool) -> int:
+        """Batches the evaluation due now may take; 0: skip it. Each takes the planned batches (so every
+        evaluation of a command scores the same windows), a periodic one only if it can finish with the
+        final one's time still kept back, the final one fewer, or none, when the run is late."""
+        if self.max_time is None or self.eval_cost.window_seconds <= 0:
+            return self.eval_iters
+        left = self.max_time - self.time_used(state) - self.save_seconds - EXIT_SECONDS
+        planned = self.planned_eval_iters()
+        if final:
+            return self.eval_cost.iters_within(left, planned)
+        return planned if self.eval_cost.seconds(planned) <= left - self.reserve else 0
+
+    def shared(self) -> tuple[float, ...]:
+        """What rank 0 measures and every rank must take, so that all decide alike (see `adopt`)."""
+        return self.reserve, self.eval_cost.window_seconds, self.save_seconds
+
+    def adopt(self, values: list[float]) -> None:
+        self.reserve, self.eval_cost.window_seconds, self.save_seconds = values
 
     def describe(self) -> str:
         parts = []

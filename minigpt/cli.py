@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from minigpt import __version__
+from minigpt.budget import process_started
 from minigpt.config import GPTConfig
 from minigpt.dataconfig import DataConfig
 from minigpt.errors import MinigptError
@@ -64,6 +65,13 @@ class _Group(TyperGroup):
         except MinigptError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
+        except (MemoryError, RuntimeError) as e:  # torch's out-of-memory errors are RuntimeErrors
+            from minigpt.memory import allocation_error, is_allocation_failure
+
+            if not is_allocation_failure(e):
+                raise
+            typer.echo(f"error: {allocation_error(e, ctx.invoked_subcommand)}", err=True)
+            raise typer.Exit(1) from None
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop("standalone_mode", None)
@@ -115,8 +123,9 @@ def _root(
     minigpt generate TEXT   continue TEXT with the latest model
     minigpt params          parameter breakdown of a run, a preset or any shape
     """
-    # `train --max-time` counts from here: the budget is the wall time of the whole command
-    ctx.obj = {"started": time.perf_counter()}
+    # `train --max-time` is the wall time of the whole command: from the process's start when main() runs
+    # it (the interpreter's start-up and imports count), else from here
+    ctx.obj = ctx.obj or {"started": time.perf_counter()}
 
 
 RunOption = Annotated[
@@ -577,7 +586,7 @@ def demo(
 
 
 def main() -> None:
-    app()
+    app(obj={"started": process_started()})
 
 
 @app.command()

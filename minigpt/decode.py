@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TextIO
 
 from minigpt.errors import MinigptError, UsageError
+from minigpt.memory import allocating
 
 if TYPE_CHECKING:
     import numpy as np
@@ -201,18 +202,21 @@ def decode(
     """
     windows = _Windows(prompts, num_samples, engine.block_size, slide, engine.rotary)
     rng = engine.rng(sampling.seed)
-    cache = engine.new_cache(len(windows.rows))
-    logits = engine.forward(windows.prompts, cache)
-    for step in range(max_new_tokens):
-        tokens = engine.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p, rng)
-        yield tokens
-        if step + 1 == max_new_tokens:
-            return
-        if windows.append(tokens):
-            cache.reset()
-            logits = engine.forward(windows.rows, cache)
-        else:
-            logits = engine.forward([[token] for token in tokens], cache)
+    with allocating(
+        f"the KV cache and activations of {len(windows.rows):,} rows", fix="lower -s/--num-samples"
+    ):
+        cache = engine.new_cache(len(windows.rows))
+        logits = engine.forward(windows.prompts, cache)
+        for step in range(max_new_tokens):
+            tokens = engine.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p, rng)
+            yield tokens
+            if step + 1 == max_new_tokens:
+                return
+            if windows.append(tokens):
+                cache.reset()
+                logits = engine.forward(windows.rows, cache)
+            else:
+                logits = engine.forward([[token] for token in tokens], cache)
 
 
 def generate_uncached(

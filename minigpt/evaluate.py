@@ -12,6 +12,7 @@ import torch
 from minigpt.data import bits_per_byte, eval_batches, read_text
 from minigpt.device import autocast_context
 from minigpt.errors import MinigptError
+from minigpt.memory import allocating
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer
 from minigpt.weights import ModelWeights
@@ -85,9 +86,10 @@ def evaluate_files(
 ) -> EvalResult:
     text = read_text(paths, encoding, errors)
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
-    return evaluate_ids(
-        model, ids, tokenizer.text_byte_lengths(), device, dtype, batch_size, max_windows, weights
-    )
+    with allocating(f"forward passes over {batch_size:,} windows of {model.config.block_size:,} tokens"):
+        return evaluate_ids(
+            model, ids, tokenizer.text_byte_lengths(), device, dtype, batch_size, max_windows, weights
+        )
 
 
 def evaluate_run(

@@ -161,11 +161,16 @@ def done_text(summary: TrainingEnd) -> str:
     took = fmt_duration(summary.elapsed)
     if abs(summary.elapsed - summary.command_seconds) > 1:
         took += f" ({fmt_duration(summary.command_seconds)} in this command)"
+    best = (
+        f"best val loss {fmt_loss(s.best_val_loss)} (bpb {fmt_loss(summary.best_val_bpb, 3)}) at step "
+        f"{s.best_step:,}"
+        if s.best_step >= 0
+        else "not evaluated (no time was left for it)"
+    )
     lines = [
         f"{'interrupted' if summary.interrupted else 'done'}: {summary.reason} after {s.step:,} steps, "
         f"{s.tokens:,} tokens, {took}",
-        f"best val loss {fmt_loss(s.best_val_loss)} (bpb {fmt_loss(summary.best_val_bpb, 3)}) "
-        f"at step {s.best_step:,}; saved in {summary.out}",
+        f"{best}; saved in {summary.out}",
     ]
     if summary.overrun >= 0.05:
         lines.append(

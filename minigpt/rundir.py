@@ -40,7 +40,7 @@ from minigpt.files import (
     to_json,
     write_tensors,
 )
-from minigpt.memory import check_fits, inference_bytes
+from minigpt.memory import allocating, check_fits, inference_bytes
 from minigpt.weights import check_shapes
 
 if TYPE_CHECKING:
@@ -130,12 +130,23 @@ class RunDir:
         return data
 
     def model_config(self, data: dict[str, Any] | None = None) -> GPTConfig:
-        """The model shape config.json describes (`data`: config.json already read)."""
+        """The model shape config.json describes (`data`: config.json already read), checked against the
+        weights file's header when the run has one: every command that opens a run gets its shape here."""
         data = self.read_config() if data is None else data
         try:
-            return GPTConfig.from_dict(data["model"])
+            config = GPTConfig.from_dict(data["model"])
         except (TypeError, MinigptError) as e:
             raise MinigptError(f"{self.config_path}: invalid model config ({e})") from None
+        if self.weights_path.exists() or self.weights_path.is_symlink():
+            self.check_weights(config)
+        return config
+
+    def check_weights(self, config: GPTConfig) -> None:
+        """Refuse, in one line, a config that does not describe the tensors the weights file holds: names
+        and shapes from its header, no tensor read (a config.json edited to 65,536 wide would otherwise
+        be counted, estimated and allocated as if its weights were)."""
+        shapes = {k: tuple(v["shape"]) for k, v in self.weights_header().items()}
+        check_shapes(config, shapes, self.weights_path)
 
     def tokenizer(self) -> Tokenizer:
         from minigpt.tokenizer import load_tokenizer_file
@@ -168,11 +179,11 @@ class RunDir:
 
     def load_weights(self, config: GPTConfig, framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
         """The best weights as torch tensors or NumPy arrays, checked against `config`'s names and shapes."""
-        check_fits(inference_bytes(config), f"the model in {self}", f"check {self.config_path}'s shape")
-        check_shapes(
-            config, {k: tuple(v["shape"]) for k, v in self.weights_header().items()}, self.weights_path
-        )
-        tensors, _ = load_tensors(self.weights_path, framework)
+        self.check_weights(config)
+        needed = inference_bytes(config)
+        check_fits(needed, f"the model in {self}", "use a smaller model")
+        with allocating(f"the weights in {self.weights_path}", needed):
+            tensors, _ = load_tensors(self.weights_path, framework)
         check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, self.weights_path)
         bad = next((name for name, t in tensors.items() if not _all_finite(t)), None)
         if bad is not None:  # sampling and attention views cannot work on NaN: say so here, once

@@ -19,11 +19,11 @@ from minigpt.budget import batch_at, lr_at
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError
+from minigpt.memory import labelled
 from minigpt.reporters import ProgressReporter, QuietReporter, TrainingEnd
 from minigpt.rundir import RunDir
 from minigpt.trainconfig import TrainConfig, parse_duration
 from minigpt.trainsetup import (
-    EXIT_SECONDS,
     SamplerFactory,
     TrainingRun,
     check_launch,
@@ -122,7 +122,7 @@ def run_loop(
                 interrupted, reason = True, f"stopped by {signals.requested or 'a signal on another rank'}"
             if reason is None and state.step % run.cfg.eval_every == 0:
                 evaluate_and_save(run, reporter)
-        evaluate_and_save(run, reporter)
+        evaluate_and_save(run, reporter, final=True)
     return reason, interrupted
 
 
@@ -141,16 +141,17 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
     lr = lr_at(cfg, state.step, progress, warmup)
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
     sampler.batch_size = batch = batch_at(cfg, progress)
-    loss = train_step(
-        run.step_forward,
-        optimizer,
-        sampler,
-        run.runtime,
-        lr=lr,
-        grad_accum=cfg.grad_accum,
-        grad_clip=cfg.grad_clip,
-        abandon=abandon,
-    )
+    with labelled(run.step_allocation):
+        loss = train_step(
+            run.step_forward,
+            optimizer,
+            sampler,
+            run.runtime,
+            lr=lr,
+            grad_accum=cfg.grad_accum,
+            grad_clip=cfg.grad_clip,
+            abandon=abandon,
+        )
     if loss is None:
         return None, lr
     if not math.isfinite(loss):
@@ -163,36 +164,69 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
     return loss, lr
 
 
-def evaluate_and_save(run: TrainingRun, reporter: ProgressReporter) -> None:
-    """Evaluate, record it, and checkpoint (the best weights too when validation improved). The time this
-    takes is what the time budget keeps back for the final one."""
-    started = run.budget.clock()
-    cfg, state = run.cfg, run.state
-    losses = evaluate(run.forward, run.model_config, run.dataset, cfg.batch_size, cfg.eval_iters, run.runtime)
+def evaluate_and_save(run: TrainingRun, reporter: ProgressReporter, final: bool = False) -> None:
+    """Evaluate, record it, and checkpoint (the best weights too when validation improved), with as many
+    batches as the time budget allows (see Budget.eval_iters_now). A periodic evaluation that does not fit
+    is skipped; a final one that does not fit still saves, and a run never evaluated keeps these weights.
+    What it took is measured for the next ones and for the time kept back for the final one."""
+    budget, state = run.budget, run.state
+    iters, started = budget.eval_iters_now(state, final), budget.clock()
+    record: dict[str, Any] | None = None
+    if iters:
+        record, improved = _evaluate(run, iters)
+    elif final:
+        improved = not math.isfinite(state.best_val_loss)  # never evaluated: these weights are the model
+        reporter.log(f"no time left for the final evaluation at step {state.step:,}: saved without it")
+    else:
+        reporter.log(f"skipped the evaluation at step {state.step:,}: it would not finish within max_time")
+        return
+    _keep_metrics(
+        run, record or {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3)}
+    )
+    evaluated = budget.clock()
+    if run.runtime.dist.is_master:
+        save_checkpoint(run.rundir, run.parts, run.dataset.tokenizer, state, run.settings, improved)
+    if record is not None:
+        reporter.evaluated(record, improved)
+    run.runtime.dist.barrier()
+    budget.observe_eval(evaluated - started, budget.eval_cost.windows(iters), budget.clock() - evaluated)
+
+
+def _evaluate(run: TrainingRun, iters: int) -> tuple[dict[str, Any], bool]:
+    """Evaluate on `iters` batches of windows and record it: the record, and whether validation improved."""
+    cfg, state, dataset = run.cfg, run.state, run.dataset
+    losses = evaluate(run.forward, run.model_config, dataset, cfg.batch_size, iters, run.runtime)
     improved = state.record_eval(losses)
     record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3), **losses}
+    if iters != cfg.eval_iters:
+        record["eval_iters"] = iters  # fewer batches than asked for, to keep within max_time
     run.history.append({"kind": "eval", **record})
     if run.runtime.dist.is_master:
         run.rundir.append_metrics({"kind": "eval", **record})
-        val = run.dataset.val
-        run.settings["metrics"] = {
-            "best_val_loss": state.best_val_loss,
-            "best_step": state.best_step,
-            "best_val_bpb": bits_per_byte(state.best_val_loss, len(val), run.dataset.val_bytes),
-            "last": record,
-        }
-        save_checkpoint(run.rundir, run.parts, run.dataset.tokenizer, state, run.settings, improved)
-    reporter.evaluated(record, improved)
-    run.runtime.dist.barrier()
-    run.budget.reserve = run.budget.clock() - started + EXIT_SECONDS
+    return record, improved
+
+
+def _keep_metrics(run: TrainingRun, last: dict[str, Any]) -> None:
+    """config.json's metrics: the best validation so far (none before an evaluation) and where the run is."""
+    state, dataset = run.state, run.dataset
+    best = math.isfinite(state.best_val_loss)
+    run.settings["metrics"] = {
+        "best_val_loss": state.best_val_loss if best else None,
+        "best_step": state.best_step if best else None,
+        "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes)
+        if best
+        else None,
+        "last": last,
+    }
 
 
 def _sync_clock(run: TrainingRun, stop_requested: bool, step_seconds: float, timed: bool) -> bool:
     """Take rank 0's clock, time reserve and step time on every rank; whether any rank was asked to stop."""
     budget = run.budget
-    stop, (run.state.elapsed, budget.reserve, seconds) = run.runtime.dist.agree_stop(
-        stop_requested, budget.elapsed(), budget.reserve, step_seconds
+    stop, (run.state.elapsed, seconds, *shared) = run.runtime.dist.agree_stop(
+        stop_requested, budget.elapsed(), step_seconds, *budget.shared()
     )
+    budget.adopt(shared)
     if timed:
         budget.observe_step(seconds)
     return stop
@@ -241,20 +275,21 @@ class StopSignals:
     later, so there a repeat within `grace` seconds counts as the same request.
     """
 
-    def __init__(self, grace: float = 0.0) -> None:
+    def __init__(self, grace: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.requested: str | None = None
         self.grace = grace
+        self.clock = clock
         self._first = 0.0
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested is not None:
-            if time.monotonic() - self._first < self.grace:
+            if self.clock() - self._first < self.grace:
                 return
             # saves are atomic, so leaving mid-write cannot corrupt the previous checkpoint
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
-        self._first = time.monotonic()
+        self._first = self.clock()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignals]:

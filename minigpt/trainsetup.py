@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -12,13 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.budget import Budget
+from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, Budget
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
-from minigpt.memory import check_fits, training_bytes
+from minigpt.memory import FLOAT32, Allocating, allocating, check_fits, training_bytes
 from minigpt.model import GPT, build_model
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
@@ -28,14 +29,13 @@ from minigpt.settings import options_of
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
-from minigpt.trainstep import Runtime, time_evaluation
+from minigpt.trainstep import Runtime, eval_cost
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
 SAVE_BYTES_PER_SECOND = 200e6
-# what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python, which tears torch down (README: "Budget")
-EXIT_SECONDS = 1.0
+
+__all__ = ["EXIT_SECONDS", "RunPlan", "TrainingRun", "check_launch", "plan_run", "set_up"]
 
 SamplerFactory = Callable[[np.ndarray, int, int, int, int, int], BatchSampler]
 
@@ -110,6 +110,7 @@ def _plan_resume(
         )
     source = RunDir(resume)
     saved = source.read_config()
+    shape = source.model_config(saved)  # checked against the weights before anything else is read
     if not source.has_state():
         raise MinigptError(f"{resume} has no {RunDir.STATE}: nothing to resume")
     saved_cfg = TrainConfig.from_dict(saved["train"])
@@ -118,7 +119,6 @@ def _plan_resume(
         replaced = Budget(**saved_cfg.budget()).describe()
         saved_cfg = saved_cfg.with_budget(cfg.budget())
     data, inputs = _saved_data(saved.get("data"), source, paths)
-    shape = source.model_config(saved)
     return RunPlan(
         saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced,
         saved_inputs=inputs, allow_data_change=allow_data_change,
@@ -132,8 +132,8 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
         raise MinigptError(f"{source.config_path}: the data section is damaged; resume is not possible")
     known = {o.name for o in options_of(DataConfig)}
     settings = {k: v for k, v in saved.items() if k in known}
-    settings["val_file"] = Path(settings["val_file"]) if settings.get("val_file") else None
-    moved = tuple(paths) or tuple(Path(str(p)) for p in saved["paths"])
+    recorded, settings["val_file"] = _recorded_paths(saved)
+    moved = tuple(paths) or recorded
     missing = [p for p in moved if not p.exists()]
     if missing and not paths:
         raise MinigptError(
@@ -144,6 +144,22 @@ def _saved_data(saved: Any, source: RunDir, paths: tuple[Path, ...]) -> tuple[Da
         return DataConfig(paths=moved, **settings), saved.get("inputs")
     except TypeError as e:
         raise MinigptError(f"{source.config_path}: the data section is damaged ({e})") from None
+
+
+def _recorded_paths(saved: dict[str, Any]) -> tuple[tuple[Path, ...], Path | None]:
+    """The training paths and validation file a run recorded. They are absolute; a run saved before they
+    were kept the paths as given (relative to wherever that command ran), and for those the absolute path
+    each input file had ("inputs") stands in, when every one of them is still there."""
+    paths = tuple(Path(str(p)) for p in saved["paths"])
+    val = Path(str(saved["val_file"])) if saved.get("val_file") else None
+    inputs = [r for r in saved.get("inputs") or [] if isinstance(r, dict) and isinstance(r.get("path"), str)]
+    given = [*paths, *([val] if val else [])]
+    if all(p.is_absolute() for p in given) or not inputs:
+        return paths, val
+    found = {role: [Path(r["path"]) for r in inputs if r.get("role") == role] for role in ("train", "val")}
+    if not found["train"] or not all(p.is_absolute() and p.is_file() for p in found["train"] + found["val"]):
+        return paths, val
+    return tuple(found["train"]), (found["val"][0] if val and len(found["val"]) == 1 else val)
 
 
 def check_launch(nproc: int, plan: RunPlan) -> None:
@@ -166,8 +182,9 @@ def _default_name(data: DataConfig) -> str:
 def data_dict(data: DataConfig) -> dict[str, Any]:
     """`data` as config.json's data section."""
     d = asdict(data)
-    d["paths"] = [str(p) for p in data.paths]
-    d["val_file"] = str(data.val_file) if data.val_file else None
+    # absolute, so that a resume from any folder finds the text, whatever form the paths were given in
+    d["paths"] = [str(p.absolute()) for p in data.paths]
+    d["val_file"] = str(data.val_file.absolute()) if data.val_file else None
     d["cache_dir"] = str(data.cache_dir) if data.cache_dir else None
     return d
 
@@ -212,6 +229,13 @@ class TrainingRun:
     @property
     def model_config(self) -> GPTConfig:
         return self.parts.model.config
+
+    @functools.cached_property
+    def step_allocation(self) -> Allocating:
+        """What a training step allocates, for the one-line error if it runs out of memory."""
+        cfg, shape = self.cfg, self.model_config
+        what = f"a training step on {cfg.batch_size:,} x {shape.block_size:,} tokens (activations, gradients)"
+        return Allocating(what, training_bytes(shape, cfg.batch_size))
 
     @property
     def tokens_per_step(self) -> int:
@@ -302,36 +326,36 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
         raise MinigptError("tokenizer is larger than the model's vocabulary")
     fix = "lower batch_size, block_size or the model's size"
     check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
-    model = GPT(shape).to(device)
-    if cfg.zero_init:
-        model.zero_output_projections()
-    if plan.init_from is not None:
-        source = RunDir(plan.init_from)
-        weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))
-        model.load_state_dict(weights.state_dict())
+    n_params = count_params(shape).exact_total
+    smaller = "pick a smaller model (--preset, --n-layer, --n-embd)"
+    with allocating(f"the model's {n_params:,} parameters", n_params * FLOAT32, smaller):
+        model = GPT(shape).to(device)
+        if cfg.zero_init:
+            model.zero_output_projections()
+        if plan.init_from is not None:
+            source = RunDir(plan.init_from)
+            weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))
+            model.load_state_dict(weights.state_dict())
     model.train()
     return model
 
 
 def _reserve_time(run: TrainingRun) -> None:
-    """Before the first evaluation, keep time for the final one from a timed forward pass and a guess at
-    the save, agreed with the other ranks, along with the clock."""
+    """Before the first evaluation, size the evaluations to the time budget and keep time for the final
+    one, from a timed forward pass and a guess at the save, agreed with the other ranks along with the
+    clock."""
     cfg, budget = run.cfg, run.budget
     if budget.max_time is not None:
-        n_params = count_params(run.model_config).exact_total
-        evaluation = time_evaluation(
-            run.forward,
-            run.model_config,
-            run.dataset,
-            cfg.batch_size,
-            cfg.eval_iters,
-            run.runtime,
-            budget.clock,
+        budget.eval_cost = eval_cost(
+            run.forward, run.model_config, run.dataset, cfg.batch_size, run.runtime, budget.clock
         )
-        budget.reserve = evaluation + 16 * n_params / SAVE_BYTES_PER_SECOND + EXIT_SECONDS
-    _, (run.state.elapsed, budget.reserve) = run.runtime.dist.agree_stop(
-        False, budget.elapsed(), budget.reserve
-    )
+        budget.save_seconds = 16 * count_params(run.model_config).exact_total / SAVE_BYTES_PER_SECOND
+        budget.keep_reserve()
+    _, (run.state.elapsed, *shared) = run.runtime.dist.agree_stop(False, budget.elapsed(), *budget.shared())
+    budget.adopt(shared)
+    # so that a first step that cannot finish within the budget (a big model on a loaded machine) is not begun
+    batch = cfg.batch_size * cfg.grad_accum
+    budget.step_estimate = STEP_FORWARDS * budget.eval_cost.window_seconds * batch
 
 
 def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:

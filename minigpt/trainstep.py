@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minigpt.budget import EvalCost
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, Dataset, bits_per_byte, eval_batches
 from minigpt.device import autocast_context
@@ -140,23 +141,29 @@ def evaluate(
     }
 
 
-def time_evaluation(
+def eval_cost(
     model: torch.nn.Module,
     config: GPTConfig,
     dataset: Dataset,
     batch_size: int,
-    eval_iters: int,
     runtime: Runtime,
     clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """Seconds an evaluate() call should take, from one timed forward pass over a chunk of windows (the
-    first pass pays one-off costs, so this errs long)."""
-    sample = dataset.val[: _chunk(config, batch_size) * config.block_size + 1]
+) -> EvalCost:
+    """What evaluate() costs a process, from one timed forward pass over a batch of windows (the first
+    pass pays one-off costs, and evaluations pass larger chunks, so this errs long; it costs about a third
+    of a training step) and the windows each split holds."""
+    sample = dataset.val[: batch_size * config.block_size + 1]
     start = clock()
     split_loss(model, config, sample, batch_size, len(sample), runtime)
     seconds = clock() - start
-    windows = sum(
-        min(eval_iters * batch_size * runtime.dist.world_size, (len(tokens) - 1) // config.block_size)
-        for tokens in (dataset.val, dataset.train)
+    return EvalCost(
+        seconds / ((len(sample) - 1) // config.block_size),
+        batch_size,
+        split_windows(config, dataset, runtime),
     )
-    return seconds * windows / ((len(sample) - 1) // config.block_size)
+
+
+def split_windows(config: GPTConfig, dataset: Dataset, runtime: Runtime) -> tuple[int, int]:
+    """The windows of the validation and training splits, per process (rank 0's share: the largest)."""
+    world = runtime.dist.world_size
+    return tuple(-(-((len(t) - 1) // config.block_size) // world) for t in (dataset.val, dataset.train))  # type: ignore[return-value]

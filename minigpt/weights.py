@@ -223,10 +223,16 @@ def _listed(names: list[str]) -> str:
 
 def check_shapes(config: GPTConfig, shapes: dict[str, tuple[int, ...]], source: Path) -> None:
     """Stored tensor names and shapes must be exactly what the config describes (a one-line error)."""
+    layers = len({name.split(".")[2] for name in shapes if name.startswith("transformer.h.")})
+    if layers != config.n_layer:  # first: a config may claim a billion layers, too many to list
+        raise MinigptError(
+            f"{source} does not match its config.json (it holds {layers:,} layers, config says "
+            f"{config.n_layer:,})"
+        )
     expected = expected_shapes(config)
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
-    wrong = sorted(k for k in expected if k in shapes and tuple(shapes[k]) != expected[k])
+    wrong = [k for k in expected if k in shapes and tuple(shapes[k]) != expected[k]]  # in model order
     if missing or unexpected or wrong:
         parts = []
         if missing:

@@ -24,6 +24,30 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+class FakeClock:
+    """A clock that moves only when told to: time-dependent code is handed one, so no test depends on how
+    fast the machine is that minute."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pytest_report_header() -> list[str]:
+    """The versions this run resolved: CI builds a fresh environment, so a failure names today's releases."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "numpy", "transformers", "tiktoken", "safetensors", "fastapi"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ["versions: " + ", ".join(found)]
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Token caches go to a per-session temp dir, never the user's ~/.cache."""

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from numerics import assert_near_exact, float64_logits
 from test_decode import ENGINES, GREEDY, nanogpt_loop, numpy_twin, rows, tiny_model
 
 from minigpt import model as tm
@@ -166,14 +167,13 @@ def test_numpy_engine_equals_the_torch_model_for_every_option(options: dict[str,
     cfg = config(**options)
     model = tiny_model(2, cfg, scale=3.0)
     idx = torch.randint(0, 29, (2, 16), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(idx, all_logits=True)[0].numpy()
+    exact = float64_logits(model, idx, all_logits=True)  # the bound: numerics.py
     for name, make in ENGINES.items():
         engine = make(model)
         cache = engine.new_cache(2)
         chunks = [idx[:, :7], idx[:, 7:9], *[idx[:, t : t + 1] for t in range(9, 16)]]
         got = np.stack([np.asarray(engine.forward(c.tolist(), cache)) for c in chunks], axis=1)
-        np.testing.assert_allclose(got, want[:, [6, 8, *range(9, 16)]], rtol=1e-4, atol=1e-4, err_msg=name)
+        assert_near_exact(got, exact[:, [6, 8, *range(9, 16)]], cfg, name)
     prompts = idx[:, :4].tolist()
     tokens = [list(decode(make(model), prompts, 40, sampling=GREEDY)) for make in ENGINES.values()]
     assert tokens[0] == tokens[1]

@@ -12,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency (the dev extra)
 
+from numerics import assert_near_exact, float64_logits  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_convert import greedy, hf_greedy  # noqa: E402
 
@@ -60,13 +61,16 @@ def minigpt_logits(model: GPT, ids: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same_as_transformers(ours: GPT, theirs: Any) -> None:
-    """Logits within 1e-4 over a whole block and the same greedy continuation (past every window)."""
+    """Logits over a whole block, ours and transformers' (both float32), each within the float32 bound of
+    our model computed in float64 (numerics.py); and the same greedy continuation (past every window)."""
     ids = torch.randint(
         0, ours.config.vocab_size, (2, ours.config.block_size), generator=torch.Generator().manual_seed(1)
     )
     with torch.no_grad():
         expected = theirs(ids).logits
-    torch.testing.assert_close(minigpt_logits(ours, ids), expected, rtol=1e-4, atol=1e-4)
+    exact = float64_logits(ours, ids, all_logits=True)
+    assert_near_exact(minigpt_logits(ours, ids), exact, ours.config, "minigpt")
+    assert_near_exact(expected, exact, ours.config, "transformers")
     prompt = ids[0, :5].tolist()
     assert greedy(ours, prompt, 24) == hf_greedy(theirs, prompt, 24)
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from numerics import assert_near_exact, float64_logits
 from test_decode import ENGINES, GREEDY, TINY, rows, tiny_model
+from threadpoolctl import threadpool_limits
 
 from minigpt import engines
 from minigpt.config import GPTConfig
@@ -34,6 +37,17 @@ def _few_threads() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
+def blas_threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """torch's threads and NumPy's BLAS threads, 1 and then 2: a parallel BLAS splits and orders its sums
+    otherwise, and the tolerance must hold either way (it bounds every order)."""
+    n = request.param
+    torch.set_num_threads(n)
+    with threadpool_limits(n, user_api="blas"):
+        yield n
+    torch.set_num_threads(1)
+
+
 # --- one table: every model option, both engines, cached and uncached -----------------------------------
 
 
@@ -48,10 +62,11 @@ class Case:
     prompt_len: int = 3
     slide: int | None = None
     seed: int = 0  # of the weights and the prompts: one whose greedy text does not repeat a token
+    n_embd: int = 32
 
     def config(self) -> GPTConfig:
         return GPTConfig(
-            vocab_size=37, block_size=self.block_size, n_layer=2, n_head=self.n_head, n_embd=32,
+            vocab_size=37, block_size=self.block_size, n_layer=2, n_head=self.n_head, n_embd=self.n_embd,
             bias=self.bias, tie_embeddings=self.tied,
         )  # fmt: skip
 
@@ -62,6 +77,7 @@ CASES = [
     Case(tied=False, n_head=4, block_size=8, batch=2, prompt_len=21, slide=5),  # prompts longer than it
     Case(bias=False, n_head=4, block_size=32, samples=3, prompt_len=7, slide=32),  # one prefill, 3 rows
     Case(n_head=1, block_size=12, prompt_len=40),
+    Case(n_head=4, block_size=24, batch=2, prompt_len=20, n_embd=192),  # products large enough to thread
 ]
 
 
@@ -75,23 +91,36 @@ def feed_in_pieces(engine: Any, ids: torch.Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_both_engines_compute_gpt_forward(case: Case) -> None:
+def test_both_engines_compute_gpt_forward(case: Case, blas_threads: int) -> None:
+    """Both engines' float32 logits (fed a prefill, two tokens, then one at a time, and in one plain pass)
+    within the float32 bound (numerics.py) of GPT.forward computed in float64, as is GPT.forward in
+    float32 itself, with one thread and with two."""
     config = case.config()
     model = tiny_model(case.seed, config)
     draw = torch.Generator().manual_seed(case.seed)
     by_name = {name: make(model) for name, make in ENGINES.items()}
-    # logits, the fed positions of every row against GPT.forward over the whole window at once
     ids = torch.randint(0, config.vocab_size, (max(case.batch, 2), config.block_size), generator=draw)
+    exact = float64_logits(model, ids, all_logits=True)
     with torch.no_grad():
-        want = model(ids, all_logits=True)[0].numpy()
+        assert_near_exact(model(ids, all_logits=True)[0].numpy(), exact, config, "GPT.forward")
     split = config.block_size // 2
     positions = [split - 1, split + 1, *range(split + 2, config.block_size)]
     for name, engine in by_name.items():
-        got = feed_in_pieces(engine, ids)
-        np.testing.assert_allclose(got, want[:, positions], rtol=1e-4, atol=1e-4, err_msg=name)
+        assert_near_exact(feed_in_pieces(engine, ids), exact[:, positions], config, f"{name}, cached")
         full = np.asarray(engine.forward(ids.tolist(), None))  # no cache: the plain forward pass
-        np.testing.assert_allclose(full, want[:, -1], rtol=1e-4, atol=1e-4, err_msg=name)
-    # greedy tokens, inside the block and through several slides past it
+        assert_near_exact(full, exact[:, -1], config, f"{name}, one pass")
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_both_engines_decode_the_same_greedy_tokens(case: Case) -> None:
+    """The same greedy tokens on both engines, cached and uncached, inside the block and through several
+    slides past it."""
+    config = case.config()
+    model = tiny_model(case.seed, config)
+    draw = torch.Generator().manual_seed(case.seed)
+    by_name = {name: make(model) for name, make in ENGINES.items()}
+    # the logits test's ids come first from the seed, so the prompts are those its seed was picked for
+    torch.randint(0, config.vocab_size, (max(case.batch, 2), config.block_size), generator=draw)
     prompts = torch.randint(0, config.vocab_size, (case.batch, case.prompt_len), generator=draw).tolist()
     n = 3 * config.block_size + 5
     options = dict(num_samples=case.samples, slide=case.slide, sampling=GREEDY)
@@ -113,12 +142,11 @@ def test_a_one_row_prefill_serves_every_row(backend: str) -> None:
     prompt, nxt = [[4, 8, 15, 16]], [[1], [2], [3]]
     first = np.asarray(engine.forward(prompt, cache))
     got = np.asarray(engine.forward(nxt, cache))
-    with torch.no_grad():
-        want = model(torch.tensor([prompt[0] + row for row in nxt]))[0].numpy()
-        alone = model(torch.tensor(prompt))[0].numpy()
+    want = float64_logits(model, torch.tensor([prompt[0] + row for row in nxt]))
+    alone = float64_logits(model, torch.tensor(prompt))
     assert first.shape == (3, TINY.vocab_size)
-    np.testing.assert_allclose(first, np.repeat(alone, 3, axis=0), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_near_exact(first, np.repeat(alone, 3, axis=0), TINY, "the prefill")
+    assert_near_exact(got, want, TINY, "the next tokens")
     with pytest.raises(UsageError, match="rows"):
         engine.forward([[1], [2]], cache)
 

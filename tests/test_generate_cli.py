@@ -20,6 +20,7 @@ from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
 CHARS = list("\n !',.:;?ETabcdefghilmnorstuwy")
 CONFIG = GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=32)
 
@@ -321,3 +322,22 @@ def test_greedy_shows_no_seed_and_seeds_are_range_checked(runner, run_dir: Path)
     for seed in ("-1", str(2**63)):
         one_line_error(gen(runner, "-m", str(run_dir), "--seed", seed, "a"), 2, "--seed")
     one_line_error(gen(runner, "-m", str(run_dir), "-s", "1000000000000", "a"), 1, "lower --num-samples")
+
+
+def test_generate_keeps_the_blas_threads_the_environment_gives() -> None:
+    """OPENBLAS_NUM_THREADS fixes the NumPy engine's BLAS threads (the tuner times counts only without it)."""
+    code = (
+        "import sys\n"
+        "from minigpt.cli import main\n"
+        f"sys.argv = ['minigpt', 'generate', '-m', {str(FIXTURE)!r}, '-n', '5', '--seed', '1', 'The']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "from threadpoolctl import threadpool_info\n"
+        "print(*{i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}, file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    for threads in ("1", "2"):
+        child = {**env, "OPENBLAS_NUM_THREADS": threads, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=child, cwd=ROOT
+        )
+        assert proc.returncode == 0 and proc.stderr.strip().splitlines()[-1] == threads, proc.stderr

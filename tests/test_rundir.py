@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -98,3 +99,71 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _widened(run: RunDir, n_embd: int = 65536) -> RunDir:
+    """The run's config.json edited to claim another width than its weights hold."""
+    config = read_json(run.config_path)
+    config["model"]["n_embd"] = n_embd
+    atomic_write_bytes(run.config_path, json.dumps(config).encode())
+    return run
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["params", "{run}"],
+        ["params", "{run}", "--json"],
+        ["generate", "-m", "{run}", "-n", "2", "The"],
+        ["generate", "-m", "{run}", "-n", "2", "--backend", "torch", "The"],
+        ["eval", "{run}", str(FIXTURE.parent / "corpus.txt")],
+        ["attention", "The", "--model", "{run}"],
+        ["serve", "{run}", "--port", "0"],
+        ["convert", "to-hf", "{run}", "{tmp}/hf"],
+        ["train", "--resume", "{run}", "--max-iters", "99"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_every_command_that_opens_a_run_refuses_a_config_that_does_not_fit_its_weights(
+    runner, run: RunDir, tmp_path: Path, command: list[str]
+) -> None:
+    """config.json says 65,536 wide, model.safetensors holds 32-wide tensors: one line naming the tensor
+    and both shapes, from the header alone (no 51-billion-parameter table, no allocation)."""
+    from minigpt.cli import app
+
+    if command[0] == "serve":
+        pytest.importorskip("fastapi")
+    _widened(run)
+    args = [part.replace("{run}", str(run)).replace("{tmp}", str(tmp_path)) for part in command]
+    result = runner.invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0] == (
+        f"error: {run.weights_path} does not match its config.json (transformer.wte.weight has shape "
+        "[42, 32], config says [42, 65536])"
+    )
+    assert not (tmp_path / "hf").exists()
+
+
+def test_runs_lists_a_mismatched_run_as_skipped(runner, run: RunDir) -> None:
+    from minigpt.cli import app
+
+    _widened(run)
+    result = runner.invoke(app, ["runs", str(run.path.parent)])
+    assert result.exit_code == 0 and "warning: skipped" in result.stderr and "does not match" in result.stderr
+
+
+def test_the_config_is_checked_against_the_header_alone(run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tensor is read to compare shapes, and a config claiming a billion layers is refused before its
+    tensors are even listed."""
+    import minigpt.files
+
+    monkeypatch.setattr(minigpt.files, "load_tensors", lambda *a, **k: pytest.fail("a tensor was read"))
+    assert run.model_config().n_embd == 32
+    with pytest.raises(MinigptError, match=r"holds 2 layers, config says 1,000,000,000"):
+        config = read_json(run.config_path)
+        config["model"]["n_layer"] = 10**9
+        run.model_config(config)
+    (run.path / "cfg-only").mkdir()
+    (run.path / "cfg-only" / "config.json").write_bytes(run.config_path.read_bytes())
+    assert RunDir(run.path / "cfg-only").model_config().n_embd == 32  # no weights yet: nothing to compare

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import socket
 import subprocess
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -37,29 +38,32 @@ PROMPT = "The dog"  # the fixture's char tokenizer knows only the letters of its
 
 
 class Server:
-    """`python -m minigpt serve ARGS --port 0` in a process of its own; its log goes to a file (a pipe that
-    nobody reads would fill and stall it)."""
+    """`python -m minigpt serve ARGS --port 0` in a process of its own. A thread reads its output as it
+    comes (a pipe that nobody reads would fill and stall it) into `lines`; the URL is taken from the line
+    that announces it, so nothing waits on a timer."""
 
     def __init__(self, tmp: Path, *args: str) -> None:
-        self.log = tmp / f"serve-{time.monotonic_ns()}.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "MINIGPT_API_KEY": ""}
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "minigpt", "serve", *args, "--port", "0"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp,
-            )  # fmt: skip
-        self.url = self._wait_for_url()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "minigpt", "serve", *args, "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.announced: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        url = self.announced.get(timeout=300)  # a hang guard only: the line or the end of output comes first
+        if url is None:
+            raise AssertionError(f"the server exited: {''.join(self.lines)}")
+        self.url = url
 
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            found = re.search(r"serving on (http://\S+?)/ ", self.log.read_text())
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            found = re.search(r"serving on (http://\S+?)/ ", line)
             if found:
-                return found.group(1)
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited: {self.log.read_text()}")
-            time.sleep(0.1)
-        raise AssertionError(f"the server did not start: {self.log.read_text()}")
+                self.announced.put(found.group(1))
+        self.announced.put(None)
 
     def rss_mb(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -195,17 +199,19 @@ def test_a_failing_step_ends_its_requests_with_an_error_and_the_worker_goes_on(
     engine, tok = load_engine(FIXTURE, "numpy")
     batcher = Batcher(engine, tok)
     batcher.start()
-    updates: list[Update] = []
+    updates: queue.Queue[Update] = queue.Queue()
     job, _ = collecting_job("a", 1, 5, 1.0, 0)
-    job.notify = updates.append
+    job.notify = updates.put
     monkeypatch.setattr(engine, "forward", lambda ids, cache: 1 / 0)
     batcher.submit(job)
-    wait_for(lambda: updates)
-    assert updates == [Update([], done=True, error="internal error while decoding (see the server log)")]
+    failed = updates.get(timeout=300)  # the worker's answer (the timeout only guards against a hang)
+    assert failed == Update([], done=True, error="internal error while decoding (see the server log)")
     monkeypatch.undo()
     job, texts = collecting_job("a", 1, 5, 1.0, 0)
+    collect = job.notify
+    job.notify = lambda update: (collect(update), update.done and updates.put(update))  # type: ignore[func-returns-value]
     batcher.submit(job)
-    wait_for(lambda: job.done)
+    assert updates.get(timeout=300).done
     batcher.stop()
     assert len(texts[0]) == 5 and batcher.active_rows == 0
 
@@ -442,11 +448,13 @@ def open_stream(server: Server, max_tokens: int = 256) -> socket.socket:
     return sock
 
 
-def wait_for(condition: Any, seconds: float = 5) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+def test_listening_beyond_loopback_without_a_key_warns(runs: Path) -> None:
+    """The README: `minigpt serve` warns when it listens elsewhere without a key; on loopback it does not."""
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        s = Server(runs, str(runs / "tiny"), "--host", host)
+        s.stop()
+        warning = f"warning: listening on {host} without --api-key: anyone who can reach this port can use it"
+        assert any(line.startswith(warning) for line in s.lines) == warned, s.lines
 
 
 def test_busy_server_says_429_and_a_client_that_leaves_frees_its_row(small: Server) -> None:
@@ -458,11 +466,11 @@ def test_busy_server_says_429_and_a_client_that_leaves_frees_its_row(small: Serv
     status, out = request(small.url + "/v1/completions", {"prompt": PROMPT})
     assert status == 429 and out["error"]["type"] == "rate_limit_error" and "busy" in out["error"]["message"]
     assert load() == (1, 1)
-    first.close()  # mid-stream: the waiting request gets the row at once
-    wait_for(lambda: load() == (1, 0))
-    second.close()
-    wait_for(lambda: load() == (0, 0))
+    first.close()  # mid-stream: the waiting request gets the row
+    assert second.recv(4096)  # blocks until the second streams: it holds the row now
+    second.close()  # mid-stream too: its row is freed at the next step, and the next request served
     assert request(small.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 5})[0] == 200
+    assert load() == (0, 0)
 
 
 def test_memory_stays_flat_over_500_requests(server: Server) -> None:

@@ -7,18 +7,16 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, FakeClock
 from rich.console import Console
 
 from minigpt.budget import Budget, lr_at
@@ -130,8 +128,15 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
         dict(arch="gpt2", optimizer="adamw"),
         dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8),
         dict(
-            arch="modern", optimizer="muon", value_embeds=True, skips=True, logit_cap=10.0, zero_init=True,
-            orthogonalizer="polar-express", normuon=True, batch_ramp=0.5,
+            arch="modern",
+            optimizer="muon",
+            value_embeds=True,
+            skips=True,
+            logit_cap=10.0,
+            zero_init=True,
+            orthogonalizer="polar-express",
+            normuon=True,
+            batch_ramp=0.5,
         ),
     ],
     ids=["gpt2", "modern", "speedrun"],
@@ -284,9 +289,15 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
 def test_budgets_first_reached_stops(
     text_file: Path, tmp_path: Path, budget: dict, reason: str, check
 ) -> None:
+    clock = FakeClock()  # steps of 0.1 s
+
+    def tick(step: int) -> None:
+        clock.now += 0.1
+
     result = train(
-        tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run"
-    )
+        tiny_cfg(**{"max_iters": None, **budget}), data_cfg(text_file, tmp_path), out=tmp_path / "run",
+        clock=clock, on_step=tick,
+    )  # fmt: skip
     assert result.stop_reason == f"reached {reason}" and check(result.state), result
 
 
@@ -328,16 +339,6 @@ def test_recipes_fill_what_was_left_unset() -> None:
             TrainConfig(**bad)
 
 
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_budget_with_a_fake_clock() -> None:
     clock = FakeClock()
     budget = Budget(max_time=10.0, clock=clock)
@@ -369,12 +370,20 @@ def test_budget_with_a_fake_clock() -> None:
 
 
 def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_path: Path) -> None:
+    """The command began 29.8 s before train() was called (start-up, tokenizing): 0.2 s of a 30 s budget
+    is left, less than the final evaluation and exit keep back, so no step is taken (steps cost 1 s)."""
+    clock = FakeClock()
+
+    def one_second_steps(step: int) -> None:
+        clock.now += 1.0
+
     cfg = tiny_cfg(max_iters=None, max_time=30.0, eval_every=10_000)
-    t0 = time.perf_counter()
-    result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", started=t0 - 29.8)
-    assert result.stop_reason == "reached max_time 30 s"
-    assert time.perf_counter() - t0 < 20.0  # 0.2 s of the budget was left, not 30 s
-    assert result.state.elapsed >= 29.8
+    result = train(
+        cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", clock=clock, started=clock.now - 29.8,
+        on_step=one_second_steps,
+    )  # fmt: skip
+    assert result.stop_reason == "reached max_time 30 s" and result.state.step == 0
+    assert result.state.elapsed == pytest.approx(29.8)
 
 
 @pytest.mark.parametrize("schedule", ["wsd", "cosine"])
@@ -404,50 +413,64 @@ def test_a_slow_time_budget_still_reaches_the_peak_lr_and_decays_fully(
 
 
 def test_budgets_given_on_resume_replace_the_saved_budget(text_file: Path, tmp_path: Path) -> None:
-    out, log = tmp_path / "run", io.StringIO()
-    now = time.perf_counter()
-    first = train(tiny_cfg(max_iters=4), data_cfg(text_file, tmp_path), out=out, started=now - 1000)
-    assert first.state.step == 4 and first.state.elapsed > 1000  # a run that took over 16 minutes
-    # a time budget given on resume counts this command's time, not the run's, and replaces max_iters
-    second = train(TrainConfig(max_time=3.0), resume=out, reporter=LineReporter(log))
-    assert second.stop_reason == "reached max_time 3 s" and second.state.step > 4
-    assert "budget: 3 s of wall time from 16 min 4" in log.getvalue()
+    out, log, clock = tmp_path / "run", io.StringIO(), FakeClock()
+
+    def half_second_steps(step: int) -> None:
+        clock.now += 0.5
+
+    timed = dict(clock=clock, on_step=half_second_steps)
+    first = train(
+        tiny_cfg(max_iters=4), data_cfg(text_file, tmp_path), out=out, started=clock.now - 1000, **timed
+    )
+    assert first.state.step == 4 and first.state.elapsed == pytest.approx(1002)  # over 16 minutes
+    # a time budget given on resume counts this command's time, not the run's, and replaces max_iters:
+    # evaluations take no time on this clock, so 3 s keep back the save and the exit (1.004 s) and the
+    # next step (0.5 s): after 3 steps, 1.5 s in, no other fits
+    second = train(TrainConfig(max_time=3.0), resume=out, reporter=LineReporter(log), **timed)
+    assert second.stop_reason == "reached max_time 3 s" and second.state.step == 4 + 3
+    assert "budget: 3 s of wall time from 16 min 42 s" in log.getvalue()
     assert "(set on resume, in place of the saved 4 steps)" in log.getvalue()
     saved = json.loads((out / RunDir.CONFIG).read_text())["train"]
     assert (saved["max_iters"], saved["max_time"]) == (None, 3.0)
-    # none given: the saved budget stands, still counted from where that resume began
-    third = train(TrainConfig(), resume=out, reporter=LineReporter(log))
-    assert third.stop_reason == "reached max_time 3 s" and third.state.step == second.state.step
-    assert "budget: 3 s of wall time from 16 min 4" in log.getvalue() and "(as saved)" in log.getvalue()
+    # none given: the saved budget stands, still counted from where that resume began: 0.496 s of it are
+    # left before the time kept back, and a command's first step, not yet priced, takes them (a fresh 3 s
+    # budget would have taken 3)
+    third = train(TrainConfig(), resume=out, reporter=LineReporter(log), **timed)
+    assert third.stop_reason == "reached max_time 3 s" and third.state.step == second.state.step + 1
+    assert "budget: 3 s of wall time from 16 min 42 s" in log.getvalue() and "(as saved)" in log.getvalue()
     # steps given on resume count over the whole run, whatever time budget there was
-    fourth = train(TrainConfig(max_iters=second.state.step + 3), resume=out)
+    fourth = train(TrainConfig(max_iters=second.state.step + 3), resume=out, **timed)
     assert fourth.stop_reason == f"reached max_iters {second.state.step + 3}"
 
 
-def test_the_time_reserve_is_estimated_before_the_first_evaluation(text_file: Path, tmp_path: Path) -> None:
+def test_the_time_reserve_is_estimated_before_the_first_evaluation(
+    text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One timed forward pass over a batch of windows (0.1 s a window on a fake clock) prices the final
+    evaluation; with the guess at the save and the exit, that is the time kept back."""
+    from minigpt.budget import EXIT_SECONDS
     from minigpt.distributed import DistContext
     from minigpt.reporters import QuietReporter
-    from minigpt.trainsetup import EXIT_SECONDS, plan_run, set_up
+    from minigpt.trainsetup import SAVE_BYTES_PER_SECOND, plan_run, set_up
 
+    clock, forward = FakeClock(), GPT.forward
+
+    def slow(self: GPT, idx: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        clock.now += 0.0 if self.training else 0.1 * idx.size(0)
+        return forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", slow)
     plan = plan_run(
-        tiny_cfg(max_iters=None, max_time=60.0), data_cfg(text_file, tmp_path), out=tmp_path / "r"
-    )
-    run = set_up(plan, DistContext(), QuietReporter())
-    assert EXIT_SECONDS < run.budget.reserve < 10.0  # a timed forward pass and the save, not zero
-
-
-def test_over_budget_runs_say_by_how_much(text_file: Path, tmp_path: Path) -> None:
-    log = io.StringIO()
-    cfg = tiny_cfg(max_iters=None, max_time=2.0)
-    train(
-        cfg,
+        tiny_cfg(max_iters=None, max_time=60.0, eval_iters=3),
         data_cfg(text_file, tmp_path),
-        out=tmp_path / "run",
-        started=time.perf_counter() - 5,
-        reporter=LineReporter(log),
+        out=tmp_path / "r",
     )
-    assert "done: reached max_time 2 s after 0 steps" in log.getvalue()
-    assert re.search(r"over budget: the run took [3-9]\.\d s more than its max_time", log.getvalue())
+    run = set_up(plan, DistContext(), QuietReporter(), clock=clock)
+    assert run.budget.eval_cost.window_seconds == pytest.approx(0.1)
+    # 3 batches of 4 windows on each split (the validation split holds fewer)
+    windows = sum(min(12, (len(split) - 1) // 32) for split in (run.dataset.val, run.dataset.train))
+    save = 16 * run.parts.model.num_params() / SAVE_BYTES_PER_SECOND
+    assert run.budget.reserve == pytest.approx(0.1 * windows + save + EXIT_SECONDS)
 
 
 @pytest.mark.parametrize(
@@ -554,13 +577,19 @@ def test_panel_after_a_resume_carries_the_best_loss_and_counts_its_own_rate() ->
     assert "2,000 after 1,000 steps, 1,024,000 tokens, 11:40 (1:40 in this command)" in done_text(end)
 
 
-def test_the_live_panel_redraws_on_a_timer() -> None:
-    out = io.StringIO()
-    panel = TrainingPanel(console=Console(file=out, force_terminal=True, width=80), live=True)
+def test_the_live_panel_redraws_with_the_clock_between_steps() -> None:
+    """rich's timer refreshes the live panel 4 times a second; each refresh renders the clock's time, so
+    elapsed moves with no step taken (the refreshes are made by hand here, on a fake clock)."""
+    clock, out = FakeClock(), io.StringIO()
+    panel = TrainingPanel(console=Console(file=out, force_terminal=True, width=80), live=True, clock=clock)
     panel.start(training_start(TrainState()))
-    time.sleep(1.1)  # no steps: only the timer redraws
+    live = panel._live
+    assert live is not None and live.auto_refresh and live.refresh_per_second == 4
+    for _ in range(3):
+        clock.now += 1.0
+        live.refresh()  # what the timer does
     panel.finish(TrainingEnd(Path("run"), TrainState(), "reached max_iters 1", False, 1.0, 1.0, 0.0, 2.0, []))
-    assert out.getvalue().count("elapsed 0:0") >= 3
+    assert all(f"elapsed 0:0{s}" in out.getvalue() for s in (1, 2, 3))
 
 
 class PoisonedSampler(BatchSampler):
@@ -712,12 +741,14 @@ def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) ->
         cwd=ROOT,
         env={**os.environ, "MINIGPT_CACHE_DIR": str(tmp_path / "c")},
     )
-    deadline = time.time() + 60
-    while not (run / RunDir.CONFIG).exists() and time.time() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)
+    assert proc.stderr is not None
+    seen = []  # wait for the first logged step: training is under way (no timer, however slow the machine)
+    while not (seen and seen[-1].startswith("step ")):
+        seen.append(proc.stderr.readline())
+        assert seen[-1], "".join(seen)  # the process ended first
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
     assert proc.returncode == 130, err
     assert f"resume with: minigpt train --resume {run}" in err
     model, _, _ = RunDir(run).load_model()
@@ -725,7 +756,7 @@ def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) ->
 
 
 SAVER = """
-import sys, time, torch
+import os, signal, sys, torch
 from pathlib import Path
 import safetensors.torch
 from minigpt.config import ARCHS, GPTConfig
@@ -734,24 +765,37 @@ from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
 from minigpt.model import model_tensors
 
-# a slow disk: every file is written in two halves 20 ms apart, so most kills land in the middle of a write
+# kill -9 at the KILL_AT-th event: each half of every file written (so in the middle of a write), and each
+# rename (after the temp file was written and synced, before it lands)
+KILL_AT, events = int(sys.argv[3]), 0
+
+def event():
+    global events
+    events += 1
+    if events == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
 def write_halves(path, data):
     with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
-        f.flush()
-        time.sleep(0.02)
-        f.write(data[len(data) // 2 :])
+        for half in (data[: len(data) // 2], data[len(data) // 2 :]):
+            f.write(half)
+            f.flush()
+            event()
     return len(data)
+
+def replace(src, dst, replace=os.replace):
+    event()
+    replace(src, dst)
 
 safetensors.torch.save_file = lambda tensors, path, metadata=None: write_halves(
     path, safetensors.torch.save(tensors, metadata=metadata)
 )
 Path.write_bytes = write_halves
+os.replace = replace
 torch.manual_seed(0)
 model = GPT(GPTConfig(vocab_size=40, block_size=64, n_layer=4, n_head=4, n_embd=128))
 tok = CharTokenizer([chr(65 + i) for i in range(40)])
 run = RunDir(Path(sys.argv[1]))
-print("ready", flush=True)
 i = int(sys.argv[2])
 while True:
     with torch.no_grad():
@@ -783,17 +827,16 @@ def check_one_whole_save(run: Path) -> int:
 
 
 def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path) -> None:
+    """Eight writers, each killed with SIGKILL at a random point of its saves (a half-written file, a
+    synced temp file not yet renamed, between two renames) chosen from a seeded generator, so the same
+    points on every machine and at every load; after each, the run holds one whole save."""
     run = tmp_path / "run"
     rng = random.Random(0)
     saves = []
     for first in range(0, 8000, 1000):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SAVER, str(run), str(first)], stdout=subprocess.PIPE, cwd=ROOT, text=True
-        )
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.2, 0.8))
-        proc.kill()
-        proc.wait()
+        kill_at = rng.randint(1, 48)  # a save is 12 events: about 4 saves deep
+        proc = subprocess.run([sys.executable, "-c", SAVER, str(run), str(first), str(kill_at)], cwd=ROOT)
+        assert proc.returncode == -signal.SIGKILL
         if (run / RunDir.WEIGHTS).exists():
             saves.append(check_one_whole_save(run))
     assert len(saves) >= 4, saves  # most kills came after a whole save, so the checks above ran
@@ -876,6 +919,49 @@ def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Pat
     assert "changed or missing: tiny.txt" in result.stderr or "changed or missing: moved.txt" in result.stderr
     args = ["train", "--resume", str(out), str(moved), "--max-iters", "4", "--allow-data-change"]
     assert runner.invoke(app, args).exit_code == 0
+
+
+@pytest.mark.parametrize("given", ["tiny.txt", "./tiny.txt", "sub/../tiny.txt", "{work}/tiny.txt"])
+def test_resume_from_another_folder_whatever_form_the_path_had(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """`train` given the text by a relative (or absolute) path in one folder, `--resume` from another folder,
+    the run named by an absolute and then by a relative path: config.json's absolute paths find the text."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (work / "tiny.txt").write_text(TEXT, encoding="utf-8")
+    monkeypatch.chdir(work)
+    args = ["train", given.format(work=work), *TINY, "--max-iters", "2", "--out", "checkpoints/tiny"]
+    assert runner.invoke(app, args).exit_code == 0
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["train", "--resume", str(work / "checkpoints/tiny"), "--max-iters", "3"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["train", "--resume", "../work/checkpoints/tiny", "--max-iters", "4"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((work / "checkpoints/tiny" / RunDir.CONFIG).read_text())
+    assert config["metrics"]["last"]["step"] == 4
+    assert config["data"]["paths"] == [str(work / given.format(work=work))]
+
+
+def test_a_run_that_saved_relative_paths_resumes_from_another_folder(
+    runner, text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs saved before the paths were made absolute hold them as given; the absolute path recorded for
+    each input file stands in for them (and the text is still checked by content)."""
+    out = tmp_path / "run"
+    args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    config = json.loads((out / RunDir.CONFIG).read_text())
+    config["data"]["paths"] = [text_file.name]  # as a command run in text_file's folder saved it
+    (out / RunDir.CONFIG).write_text(json.dumps(config))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "3"])
+    assert result.exit_code == 0, result.output
+    (tmp_path / "elsewhere" / text_file.name).write_text(TEXT[::-1], encoding="utf-8")  # a namesake here
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "4"])
+    assert result.exit_code == 0, result.output  # the recorded file, not the namesake
 
 
 def test_a_batch_past_the_machine_is_refused_before_allocating(

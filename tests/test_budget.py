@@ -1,0 +1,177 @@
+"""A time budget bounds the evaluations too: their batch count scales down, one that cannot finish inside
+the budget is not started, and a run ends within a few percent of its budget however slow they are.
+
+Everything runs on a fake clock: a training step costs 1 s (moved by `on_step`) and an evaluation forward
+pass WINDOW seconds per window (moved by a wrapper around GPT.forward when the model is in eval mode), so
+the budget logic is checked exactly and instantly, whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, FakeClock
+
+from minigpt.budget import EVAL_SHARE, EXIT_SECONDS, Budget, EvalCost
+from minigpt.data import DataConfig, prepare_data
+from minigpt.model import GPT
+from minigpt.reporters import LineReporter
+from minigpt.rundir import RunDir
+from minigpt.train import TrainConfig, TrainState, train
+
+TEXT = "".join(
+    f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
+    for i, w in enumerate(["alpha", "beta", "gamma", "delta"] * 60)
+)
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def slow_evaluations(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, window_seconds: float) -> None:
+    """Every window an evaluation's forward pass scores costs `window_seconds` on the fake clock."""
+    forward = GPT.forward
+
+    def slow(self: GPT, idx, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not self.training:
+            clock.now += window_seconds * idx.size(0)
+        return forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", slow)
+
+
+def timed_run(tmp_path: Path, text_file: Path, clock: FakeClock, **cfg: object) -> tuple[object, str]:
+    def one_second_steps(step: int) -> None:
+        clock.now += 1.0
+
+    log = io.StringIO()
+    settings = dict(preset="tiny", batch_size=4, eval_iters=50, log_every=10, warmup=2, device="cpu",
+                    dtype="float32", **{"max_time": 90.0, **cfg})  # fmt: skip
+    result = train(
+        TrainConfig(**settings), DataConfig(paths=(text_file,), cache_dir=tmp_path / "cache"),
+        out=tmp_path / "run", clock=clock, started=clock.now, on_step=one_second_steps,
+        reporter=LineReporter(log),
+    )  # fmt: skip
+    return result, log.getvalue()
+
+
+def test_evaluations_scale_down_and_one_that_cannot_finish_is_not_started(
+    tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows cost 0.25 s: 50 batches of 4 windows on each split (96 windows: the validation split holds
+    only 9) would take 24 s, over a quarter of a 90 s budget. They scale down to the 6 batches that fit in a
+    tenth of it (8.25 s); the evaluations at steps 20 and 40 run, the one at 60 would not finish with the
+    final one's time kept back, so it does not start; the run ends within a few percent of 90 s, having
+    trained every step that fitted."""
+    clock = FakeClock()
+    start = clock.now
+    slow_evaluations(monkeypatch, clock, 0.25)
+    result, log = timed_run(tmp_path, text_file, clock, eval_every=20)
+    evals = [r for r in result.metrics if r["kind"] == "eval"]
+    dataset = prepare_data(DataConfig(paths=(text_file,), cache_dir=tmp_path / "cache"), 32, progress=False)
+    cost = EvalCost(0.25, 4, tuple((len(split) - 1) // 32 for split in (dataset.val, dataset.train)))
+    assert cost.seconds(50) > 0.25 * 90.0 and cost.split_windows[0] < 50 * 4
+    planned = cost.iters_within(EVAL_SHARE * 90.0, 50)
+    assert result.stop_reason == "reached max_time 1 min 30 s"
+    assert [r["step"] for r in evals] == [20, 40, result.state.step] and 60 < result.state.step < 80
+    assert all(r["eval_iters"] == planned for r in evals) and planned == 6
+    assert "skipped the evaluation at step 60: it would not finish within max_time" in log
+    assert 0.95 * 90.0 <= clock.now - start + EXIT_SECONDS <= 90.0
+    # what was not spent on start-up (one timed batch), evaluations and the exit went to steps, bar one
+    trained = 90.0 - 4 * 0.25 - len(evals) * cost.seconds(planned) - EXIT_SECONDS
+    assert trained - 2 <= result.state.step <= trained
+
+
+def test_an_evaluation_past_a_large_share_of_a_short_budget_is_skipped_and_the_weights_saved(
+    tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One batch of windows costs 24 s (a huge head on a loaded machine), more than a tenth of 90 s: no
+    evaluation runs, not even the final one, and the run still ends on time with its weights saved."""
+    clock = FakeClock()
+    start = clock.now
+    slow_evaluations(monkeypatch, clock, 3.0)
+    result, log = timed_run(tmp_path, text_file, clock, eval_every=20)
+    assert [r for r in result.metrics if r["kind"] == "eval"] == []
+    assert "skipped the evaluation at step 20" in log and "no time left for the final evaluation" in log
+    assert "not evaluated (no time was left for it)" in log
+    assert clock.now - start + EXIT_SECONDS <= 90.0 and result.state.step >= 90 - 12 - 3
+    model, _, config = RunDir(result.out).load_model()
+    assert config["metrics"]["best_val_loss"] is None and model.num_params() > 0
+    assert config["metrics"]["last"]["step"] == result.state.step  # `runs` and `params` show the steps
+
+
+def test_a_first_step_that_cannot_finish_within_the_budget_is_not_begun(
+    tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward pass over a batch of 4 windows takes 4 s, so a step (forward and backward) should take
+    about 12 s: with 10 s of budget none is begun, and the run ends in time with its untrained weights."""
+    clock = FakeClock()
+    start = clock.now
+    slow_evaluations(monkeypatch, clock, 1.0)
+    result, log = timed_run(tmp_path, text_file, clock, max_time=10.0)
+    assert result.state.step == 0 and result.stop_reason == "reached max_time 10 s"
+    assert clock.now - start + EXIT_SECONDS <= 10.0 and RunDir(result.out).weights_path.is_file()
+
+
+def test_a_late_run_skips_the_final_evaluation_and_says_by_how_much_it_ran_over(
+    tmp_path: Path, text_file: Path
+) -> None:
+    """Start-up alone took 5 s of a 2 s budget: no step, no evaluation, a save and one line saying so."""
+    clock, log = FakeClock(), io.StringIO()
+    cfg = TrainConfig(preset="tiny", batch_size=4, eval_iters=2, device="cpu", max_time=2.0)
+    result = train(
+        cfg, DataConfig(paths=(text_file,), cache_dir=tmp_path / "c"), out=tmp_path / "run", clock=clock,
+        started=clock.now - 5, reporter=LineReporter(log),
+    )  # fmt: skip
+    assert result.state.step == 0 and "done: reached max_time 2 s after 0 steps" in log.getvalue()
+    assert "over budget: the run took 3.0 s more than its max_time" in log.getvalue()
+    assert RunDir(result.out).weights_path.is_file()
+
+
+def test_eval_cost_and_the_budget_arithmetic() -> None:
+    cost = EvalCost(window_seconds=0.5, batch_windows=4, split_windows=(10, 100))
+    assert cost.windows(1) == 8 and cost.windows(3) == 10 + 12 and cost.windows(1000) == 110
+    assert cost.seconds(2) == 8.0 and cost.iters_within(8.0, 50) == 2 and cost.iters_within(7.9, 50) == 1
+    assert cost.iters_within(1e9, 50) == 50 and cost.iters_within(3.9, 50) == 0
+    budget = Budget(max_time=100.0, eval_iters=50, eval_cost=cost, save_seconds=2.0)
+    budget.keep_reserve()  # a tenth of 100 s fits 2 batches (8 s); then the save and the exit
+    assert budget.planned_eval_iters() == 2 and budget.reserve == 8.0 + 2.0 + EXIT_SECONDS
+    assert budget.eval_iters_now(TrainState(elapsed=50.0), final=False) == 2
+    # a periodic one must finish before the final one's reserve: 100 - 2 - 1 - 11 = 86 s minus its 8 s
+    assert budget.eval_iters_now(TrainState(elapsed=78.0), final=False) == 2
+    assert budget.eval_iters_now(TrainState(elapsed=78.1), final=False) == 0
+    # the final one takes what is left, up to the planned batches
+    assert budget.eval_iters_now(TrainState(elapsed=89.0), final=True) == 2
+    assert budget.eval_iters_now(TrainState(elapsed=92.0), final=True) == 1
+    assert budget.eval_iters_now(TrainState(elapsed=95.0), final=True) == 0
+    budget.observe_eval(eval_seconds=16.0, windows=16, save_seconds=1.0)  # twice as slow as estimated
+    assert cost.window_seconds == 1.0 and budget.planned_eval_iters() == 1 and budget.reserve == 10.0
+    untimed = Budget(max_iters=10, eval_iters=50, eval_cost=cost)  # no time budget: always everything
+    assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=False) == 50
+    assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=True) == 50
+
+
+def test_a_commands_clock_starts_with_its_process() -> None:
+    """`minigpt` run as a program counts its budget from the process's start, so the interpreter's start-up
+    and imports are part of the wall time a --max-time bounds (perf_counter is one monotonic clock across
+    processes on Linux; /proc gives the start to a tick, 10 ms)."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc")
+    code = (
+        "import time; first = time.perf_counter()\n"
+        "from minigpt.budget import process_started\n"
+        "print(first, process_started())\n"
+    )
+    before = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    first, started = map(float, proc.stdout.split())
+    assert before - 0.03 <= started <= first
