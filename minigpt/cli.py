@@ -22,6 +22,7 @@ from minigpt.budget import process_started
 from minigpt.config import GPTConfig
 from minigpt.dataconfig import DataConfig
 from minigpt.errors import MinigptError
+from minigpt.exports import GGUFConfig
 from minigpt.genconfig import EngineConfig, GenerateConfig, read_prompt
 from minigpt.options import command_line, with_options
 from minigpt.rundir import DEFAULT_ROOT
@@ -222,7 +223,8 @@ def train(
     files: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Text file(s) or directories of .txt files to train on (omit with --resume).",
+            help="Files and folders of text, JSON lines or Parquet (also compressed) to train on, or conversation "
+            "JSONL to fine-tune on (omit with --resume).",
             show_default=False,
         ),
     ] = None,
@@ -231,6 +233,8 @@ def train(
     """Train a GPT on your text: live progress on stderr, checkpoints in a run directory, resumable.
 
     Example: `minigpt train input.txt --max-time 5m`, then `minigpt generate "ROMEO:"`.
+    Fine-tune on conversations (OpenAI chat JSONL or prompt/completion JSONL), in full or with LoRA:
+    `minigpt train --init-from checkpoints/input chat.jsonl --lora-rank 8`, then `minigpt chat RUN`.
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
     import os
@@ -278,11 +282,48 @@ def train(
         raise typer.Exit(130)
 
 
+@app.command()
+@with_options(options_of(DataConfig), options_of(LaunchConfig, skip=LaunchConfig.RUN_ONLY))
+def prepare(
+    ctx: typer.Context,
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Files and folders of text, JSON lines or Parquet (also compressed).", show_default=False
+        ),
+    ],
+    given: Given = NO_OPTIONS,
+) -> None:
+    """Tokenize a corpus ahead of training, with `train`'s data options: `train` then reuses it and starts at
+    once. Under torchrun (`--nproc N`, or several machines) the processes split the files between them.
+    """
+    import os
+
+    launch = LaunchConfig(**given.of(LaunchConfig))
+    if launch.processes > 1 and "WORLD_SIZE" in os.environ:
+        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
+    data = DataConfig(paths=tuple(files), **given.of(DataConfig))
+    if launch.processes > 1:
+        from minigpt.distributed import launch_local
+
+        raise typer.Exit(launch_local(launch.processes, command_line(ctx, skip=("nproc",)), "prepare"))
+    from minigpt.prepare import prepare as run_prepare
+
+    done = run_prepare(data)
+    if done.master:
+        typer.echo(done.describe())
+
+
 @app.command("eval")
 @with_options(options_of(EngineConfig, skip=("backend", "dtype")))
 def eval_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
-    files: Annotated[list[Path], typer.Argument(help="Text file(s) or folders of .txt files to score.")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Text file(s) or folders of .txt files to score, or conversation JSONL (answers only)."
+        ),
+    ],
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 16,
     max_windows: Annotated[
         int | None, typer.Option(min=1, help="Score at most this many evenly spaced windows (default: all).")
@@ -292,7 +333,8 @@ def eval_cmd(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "float32",
     as_json: Annotated[bool, _json_option("one JSON object instead of a table")] = False,
 ) -> None:
-    """Loss, perplexity and bits-per-byte of a trained model on any text file."""
+    """Loss, perplexity and bits-per-byte of a trained model on any text file, or on the assistant's
+    answers in conversation JSONL (windows are then conversations)."""
     from minigpt.evaluate import evaluate_run
     from minigpt.views import eval_view, print_json
 
@@ -382,8 +424,8 @@ def _report_conversion(result: Any, what: str) -> None:
     from minigpt.views import conversion_summary
 
     typer.echo(conversion_summary(result, what), err=True)
-    if result.tokenizer_note:
-        typer.echo(f"note: {result.tokenizer_note}", err=True)
+    if result.note:
+        typer.echo(f"note: {result.note}", err=True)
 
 
 @convert_app.command("from-hf")
@@ -398,8 +440,8 @@ def convert_from_hf(
     tokenizer: Annotated[
         str | None,
         typer.Option(
-            help="tiktoken encoding name or .tiktoken file. Default: the directory's own vocab.json + "
-            "merges.txt (or tokenizer.json), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
+            help="tiktoken encoding name or .tiktoken file. Default: the directory's own tokenizer.json "
+            "(or vocab.json + merges.txt), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
         ),
     ] = None,
     tokenizer_file: Annotated[
@@ -420,11 +462,14 @@ def convert_from_hf(
     _report_conversion(result, "minigpt run")
 
 
+_ExportedRun = Annotated[
+    Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
+]
+
+
 @convert_app.command("to-hf")
 def convert_to_hf(
-    run: Annotated[
-        Path, typer.Argument(help="Run directory written by `minigpt train` or `convert from-hf`.")
-    ],
+    run: _ExportedRun,
     out: Annotated[Path, typer.Argument(help="Directory to write for transformers' from_pretrained.")],
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
@@ -434,13 +479,56 @@ def convert_to_hf(
     GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
     windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
-    GPT-2 style tokenizers (r50k_base) also get vocab.json + merges.txt for GPT2Tokenizer.
+    The tokenizer (any kind: bpe, char, tiktoken) is written as tokenizer.json for AutoTokenizer, GPT-2
+    style ones also as vocab.json + merges.txt; a README.md model card describes the model.
     """
     from minigpt.convert import to_hf
     from minigpt.hfmap import ARCHITECTURES, family_for
 
     result = to_hf(run, out, overwrite=overwrite)
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
+
+
+@convert_app.command("to-gguf")
+@with_options(options_of(GGUFConfig))
+def convert_to_gguf(
+    run: _ExportedRun,
+    out: Annotated[Path, typer.Argument(help="The GGUF file to write (e.g. model.gguf).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT file.")] = False,
+    given: Given = NO_OPTIONS,
+) -> None:
+    """Export a run as one GGUF file for llama.cpp (needs the gguf extra): GPT-2 architecture as llama.cpp's
+    gpt2; rotary + RMSNorm + SwiGLU as llama, with --qk-norm as qwen3; the tokenizer included. An option
+    llama.cpp cannot run is an error naming it.
+
+    Example: `minigpt convert to-gguf checkpoints/input input.gguf`, then
+    `llama-completion -m input.gguf -p "ROMEO:" -n 50 --temp 0`.
+    """
+    from minigpt.gguf_export import gguf_architecture, to_gguf
+
+    settings = GGUFConfig(**given.of(GGUFConfig))
+    result = to_gguf(run, out, settings, overwrite=overwrite)
+    _report_conversion(result, f"GGUF ({gguf_architecture(result.config)}, {settings.dtype})")
+
+
+@convert_app.command("merge")
+def convert_merge(
+    run: Annotated[Path, typer.Argument(help="A LoRA run (trained with --lora-rank).")],
+    out: Annotated[Path, typer.Option(help="The plain run directory to write.")],
+    base: Annotated[
+        Path | None,
+        typer.Option(help="Where the base run is now, if it moved (checked by its weights' hash)."),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at --out.")] = False,
+) -> None:
+    """Merge a LoRA run's adapter into its base's weights: a plain run, without the adapter's base.
+
+    Example: `minigpt convert merge checkpoints/chat-lora --out checkpoints/chat`.
+    """
+    from minigpt.finetune import merge_run
+
+    path = merge_run(run, out, base, overwrite)
+    typer.echo(f"wrote {path}: {run} merged into its base", err=True)
 
 
 @app.command()
@@ -555,6 +643,60 @@ def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None)
         raise typer.Exit(130) from None
     except BrokenPipeError:
         # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+@app.command()
+@with_options(options_of(GenerateConfig, skip=("num_samples", "slide")), options_of(EngineConfig))
+def chat(
+    run: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Run directory fine-tuned on conversations (default: the newest under checkpoints/)."
+        ),
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="A system message that opens the conversation.")] = None,
+    given: Given = NO_OPTIONS,
+    as_json: Annotated[
+        bool, _json_option("one JSON object per answer of piped input (answer, finish_reason)")
+    ] = False,
+) -> None:
+    """Chat with a run fine-tuned on conversations: answers stream as they are generated.
+
+    On a terminal: type a message, Enter sends it; Ctrl-C stops an answer, Ctrl-D ends the chat; /reset,
+    /save FILE, /help. Piped: each line of standard input is a conversation (a JSON record as in the
+    training data, or a line of text as the user's message), answered on one line of its own.
+    """
+    import os
+    import secrets
+
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Generate")
+    from minigpt.chat.session import ChatSession
+    from minigpt.chat.terminal import interactive, piped
+    from minigpt.rundir import RunDir
+
+    settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
+    if run is None:
+        run = RunDir.latest().path
+        typer.echo(f"using {run}", err=True)
+    seed = settings.seed
+    if seed is None and settings.temperature > 0:
+        seed = secrets.randbits(31)
+        typer.echo(f"seed {seed}", err=True)
+    engine, tokenizer = _generation_engine(run, run_on, explain=False, num_samples=1)
+    session = ChatSession(engine, tokenizer, settings, system, seed=seed or 0)
+    try:
+        if sys.stdin.isatty():
+            import readline  # noqa: F401  (line editing and history for input())
+
+            interactive(session, input, sys.stdout, sys.stderr)
+        else:
+            piped(session, sys.stdin.buffer, sys.stdout, system, as_json)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
 

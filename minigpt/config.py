@@ -12,6 +12,7 @@ from minigpt.settings import ARCH, MODEL, check_choices, setting
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "relu2", "swiglu")
+SCORES = ("scaled", "dot", "general", "additive")  # how a query scores a key (--attn-score)
 # Architectures: GPT-2's (the one that maps to Hugging Face GPT-2) and the later choices small-model
 # recipes converged on, which bench/bench_recipe.py picked (README: the ablation); each field given on its
 # own overrides the one it names.
@@ -33,7 +34,9 @@ class GPTConfig:
     n_embd: int = setting(768, "Model width (divisible by --n-head).", panel=MODEL, shown=PRESET_DEFAULT)
     dropout: float = setting(0.0, "Dropout probability in [0, 1).", panel=MODEL)
     # the architecture: GPT-2's choices by default; the others are what later small models adopted
-    bias: bool = setting(True, "Biases in Linear and LayerNorm layers.", panel=ARCH, by=ARCHS)
+    bias: bool = setting(
+        True, "Biases in Linear and LayerNorm layers (off with --qk-norm unless given).", panel=ARCH, by=ARCHS
+    )
     tie_embeddings: bool = setting(
         True, "Share the token embedding with the LM head.", panel=ARCH, by=ARCHS,
         flags=("--tie/--untie", "--tied/--untied"),
@@ -57,6 +60,19 @@ class GPTConfig:
     )
     window_pattern: str = setting(
         "S", "S (local) and L (full) per layer, repeated; the last layer is L.", panel=ARCH
+    )
+    attn_score: str = setting(
+        "scaled",
+        "How a query q scores a key k. scaled: q·k/√d_head (Vaswani et al. 2017), through the fused "
+        "attention kernel. dot: q·k (Luong et al. 2015), the same kernel and cost, its logits growing with "
+        "d_head. general: (Wq)·k (Luong et al. 2015), a d_head x d_head matrix W per head and layer "
+        "applied to the queries, then the fused kernel; in self-attention W folds into the query "
+        "projection, so it adds parameters and changes the optimisation, not what the model can compute. "
+        "additive: vᵀtanh(W₁q + W₂k) (Bahdanau et al. 2014), width d_a = d_head (2·d_head² + d_head "
+        "parameters per head and layer); no fused kernel: d_head values per query-key pair, computed a "
+        "bounded chunk of queries at a time (and again in the backward pass), several times slower.",
+        panel=ARCH,
+        choices=SCORES,
     )
     # later speedrun choices (modded-nanogpt): none maps to a Hugging Face model
     value_embeds: bool = setting(
@@ -122,6 +138,14 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def additive_width(self) -> int:
+        """d_a, the width of the additive score's hidden layer: d_head, as Bahdanau et al. size theirs (the
+        width of the states scored). It makes a query-key pair cost d_head multiply-adds, as a dot product
+        does, and its memory (B·H·T·T·d_a values) d_head times the logits'; a wider layer would buy
+        function (the score is a one-hidden-layer MLP of q and k) with memory and time linearly."""
+        return self.head_dim
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads: n_kv_head, or n_head when it is not set."""
         return self.n_head if self.n_kv_head is None else self.n_kv_head
@@ -171,6 +195,8 @@ class GPTConfig:
         parts += [v for v, gpt2 in ((self.norm, "layernorm"), (self.mlp, "gelu")) if v != gpt2]
         if self.qk_norm:
             parts.append("qk-norm")
+        if self.attn_score != "scaled":
+            parts.append(f"{self.attn_score} attention scores")
         if self.kv_heads != self.n_head:
             parts.append(f"{self.kv_heads} kv heads")
         if self.window is not None and self.window < self.block_size and self.n_layer > 1:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from minigpt.chat.template import END, has_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
+from minigpt.exports import ConvertResult, record_export
 from minigpt.files import (
     atomic_write_bytes,
     atomic_write_json,
@@ -33,31 +33,32 @@ from minigpt.hfmap import (
     short_list,
     to_hf_tensors,
 )
+from minigpt.hftokenizer import (
+    HF_MERGES,
+    HF_SPECIAL_TOKENS,
+    HF_TOKENIZER_CONFIG,
+    HF_TOKENIZER_JSON,
+    HF_VOCAB,
+    hf_tokenizer_files,
+    tokenizer_from_hf_json,
+    tokenizer_from_vocab_merges,
+)
 from minigpt.model import build_model, model_tensors
+from minigpt.modelcard import model_card, write_card
 from minigpt.rundir import FORMAT as RUN_FORMAT
 from minigpt.rundir import RunDir
-from minigpt.tokenizer import (
-    ENDOFTEXT,
-    GPT2_SPLIT_PATTERN,
-    NAMED_ENCODINGS,
-    naming,
-    shorten,
-)
+from minigpt.tokenizer import NAMED_ENCODINGS, shorten
 
 if TYPE_CHECKING:
     import torch
 
-    from minigpt.tokenizer import TiktokenTokenizer, Tokenizer
+    from minigpt.tokenizer import Tokenizer
 
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
-HF_VOCAB = "vocab.json"
-HF_MERGES = "merges.txt"
-HF_TOKENIZER_JSON = "tokenizer.json"
-HF_TOKENIZER_CONFIG = "tokenizer_config.json"
-HF_SPECIAL_TOKENS = "special_tokens_map.json"
-# minigpt's own tokenizer.json would be mistaken by transformers for a `tokenizers` file: renamed
+HF_CARD = "README.md"
+# what `convert to-hf` wrote for char and bpe tokenizers before tokenizer.json could hold them: still read
 MINIGPT_TOKENIZER = "minigpt_tokenizer.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack")
@@ -73,17 +74,6 @@ _STALE_HF_FILES = (
     MINIGPT_TOKENIZER,
     "generation_config.json",
 )
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    """What a conversion wrote: the directory, the model shape and a one-line tokenizer note."""
-
-    out: Path
-    config: GPTConfig
-    params: int
-    tokenizer: str
-    tokenizer_note: str | None = None  # set when the tokenizer could not be written in the target format
 
 
 # ---------------------------------------------------------------- configs
@@ -228,164 +218,30 @@ def _load_planned(files: list[Path], plan: dict[str, str], config: GPTConfig) ->
     return from_hf_tensors(config, tensors)
 
 
-# ---------------------------------------------------------------- byte-level BPE files
+# ---------------------------------------------------------------- tokenizers
 
 
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from each byte to a printable character (vocab.json and merges.txt use it)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + n)
-            n += 1
-    return mapping
-
-
-def _token_str(token: bytes) -> str:
-    # latin-1 turns each byte into the code point of the same number, which translate then maps
-    return token.decode("latin-1").translate(bytes_to_unicode())
-
-
-def _split_below(token: bytes, ranks: dict[bytes, int], limit: int) -> list[bytes]:
-    """Byte-level BPE of token using only the ranks below limit (how tiktoken would build it)."""
-    parts = [token[i : i + 1] for i in range(len(token))]
-    while len(parts) > 2:
-        best_rank, best_i = limit, -1
-        for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1], limit)
-            if r < best_rank:
-                best_rank, best_i = r, i
-        if best_i < 0:
-            break
-        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    return parts
-
-
-def bpe_vocab_merges(ranks: dict[bytes, int], specials: dict[str, int]) -> tuple[dict[str, int], list[str]]:
-    """vocab.json and merges.txt entries equivalent to tiktoken ranks.
-
-    Each multi-byte token's merge is recovered by running BPE on its bytes with the ranks below its own:
-    that yields the two parts tiktoken joins to make it. A token that does not come out as exactly two
-    parts can never be produced by BPE, so the ranks have no merges-file equivalent (a MinigptError).
-    """
-    vocab: dict[str, int] = {}
-    merges: list[str] = []
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        vocab[_token_str(token)] = rank
-        if len(token) > 1:
-            parts = _split_below(token, ranks, rank)
-            if len(parts) != 2:
-                raise MinigptError(f"token {token!r} (rank {rank}) is not the merge of two earlier tokens")
-            merges.append(f"{_token_str(parts[0])} {_token_str(parts[1])}")
-    for text, i in specials.items():
-        vocab[text] = i
-    return vocab, merges
-
-
-def ranks_from_vocab_merges(
-    vocab: dict[str, int], merges: list[tuple[str, str]], source: Path
-) -> tuple[dict[bytes, int], dict[str, int]]:
-    """tiktoken ranks and special tokens from GPT-2 style vocab.json + merges.txt.
-
-    tiktoken merges by the rank of the joined token, transformers by the order of merges.txt; the two
-    agree when each merge's result has a higher id than its parts and ids grow along merges.txt, which
-    is checked (GPT-2's own files satisfy it: tiktoken's r50k_base was made from them).
-    """
-    dec = {c: b for b, c in bytes_to_unicode().items()}
-    results = {a + b for a, b in merges}
-    ranks: dict[bytes, int] = {}
-    specials: dict[str, int] = {}
-    for text, i in vocab.items():
-        if not isinstance(i, int) or isinstance(i, bool):
-            raise MinigptError(f"{source}: id of {text!r} is not an integer")
-        if (len(text) == 1 and text in dec) or text in results:
-            try:
-                ranks[bytes(dec[c] for c in text)] = i
-            except KeyError:
-                raise MinigptError(f"{source}: {text!r} is not a byte-level BPE token") from None
-        else:
-            specials[text] = i
-    last = -1
-    for a, b in merges:
-        ids = [vocab.get(a), vocab.get(b), vocab.get(a + b)]
-        if None in ids:
-            raise MinigptError(f"{source}: merge '{a} {b}' uses tokens that are not in the vocabulary")
-        ia, ib, ic = ids
-        if not (ia < ic and ib < ic and ic > last):
-            raise MinigptError(
-                f"{source}: merge '{a} {b}' is out of id order, so tiktoken ranks cannot reproduce it"
-            )
-        last = ic
-    return ranks, specials
-
-
-def _read_dir_tokenizer(src: Path) -> TiktokenTokenizer | None:
-    """The byte-level BPE a HF directory ships (vocab.json + merges.txt, or tokenizer.json), if any."""
-    from minigpt.tokenizer import TiktokenTokenizer
-
-    vocab_path, merges_path, fast_path = src / HF_VOCAB, src / HF_MERGES, src / HF_TOKENIZER_JSON
-    try:
-        if vocab_path.is_file() and merges_path.is_file():
-            source = vocab_path
-            vocab = read_json(_contained(src, vocab_path))
-            text = read_bounded(_contained(src, merges_path)).decode("utf-8")
-            merges = [
-                tuple(line.split(" "))
-                for line in text.splitlines()
-                if line and not line.startswith("#version")
-            ]
-            added: dict[str, int] = {}
-        elif fast_path.is_file():
-            source = fast_path
-            data = read_json(_contained(src, fast_path))
-            model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
-            byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
-            if model.get("type") != "BPE" or not byte_level or pre.get("add_prefix_space"):
-                raise MinigptError(
-                    f"{fast_path} is not GPT-2's byte-level BPE: pass --tokenizer NAME|FILE for the "
-                    f"model's tokenizer"
-                )
-            vocab = model.get("vocab")
-            merges = [
-                tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])
-            ]
-            added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
-        else:
-            return None
-    except (UnicodeDecodeError, AttributeError, TypeError, KeyError) as e:
-        raise MinigptError(f"{src}: unreadable tokenizer files ({e}); pass --tokenizer NAME|FILE") from None
-    if not isinstance(vocab, dict) or not all(
-        len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges
-    ):
-        raise MinigptError(f"{source} is not a GPT-2 style BPE vocabulary; pass --tokenizer NAME|FILE")
-    ranks, specials = ranks_from_vocab_merges(vocab, merges, source)  # type: ignore[arg-type]
-    specials.update(added)
-    r50k = NAMED_ENCODINGS["r50k_base"]
-    with naming(source, "pass --tokenizer NAME|FILE"):
-        if _ranks_sha256(ranks) == r50k.sha256 and specials == r50k.specials:
-            return TiktokenTokenizer(r50k.name, r50k.pattern, ranks, r50k.specials)
-        return TiktokenTokenizer(src.name or "hf-bpe", GPT2_SPLIT_PATTERN, ranks, specials)
-
-
-def _ranks_sha256(ranks: dict[bytes, int]) -> str:
-    """sha256 of the ranks written as a .tiktoken file (so it matches the published files' hashes)."""
-    import base64
-    import hashlib
-
-    h = hashlib.sha256()
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        h.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
-    return h.hexdigest()
+def _read_dir_tokenizer(src: Path) -> Tokenizer | None:
+    """The tokenizer a HF directory ships (tokenizer.json, else GPT-2's vocab.json + merges.txt), if any."""
+    fast, vocab, merges = src / HF_TOKENIZER_JSON, src / HF_VOCAB, src / HF_MERGES
+    name = src.name or "hf-bpe"
+    if fast.is_file():
+        return tokenizer_from_hf_json(read_json(_contained(src, fast)), fast, name)
+    if vocab.is_file() and merges.is_file():
+        try:
+            text = read_bounded(_contained(src, merges)).decode("utf-8")
+        except UnicodeDecodeError:
+            raise MinigptError(f"{merges} is not UTF-8 text; pass --tokenizer NAME|FILE") from None
+        return tokenizer_from_vocab_merges(read_json(_contained(src, vocab)), text, vocab, name)
+    return None
 
 
 def resolve_import_tokenizer(
     src: Path, tokenizer: str | None, tokenizer_file: Path | None, gpt2: bool = True
 ) -> Tokenizer:
-    """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the minigpt tokenizer `to-hf` saved,
-    the directory's own BPE files, else, for a GPT-2, r50k_base (GPT-2's) from TIKTOKEN_CACHE_DIR.
+    """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the minigpt tokenizer an older
+    `to-hf` saved, the directory's own tokenizer files, else, for a GPT-2, r50k_base (GPT-2's) from
+    TIKTOKEN_CACHE_DIR.
     """
     from minigpt.tokenizer import TiktokenTokenizer, tokenizer_kind
 
@@ -402,7 +258,7 @@ def resolve_import_tokenizer(
         if tokenizer in NAMED_ENCODINGS:
             return _named(tokenizer)
         return TiktokenTokenizer.from_file(tokenizer)
-    if (src / MINIGPT_TOKENIZER).is_file():  # written by `convert to-hf` for tokenizers transformers lacks
+    if (src / MINIGPT_TOKENIZER).is_file():  # what minigpt 0.1's `to-hf` wrote for char and bpe tokenizers
         from minigpt.tokenizer import load_tokenizer_file
 
         return load_tokenizer_file(_contained(src, src / MINIGPT_TOKENIZER))
@@ -411,8 +267,8 @@ def resolve_import_tokenizer(
         return own
     if not gpt2:  # other models ship their own tokenizer; guessing GPT-2's would give wrong text
         raise MinigptError(
-            f"{src} has no tokenizer files minigpt reads (vocab.json + merges.txt, or a byte-level "
-            f"tokenizer.json): pass --tokenizer NAME|FILE for the model's tokenizer"
+            f"{src} has no tokenizer files minigpt reads (a byte-level or character tokenizer.json, or "
+            f"vocab.json + merges.txt): pass --tokenizer NAME|FILE for the model's tokenizer"
         )
     return _named("r50k_base")
 
@@ -435,6 +291,18 @@ def _named(name: str) -> Tokenizer:
 
 
 # ---------------------------------------------------------------- the two conversions
+
+
+def _hf_usage(name: str, chat: bool) -> str:
+    """The model card's example: a text continued, or for a chat run a conversation answered (its
+    tokenizer_config.json holds the chat template the pipeline applies)."""
+    prompt = '[{"role": "user", "content": "Who are you?"}]' if chat else '"Once upon a time"'
+    result = '[0]["generated_text"][-1]["content"]' if chat else '[0]["generated_text"]'
+    return (
+        "```python\nfrom transformers import pipeline\n\n"
+        f'generate = pipeline("text-generation", model="{name}")\n'
+        f"print(generate({prompt}, max_new_tokens=50, do_sample=False){result})\n```"
+    )
 
 
 def _check_out(out: Path, src: Path, overwrite: bool) -> None:
@@ -487,61 +355,33 @@ def from_hf(
     return ConvertResult(out, config, model.num_params(), tok.describe())
 
 
-def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str] | None:
-    """transformers' GPT-2 tokenizer files for a byte-level BPE with GPT-2's split pattern, else None."""
-    from minigpt.tokenizer import _RankedBPE
-
-    if not isinstance(tokenizer, _RankedBPE) or tokenizer.pattern != GPT2_SPLIT_PATTERN:
-        return None
-    if set(tokenizer.specials) - {ENDOFTEXT}:
-        return None
-    try:
-        vocab, merges = bpe_vocab_merges(tokenizer.ranks, tokenizer.specials)
-    except MinigptError:
-        return None
-    eot = ENDOFTEXT if ENDOFTEXT in tokenizer.specials else None
-    config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": block_size,
-        "add_prefix_space": False,
-        "errors": "replace",
-        "bos_token": eot,
-        "eos_token": eot,
-        "unk_token": eot,
-    }
-    specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot} if eot else {}
-    return {
-        HF_VOCAB: json.dumps(vocab, ensure_ascii=False) + "\n",
-        HF_MERGES: "#version: 0.2\n" + "".join(m + "\n" for m in merges),
-        HF_TOKENIZER_CONFIG: json.dumps(config, indent=2) + "\n",
-        HF_SPECIAL_TOKENS: json.dumps(specials, indent=2) + "\n",
-    }
-
-
 def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu") -> ConvertResult:
-    """Write a directory transformers' AutoModelForCausalLM.from_pretrained loads (GPT2LMHeadModel,
-    LlamaForCausalLM or Qwen3ForCausalLM, as `hfmap.family_for` picks): config.json, model.safetensors
-    and, for a GPT-2 style byte-level BPE, the tokenizer files.
+    """Write a directory transformers' AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained
+    load (GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM, as `hfmap.family_for` picks):
+    config.json, model.safetensors, the tokenizer files (minigpt.hftokenizer) and a README.md model card.
     """
     run, out = Path(run), Path(out)
-    model, tok, _ = RunDir(run).load_model(device)
+    rundir = RunDir(run)
+    model, tok, data = rundir.load_model(device)
     config = model.config
-    hf = hf_config(config, tok.eot_id)
+    hf = hf_config(config, tok.eot_id, tok.specials.get(END))  # a chat run's answer ends at <|end|>
     _check_out(out, run, overwrite)
     tok_files = hf_tokenizer_files(tok, config.block_size)
     make_dir(out)
     _clear(out, _STALE_HF_FILES)
     # metadata format "pt" is what transformers checks before loading a safetensors file
     save_tensors(out / HF_WEIGHTS, to_hf_tensors(config, model_tensors(model)), metadata={"format": "pt"})
-    note = None
-    if tok_files is not None:
-        for name, text in tok_files.items():
-            atomic_write_bytes(out / name, text.encode("utf-8"))
-    else:
-        atomic_write_json(out / MINIGPT_TOKENIZER, tok.to_json())
-        note = (
-            f"the tokenizer is minigpt's own ({tok.describe()}), which transformers cannot load: "
-            f"it is saved as {out / MINIGPT_TOKENIZER}; encode text with minigpt"
-        )
+    for name, content in tok_files.items():
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, indent=2)
+        atomic_write_bytes(out / name, text.encode("utf-8"))
+    usage = _hf_usage(out.name, has_chat_tokens(tok))
+    write_card(
+        out / HF_CARD,
+        lambda license: model_card(
+            out.name, data, config, tok.describe(), model.num_params(), library="transformers",
+            made_by=f"`minigpt convert to-hf` of the run {run.resolve()}", usage=usage, license=license,
+        ),
+    )  # fmt: skip
     atomic_write_json(out / HF_CONFIG, hf)  # last: without it the directory is not a model yet
+    note = record_export(rundir, "hf", out, architecture=hf["architectures"][0])
     return ConvertResult(out, config, model.num_params(), tok.describe(), note)

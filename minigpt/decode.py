@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TextIO
 
@@ -333,7 +333,7 @@ class TextEvent(NamedTuple):
 class SampleResult:
     text: str
     token_ids: list[int]
-    finish_reason: str  # "length", "stop" (a stop string) or "end_of_text" (the model emitted <|endoftext|>)
+    finish_reason: str  # "length", "stop" (a stop string) or "end_of_text" (<|endoftext|>, or a stop id)
     seconds: float  # from the start of the prefill until this sample finished
 
     @property
@@ -345,8 +345,8 @@ class Generation:
     """One batched generation: every sample shares one prefill of the prompt.
 
     Iterate `events()` for the text as it becomes safe to show (or call `run()`), then read `samples` and
-    the timings. `stop` strings end a sample and are not part of its text; so does the tokenizer's
-    <|endoftext|>.
+    the timings. `stop` strings end a sample and are not part of its text; so do the tokenizer's
+    <|endoftext|> and the `stop_ids` given (a chat answer ends at a turn's control tokens).
     """
 
     def __init__(
@@ -363,6 +363,7 @@ class Generation:
         seed: int = 0,
         stop: Sequence[str] = (),
         slide: int | None = None,
+        stop_ids: Collection[int] = (),
     ) -> None:
         if max_new_tokens < 1:
             raise UsageError(f"max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -379,6 +380,7 @@ class Generation:
         self.sampling = Sampling(temperature, top_k, top_p, seed)
         self.slide = resolve_slide(slide, engine.block_size)
         self.streams = [TextStream(stop) for _ in range(num_samples)]
+        self.stop_ids = frozenset(stop_ids) | ({tokenizer.eot_id} if tokenizer.eot_id is not None else set())
         self.token_ids: list[list[int]] = [[] for _ in range(num_samples)]
         self.finished_at = [0.0] * num_samples
         self.time_to_first_token = 0.0
@@ -412,7 +414,7 @@ class Generation:
 
     def _feed(self, stream: TextStream, token: int, last: bool) -> tuple[str, bool]:
         """Give a sample's stream its next token: the text now safe to show, and whether it is done."""
-        if token == self.tokenizer.eot_id:
+        if token in self.stop_ids:
             stream.close("end_of_text")
         else:
             stream.feed(self.tokenizer.decode_bytes([token]))

@@ -208,14 +208,15 @@ def _is_comm_error(e: BaseException) -> bool:
     )
 
 
-def launch_local(nproc: int, args: list[str]) -> int:
-    """Run `minigpt train ARGS` as nproc processes under torch.distributed.run on this machine; its exit code.
+def launch_local(nproc: int, args: list[str], command: str = "train") -> int:
+    """Run `minigpt COMMAND ARGS` as nproc processes under torch.distributed.run on this machine; its exit
+    code.
 
     The launcher gets its own process group, so a Ctrl-C here reaches it once, and it stops the workers
     (they save and exit); a second Ctrl-C goes to every process, which then exit at once.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "minigpt", "train", *args]  # fmt: skip
+           "-m", "minigpt", command, *args]  # fmt: skip
     proc = subprocess.Popen(cmd, process_group=0, stderr=subprocess.PIPE, text=True, errors="replace")
     relay = threading.Thread(target=_relay_worker_output, args=(proc,), daemon=True)
     relay.start()

@@ -1,14 +1,17 @@
-"""Loss, perplexity and bits-per-byte of a trained model on any text."""
+"""Loss, perplexity and bits-per-byte of a trained model on any text, or on conversations' answers."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from minigpt.chat.data import ConversationSplit, conversation_files, read_conversations
+from minigpt.chat.template import ChatTemplate
 from minigpt.data import bits_per_byte, eval_batches, read_text
 from minigpt.device import autocast_context
 from minigpt.errors import MinigptError
@@ -31,7 +34,6 @@ class EvalResult:
         return asdict(self)
 
 
-@torch.no_grad()
 def evaluate_ids(
     model: GPT,
     ids: np.ndarray,
@@ -48,18 +50,37 @@ def evaluate_ids(
     if len(ids) < 2:
         raise MinigptError(f"the text is only {len(ids)} token(s): need at least 2 to score a prediction")
     block = min(T, len(ids) - 1)
-    max_batches = None if max_windows is None else max(1, math.ceil(max_windows / batch_size))
+    batches = eval_batches(ids, block, batch_size, _max_batches(max_windows, batch_size))
+    return _score(model, batches, byte_lengths, device, dtype, weights)
+
+
+def _max_batches(max_windows: int | None, batch_size: int) -> int | None:
+    return None if max_windows is None else max(1, math.ceil(max_windows / batch_size))
+
+
+@torch.no_grad()
+def _score(
+    model: GPT,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    byte_lengths: np.ndarray,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: ModelWeights[torch.Tensor] | None,
+) -> EvalResult:
+    """Sum the loss of every (x, y) batch over its predicted tokens (targets of -1 are not predicted)."""
     total_nats, tokens, nbytes, windows = 0.0, 0, 0, 0
     model.eval()
-    for x, y in eval_batches(ids, block, batch_size, max_batches):
+    for x, y in batches:
         with autocast_context(device, dtype):
             logits, _ = model(x.to(device), all_logits=True, weights=weights)
         nll = torch.nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.size(-1)), y.to(device).reshape(-1), reduction="sum"
-        )
+            logits.float().reshape(-1, logits.size(-1)), y.to(device).reshape(-1), reduction="sum",
+            ignore_index=-1,
+        )  # fmt: skip
+        predicted = y[y >= 0]
         total_nats += nll.item()
-        tokens += y.numel()
-        nbytes += int(byte_lengths[y.numpy()].sum())
+        tokens += predicted.numel()
+        nbytes += int(byte_lengths[predicted.numpy()].sum())
         windows += x.size(0)
     loss = total_nats / tokens
     return EvalResult(
@@ -84,6 +105,15 @@ def evaluate_files(
     errors: str = "strict",
     weights: ModelWeights[torch.Tensor] | None = None,
 ) -> EvalResult:
+    """Score text files, or conversation JSONL files on the assistant's tokens only (as fine-tuning does:
+    each conversation is a window)."""
+    chats = conversation_files(paths)
+    if chats is not None:
+        template = ChatTemplate(tokenizer)
+        block = model.config.block_size
+        split = ConversationSplit.of([c for f in chats for c in read_conversations(f, template, block, None)])
+        batches = split.eval_batches(batch_size, _max_batches(max_windows, batch_size))
+        return _score(model, batches, tokenizer.text_byte_lengths(), device, dtype, weights)
     text = read_text(paths, encoding, errors)
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
     with allocating(f"forward passes over {batch_size:,} windows of {model.config.block_size:,} tokens"):

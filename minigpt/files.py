@@ -11,7 +11,7 @@ import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from minigpt.errors import MinigptError
 
@@ -141,6 +141,22 @@ def json_bytes(obj: Any) -> bytes:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json_bytes(obj))
+
+
+@contextlib.contextmanager
+def open_regular(path: Path) -> Iterator[BinaryIO]:
+    """A regular file opened for reading, checked on the file actually opened (non-blocking, so a FIFO
+    swapped in after a look cannot hang us): anything else is a one-line MinigptError."""
+    regular_file(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise MinigptError(f"cannot read {path} ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MinigptError(f"{path} is not a regular file (a FIFO, device or socket): expected a file")
+        os.set_blocking(fd, True)
+        yield f
 
 
 def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:

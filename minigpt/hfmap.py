@@ -51,6 +51,9 @@ _LAYER_NAME = re.compile(r"^transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")
 Check = tuple[bool, str, str]  # (the config has a problem, the option as a flag, why transformers lacks it)
 
 
+_SCALED_ONLY = "GPT-2, Llama and Qwen3 score attention by the scaled dot product only (--attn-score scaled)"
+
+
 def _has_windows(c: GPTConfig) -> bool:
     return any(w < c.block_size for w in c.layer_windows)
 
@@ -72,27 +75,36 @@ def _rotary_checks(c: GPTConfig) -> list[Check]:
     why = "rotary models map to LlamaForCausalLM or Qwen3ForCausalLM, which take --norm rmsnorm --mlp swiglu"
     checks = [(c.norm != "rmsnorm", f"--norm {c.norm}", why), (c.mlp != "swiglu", f"--mlp {c.mlp}", why)]
     if c.qk_norm:
-        return [*checks, (c.bias, "biases (--bias)", "Qwen3ForCausalLM (--qk-norm) has no MLP biases")]
+        return [
+            *checks,
+            (
+                c.bias,
+                "biases (--bias)",
+                "Qwen3ForCausalLM (--qk-norm) has no MLP biases (--qk-norm without --bias leaves them out)",
+            ),
+        ]
     why = "LlamaForCausalLM has no local attention (Qwen3ForCausalLM, for --qk-norm models, has)"
     return [*checks, (_has_windows(c), f"--window {c.window}", why)]
 
 
 def _speedrun_checks(c: GPTConfig) -> list[Check]:
-    why = "GPT-2, Llama and Qwen3 have no such part, so transformers could not run the model"
+    why = "GPT-2, Llama and Qwen3 have no such part, so no runtime that reads them could run the model"
     return [
+        (c.attn_score != "scaled", f"--attn-score {c.attn_score}", _SCALED_ONLY),
         (c.value_embeds, "--value-embeds", why),
         (c.skips, "--skips", why),
         (c.logit_cap is not None, f"--logit-cap {c.logit_cap}", why),
     ]
 
 
-def family_for(config: GPTConfig) -> str:
-    """The model_type a minigpt model converts to, or a one-line error naming the option none can hold."""
+def family_for(config: GPTConfig, target: str = "Hugging Face") -> str:
+    """The model_type a minigpt model converts to, or a one-line error naming the option none can hold
+    (llama.cpp's gpt2, llama and qwen3 hold what these do: `target` names the format in the error)."""
     checks = _speedrun_checks(config)
     checks += _gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config)
     for failed, option, why in checks:
         if failed:
-            raise MinigptError(f"cannot convert to Hugging Face: this model has {option}; {why}")
+            raise MinigptError(f"cannot convert to {target}: this model has {option}; {why}")
     if config.pos == "learned":
         return "gpt2"
     return "qwen3" if config.qk_norm else "llama"
@@ -101,18 +113,18 @@ def family_for(config: GPTConfig) -> str:
 # ---------------------------------------------------------------- config.json, both ways
 
 
-def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
-    """The transformers config (as config.json) of the model `config` maps to."""
+def hf_config(config: GPTConfig, eot_id: int | None, eos_id: int | None = None) -> dict[str, Any]:
+    """The transformers config (as config.json) of the model `config` maps to: `eot_id` begins and, unless
+    `eos_id` is given (a chat run's end of turn), ends what it generates."""
     family = family_for(config)
-    if eot_id is not None and not 0 <= eot_id < config.vocab_size:
-        eot_id = None
+    eot_id, eos_id = (i if i is not None and 0 <= i < config.vocab_size else None for i in (eot_id, eos_id))
     common = {
         "architectures": [ARCHITECTURES[family]],
         "model_type": family,
         "vocab_size": config.vocab_size,
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
+        "eos_token_id": eot_id if eos_id is None else eos_id,
         "initializer_range": 0.02,
         "use_cache": True,
         "dtype": "float32",
@@ -123,6 +135,7 @@ def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
 def _gpt2_config(config: GPTConfig) -> dict[str, Any]:
     return {
         "n_positions": config.block_size,
+        "n_ctx": config.block_size,  # what GPT-2's own config.json has, and llama.cpp's converter reads
         "n_embd": config.n_embd,
         "n_layer": config.n_layer,
         "n_head": config.n_head,
@@ -338,10 +351,15 @@ def hf_names(config: GPTConfig, name: str) -> tuple[str, ...]:
     return (name,) if family_for(config) == "gpt2" else _llama_names(name)
 
 
+def qkv_rows(config: GPTConfig) -> list[int]:
+    """Rows of the queries, keys and values in the fused attention projection (c_attn), in that order."""
+    hd = config.head_dim
+    return [config.n_head * hd, config.kv_heads * hd, config.kv_heads * hd]
+
+
 def _row_split(config: GPTConfig, name: str) -> list[int]:
     """Rows of each part of a tensor stored as several: queries, keys, values of the fused projection."""
-    hd = config.head_dim
-    return [config.n_head * hd, config.kv_heads * hd, config.kv_heads * hd] if "c_attn" in name else []
+    return qkv_rows(config) if "c_attn" in name else []
 
 
 def expected_hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:

@@ -17,6 +17,47 @@ from minigpt.params import count_params
 
 FLOAT32 = 4
 UNLIMITED = 1 << 60  # a cgroup limit this large means none
+# values of the additive score's pre-activations materialised at once (16 MiB in float32), unless a single
+# query's row is larger: a chunk holds at least one query
+SCORE_CHUNK_VALUES = 2**22
+# a training step keeps up to this many such tensors alive at once: the recomputed tanh, its gradient and
+# the gradient of its input (the backward pass of one chunk); measured, peak RSS grew by 2.3-3.1 chunks
+# in training and 1.0-1.2 in inference (a chunk of 16-256 MiB, B 16, H 8, T 256, d_head 16)
+_TRAINING_COPIES = 4
+
+
+def score_chunks(queries: int, keys: int, window: int, per_pair: int) -> list[tuple[int, int, int, int]]:
+    """How the additive score materialises its (queries, keys, per_pair) pre-activations: (first query, end,
+    first key, end) of each chunk, as many queries as SCORE_CHUNK_VALUES holds (at least one), each over
+    only the keys its queries may see (the keys are the latest positions in order, the queries the last of
+    them, each seeing itself and the window - 1 positions before it)."""
+    rows = _chunk_rows(keys, per_pair)
+    return [_chunk(t, rows, queries, keys, window) for t in range(0, queries, rows)]
+
+
+def _chunk_rows(keys: int, per_pair: int) -> int:
+    return max(1, SCORE_CHUNK_VALUES // max(1, keys * per_pair))
+
+
+def _chunk(first: int, rows: int, queries: int, keys: int, window: int) -> tuple[int, int, int, int]:
+    end, offset = min(first + rows, queries), keys - queries
+    return first, end, max(0, offset + first - window + 1), offset + end
+
+
+def score_bytes(config: GPTConfig, batch: int, training: bool) -> int:
+    """What the attention score needs beyond the scaled dot product's: for additive, the largest chunk of
+    pre-activations `score_chunks` plans over a full block (several copies in training), else nothing.
+    Over a full block every chunk reaches back to the first key, so the largest is one of the last two:
+    computed from those alone, as a block size from a stranger's config.json may be huge."""
+    if config.attn_score != "additive":
+        return 0
+    T = config.block_size
+    per_pair = batch * config.n_head * config.additive_width
+    rows = _chunk_rows(T, per_pair)
+    last = (T - 1) // rows * rows
+    chunks = (_chunk(first, rows, T, T, T) for first in {max(0, last - rows), last})
+    largest = max((t1 - t0) * (k1 - k0) for t0, t1, k0, k1 in chunks)
+    return largest * per_pair * FLOAT32 * (_TRAINING_COPIES if training else 1)
 
 
 def available_bytes() -> int | None:
@@ -72,9 +113,10 @@ def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 
 
 def inference_bytes(config: GPTConfig, batch: int = 1) -> int:
-    """float32 weights plus a full KV cache for `batch` rows (each layer holds its window of positions)."""
+    """float32 weights plus a full KV cache for `batch` rows (each layer holds its window of positions) and
+    the additive score's chunk."""
     weights = count_params(config).exact_total * FLOAT32
-    return weights + kv_cache_bytes(config, batch)
+    return weights + kv_cache_bytes(config, batch) + score_bytes(config, batch, training=False)
 
 
 def kv_cache_bytes(config: GPTConfig, batch: int = 1) -> int:
@@ -84,9 +126,12 @@ def kv_cache_bytes(config: GPTConfig, batch: int = 1) -> int:
 
 def activation_bytes(config: GPTConfig, batch: int) -> int:
     """What one micro-batch keeps for the backward pass: per layer about 34·C + 5·H·T values a token, after
-    Korthikanti et al. 2022, and the logits with their gradient."""
+    Korthikanti et al. 2022 (general's mapped queries, additive's W₁q and W₂k on top), and the logits with
+    their gradient; and the additive score's chunk, recomputed in the backward pass."""
     T, C, H, L, V = config.block_size, config.n_embd, config.n_head, config.n_layer, config.vocab_size
-    return batch * T * (L * (34 * C + 5 * H * T) + 3 * V) * FLOAT32
+    score = {"general": C, "additive": 2 * H * config.additive_width}.get(config.attn_score, 0)
+    kept = batch * T * (L * (34 * C + 5 * H * T + score) + 3 * V) * FLOAT32
+    return kept + score_bytes(config, batch, training=True)
 
 
 def training_bytes(config: GPTConfig, batch: int) -> int:

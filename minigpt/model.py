@@ -16,9 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from minigpt.config import GPTConfig
 from minigpt.kvcache import KVCache, first_position
+from minigpt.lora import LoRAConfig, base_config, join_added_rows
+from minigpt.memory import score_chunks
 from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
@@ -29,6 +32,7 @@ from minigpt.weights import (
     block_shapes,
     check_shapes,
     expected_shapes,
+    is_adapter_tensor,
     weights_by_name,
 )
 
@@ -37,6 +41,7 @@ __all__ = [
     "GPTConfig",
     "KVCache",
     "attend",
+    "attention_logits",
     "block",
     "attention_mask",
     "head",
@@ -89,6 +94,14 @@ def _linear(shapes: Shapes, name: str) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=f"{name}.bias" in shapes)
 
 
+class ScoreMap(nn.Module):
+    """One of the attention score's per-head maps (`weights.score_shapes`), held as `weight`."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(shape))
+
+
 class CausalSelfAttention(nn.Module):
     """Parameters of multi-head causal self-attention (computed by `attend`)."""
 
@@ -101,6 +114,9 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = _norm(config, shapes, "attn.k_norm")
         if "attn.v_embed.weight" in shapes:
             self.v_embed = nn.Embedding(*shapes["attn.v_embed.weight"])
+        for name, shape in shapes.items():
+            if name.startswith("attn.score"):
+                setattr(self, name.split(".")[1], ScoreMap(shape))
 
 
 class MLP(nn.Module):
@@ -126,12 +142,20 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head."""
+    """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head.
 
-    def __init__(self, config: GPTConfig) -> None:
+    With `lora`, the base weights are frozen and each targeted linear layer of every block holds a trainable
+    `lora_A` and `lora_B` beside its weight (minigpt.lora), the embedding (and an untied head) a trainable
+    `added` block of the rows past the base vocabulary: `config` is the adapted model's shape.
+    """
+
+    def __init__(self, config: GPTConfig, lora: LoRAConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        shapes = expected_shapes(config)  # what a weights file holds; the blocks follow block_shapes
+        self.lora = lora
+        # what a weights file holds (a LoRA model's base: the new rows are the adapter's); blocks follow
+        # block_shapes
+        shapes = expected_shapes(base_config(config, lora) if lora is not None else config)
         vocab, width = shapes["transformer.wte.weight"]
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(vocab, width)}
         if "transformer.wpe.weight" in shapes:
@@ -145,29 +169,48 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         if "skip_weights" in shapes:
             self.skip_weights = nn.Parameter(torch.empty(shapes["skip_weights"]))
+        if lora is not None:
+            self._add_adapters(lora)
         self.reset_parameters()
 
+    def _add_adapters(self, lora: LoRAConfig) -> None:
+        """Freeze the base weights and give the targeted layers (and the new rows) trainable parameters."""
+        self.requires_grad_(False)
+        for block_module in self.transformer.h:
+            for target in lora.targets:
+                layer = block_module.get_submodule(target)
+                layer.lora_A = nn.Parameter(torch.empty(lora.rank, layer.in_features))
+                layer.lora_B = nn.Parameter(torch.empty(layer.out_features, lora.rank))
+        if lora.new_rows:
+            heads = [self.transformer.wte] + ([] if self.config.tie_embeddings else [self.lm_head])
+            for module in heads:
+                module.added = nn.Parameter(torch.empty(lora.new_rows, self.config.n_embd))
+
     @classmethod
-    def uninitialized(cls, config: GPTConfig) -> GPT:
+    def uninitialized(cls, config: GPTConfig, lora: LoRAConfig | None = None) -> GPT:
         """A GPT with allocated but uninitialised weights, fast to build when loaded weights replace them."""
         with _skip_init():
-            return cls(config)
+            return cls(config, lora)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); value
-        embeddings N(0, 0.02) too, drawn after the rest (so a seed gives the other weights with or
-        without them), and U-net skip weights 1 (modded-nanogpt's)."""
-        named = sorted(self.named_parameters(), key=lambda item: item[0].endswith("v_embed.weight"))
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); U-net skip
+        weights 1 (modded-nanogpt's); LoRA's A as nn.Linear's default (uniform within 1/sqrt(in)) and B zero,
+        so an adapter starts as no change. Score maps, then value embeddings (N(0, 0.02)) are drawn last, so
+        a seed gives the other weights whatever the score and with or without value embeddings."""
+        named = sorted(self.named_parameters(), key=lambda item: _init_order(item[0]))
         for name, p in named:
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-            elif p.dim() >= 2:
-                nn.init.normal_(p, mean=0.0, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-            else:  # LayerNorm gains
-                nn.init.ones_(p)
+            if ".attn.score" in name:
+                _init_score_map(name, p)
+            else:
+                _initialise(name, p, self.config.n_layer)
+
+    @torch.no_grad()
+    def reset_adapters(self) -> None:
+        """Initialise only the LoRA adapter's tensors (the base weights loaded into an uninitialized model)."""
+        for name, p in self.named_parameters():
+            if is_adapter_tensor(name):
+                _initialise(name, p, self.config.n_layer)
 
     @torch.no_grad()
     def zero_output_projections(self) -> None:
@@ -189,7 +232,11 @@ class GPT(nn.Module):
         It holds the parameter objects of this moment: in-place updates (training steps) show through,
         parameters replaced afterwards (load_state_dict(assign=True)) do not: read it again then.
         """
-        return weights_by_name(self.config, dict(self.named_parameters()))
+        tensors = dict(self.named_parameters())
+        if self.lora is None:
+            return weights_by_name(self.config, tensors)
+        # the new rows join the frozen ones on every call, so their gradient reaches `added`
+        return weights_by_name(self.config, join_added_rows(tensors, torch.cat), self.lora.scale)
 
     def new_cache(self, batch: int) -> Cache:
         """An empty KV cache of `batch` rows, each layer as long as its window, in the model's dtype and
@@ -229,8 +276,42 @@ class GPT(nn.Module):
         return head(w, x if all_logits else x[:, -1, :]), None
 
 
+def _init_order(name: str) -> int:
+    """0 for most parameters, 1 for a score map, 2 for a value embedding: the order they are drawn in."""
+    return 2 if name.endswith("v_embed.weight") else int(".attn.score" in name)
+
+
+def _init_score_map(name: str, p: torch.Tensor) -> None:
+    """general's W starts as the identity, so general starts as dot and the runs differ by what training does
+    with W; additive's maps start at N(0, 1/fan_in) (LeCun), keeping tanh's inputs at the scale of the
+    queries and keys and the scores at the scale of tanh's outputs."""
+    if name.endswith("attn.score.weight"):
+        p.copy_(torch.eye(p.size(-1)).expand_as(p))
+    else:
+        nn.init.normal_(p, mean=0.0, std=p.size(-1) ** -0.5)
+
+
+def _initialise(name: str, p: nn.Parameter, n_layer: int) -> None:
+    if name.endswith("lora_A"):
+        bound = 1.0 / math.sqrt(p.size(1))
+        nn.init.uniform_(p, -bound, bound)
+    elif name.endswith("lora_B"):
+        nn.init.zeros_(p)
+    elif name.endswith("c_proj.weight"):
+        nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    elif p.dim() >= 2:
+        nn.init.normal_(p, mean=0.0, std=0.02)
+    elif name.endswith("bias"):
+        nn.init.zeros_(p)
+    else:  # LayerNorm gains
+        nn.init.ones_(p)
+
+
 def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's state dict with GPT-2 names, the tied head left out (it is wte)."""
+    """What a checkpoint of the model holds: its state dict with GPT-2 names, the tied head left out (it is
+    wte); for a model with LoRA adapters, the adapter's tensors only (the base stays in its own run)."""
+    if model.lora is not None:
+        return {n: p for n, p in model.named_parameters() if is_adapter_tensor(n)}
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight", None)
@@ -267,7 +348,13 @@ def norm(w: NormWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 def linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     if w.scale is None:  # an input-major weight (a decoding engine's layout) is the transpose of torch's
-        return F.linear(x, w.weight.t() if w.input_major else w.weight, w.bias)
+        y = F.linear(x, w.weight.t() if w.input_major else w.weight, w.bias)
+        if w.lora is not None:
+            # the scale goes on the rank-r product, and the update is added in place (linear's backward
+            # needs its input, not its output): one full-width temporary, not three
+            low = w.lora
+            y = y.add_(F.linear(F.linear(x, low.a) * low.scale, low.b))
+        return y
     # int8 weight-only (minigpt.quantize): the kernel takes activations in the scales' dtype, bf16 for
     # float32 models because its float32 path is several times slower; results return to x's dtype
     y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).to(w.scale.dtype), w.weight, w.scale)
@@ -320,6 +407,8 @@ def qkv(
     q = q.view(B, T, w.n_head, hd).transpose(1, 2)
     k = k.view(B, T, w.n_kv_head, hd).transpose(1, 2)
     v = v.view(B, T, w.n_kv_head, hd).transpose(1, 2)
+    if w.score == "general":  # W acts on the projected queries, so it folds into W_Q
+        q = q @ w.score_maps[0].mT
     if w.q_norm is not None and w.k_norm is not None:
         q, k = norm(w.q_norm, q), norm(w.k_norm, k)
     if rope is not None:
@@ -340,40 +429,83 @@ def attend(
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
     each query seeing at most the layer's window (idx: the tokens, for value embeddings).
 
-    Fused SDPA by default; with an `attention` list it computes softmax(QKᵀ/√d) explicitly and appends
-    the probabilities (B, H, T, keys), so inspection reads the very attention the model runs.
+    Fused SDPA for the dot-product scores (scaled, dot, general); with an `attention` list, or for the
+    additive score, it computes softmax(logits) explicitly (masked first) and appends the probabilities
+    (B, H, T, keys) to the list, so inspection reads the very attention the model runs.
     """
     B, T, C = x.shape
     q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
-    if attention is None:
-        y = _fused_attention(q, k, v, w.window, dropout)
+    if attention is None and w.score != "additive":
+        y = _fused_attention(q, k, v, w.window, dropout, None if w.score == "scaled" else 1.0)
     else:
         groups = w.n_head // w.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        scores = attention_logits(w, q, k)
         if T > 1:
             scores = scores.masked_fill(~attention_mask(T, k.size(2), w.window, x.device), float("-inf"))
         probs = scores.softmax(dim=-1)
-        attention.append(probs)
+        if attention is not None:
+            attention.append(probs)
         y = _dropout(probs, dropout).to(v.dtype) @ v
     # reshape is a view, not a copy, for a single new token
     return _dropout(linear(w.c_proj, y.transpose(1, 2).reshape(B, T, C)), dropout)
 
 
 def _fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float, scale: float | None
 ) -> torch.Tensor:
     T, S = q.size(2), k.size(2)
     gqa = k.size(1) != q.size(1)
     # one new query sees every key the cache hands back (it keeps only the layer's window); T queries
     # over T keys within the window are plain causal attention
     if T == 1 or (S == T and window >= T):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=T > 1, scale=scale, enable_gqa=gqa
+        )
     # SDPA's is_causal aligns the mask top-left, wrong when queries start after cached keys
     mask = attention_mask(T, S, window, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa
+    )
+
+
+def attention_logits(w: AttentionWeights[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Logits (B, H, T, S), float32 or wider, of the queries q (B, H, T, hd) over the keys k (B, H, S, hd,
+    one head per query head) by the layer's score: q·k/√hd, q·k (dot; general, whose W qkv applied), or additive's
+    vᵀtanh(W₁q + W₂k), left -inf where no query of a chunk may look (the caller masks the rest)."""
+    dtype = torch.promote_types(q.dtype, torch.float32)  # half precision upcast; a float64 model stays
+    if w.score == "additive":
+        maps = tuple(m.to(dtype) for m in w.score_maps)
+        return _additive_logits(q.to(dtype), k.to(dtype), maps, w.window)
+    logits = q.to(dtype) @ k.to(dtype).transpose(-2, -1)
+    return logits / math.sqrt(q.size(-1)) if w.score == "scaled" else logits
+
+
+def _additive_logits(
+    q: torch.Tensor, k: torch.Tensor, maps: tuple[torch.Tensor, ...], window: int
+) -> torch.Tensor:
+    """vᵀtanh(W₁q + W₂k) of every query and key, materialising the B·H·T·S·d_a pre-activations a chunk
+    of queries at a time (`memory.score_chunks`). Under autograd each chunk is recomputed in the backward
+    pass (checkpoint) rather than kept, so a training step holds one chunk's values, not every chunk's."""
+    w1, w2, v = maps
+    qa, ka = q @ w1.mT, (k @ w2.mT).unsqueeze(2)  # (B, H, T, d_a), (B, H, 1, S, d_a)
+    B, H, T, da = qa.shape
+    logits = qa.new_full((B, H, T, ka.size(3)), float("-inf"))
+    grad = torch.is_grad_enabled() and (qa.requires_grad or ka.requires_grad)
+    for t0, t1, k0, k1 in score_chunks(T, ka.size(3), window, B * H * da):
+        part = (qa[:, :, t0:t1], ka[:, :, :, k0:k1], v)
+        logits[:, :, t0:t1, k0:k1] = (
+            checkpoint(_additive_chunk, *part, use_reentrant=False) if grad else _additive_chunk(*part)
+        )
+    return logits
+
+
+def _additive_chunk(qa: torch.Tensor, ka: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """vᵀtanh(qa + ka) for queries qa (B, H, Tc, d_a) and keys ka (B, H, 1, S, d_a): (B, H, Tc, S)."""
+    pre = qa.unsqueeze(3) + ka  # (B, H, Tc, S, d_a): the memory `score_chunks` bounds
+    return (pre.tanh_() @ v.mT.unsqueeze(1)).squeeze(-1)
 
 
 def mlp(w: MLPWeights[torch.Tensor], x: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 
 from minigpt.muon import Muon
 from minigpt.trainconfig import TrainConfig
+from minigpt.weights import is_adapter_tensor
 
 Slots = dict[str, tuple[int, ...] | None]  # state name -> its shape (None: a one-element step count)
 
@@ -57,8 +58,11 @@ class Optimizers:
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     """A 2-D weight inside a transformer block (attention and MLP projections): what Muon trains.
     Embeddings (value embeddings too), the LM head and every 1-D gain or bias stay with AdamW, as Muon's
-    authors advise."""
-    return param.dim() == 2 and name.startswith("transformer.h.") and not name.endswith("v_embed.weight")
+    authors advise, and so do LoRA's low-rank factors (orthogonalising a rank-r factor is not the update
+    LoRA is tuned for)."""
+    if name.endswith("v_embed.weight") or is_adapter_tensor(name):
+        return False
+    return param.dim() == 2 and name.startswith("transformer.h.")
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> Optimizers:

@@ -86,6 +86,7 @@ class TrainingPanel(LineReporter):
         self._progress = 0.0
         self._budget = ""
         self._started, self._elapsed0 = clock(), 0.0
+        self._data_status: Callable[[], str | None] | None = None
 
     def log(self, message: str) -> None:
         self.console.print(message, highlight=False)
@@ -97,6 +98,7 @@ class TrainingPanel(LineReporter):
         self._eval = dict(info.start.last_eval)
         self._progress = info.start_progress
         self._started, self._elapsed0 = self.clock(), info.elapsed
+        self._data_status = info.data_status
         if self.live_mode:
             self._live = Live(self, console=self.console, refresh_per_second=4, transient=True)
             self._live.start()
@@ -121,6 +123,9 @@ class TrainingPanel(LineReporter):
             f"step loss {fmt_loss(s.get('loss'))}  lr {lr}  {self.pace.rate()}",
             f"val loss {fmt_loss(e.get('val_loss'))}  train loss {fmt_loss(e.get('train_loss'))}  best val {best}",
         ]
+        corpus = self._data_status() if self._data_status is not None else None
+        if corpus:
+            lines.append(f"corpus {corpus}")
         return Group(head, *(Text(line, no_wrap=True, overflow="ellipsis") for line in lines))
 
     def step(self, record: dict[str, Any], progress: float) -> None:

@@ -77,10 +77,26 @@ def _gpt3_rows(config: GPTConfig) -> list[Row]:
         Row("Query", query_rows, D * hd * H * L),
         Row("Value", kv_rows, D * hd * KV * L),
         Row("Output", f"{_n(hd)} × {_n(H)} heads × {_n(D)} × {layers}", hd * H * D * L),
+        *_score_rows(config),
         *mlp_rows,
         Row("Down-projection", f"{_n(F)} × {_n(D)} × {layers}", F * D * L),
         Row("Unembedding", f"{_n(D)} × {_n(V)}", D * V),
     ]
+
+
+def _score_rows(config: GPTConfig) -> list[Row]:
+    """The attention score's own parameters: general's W (d_head² a head), additive's W₁, W₂ and v."""
+    H, L, hd, da = config.n_head, config.n_layer, config.head_dim, config.additive_width
+    heads = f"{_n(H)} heads × {_n(L)} layers"
+    if config.attn_score == "general":
+        return [Row("Score map W (general)", f"{_n(hd)} × {_n(hd)} × {heads}", hd * hd * H * L)]
+    if config.attn_score == "additive":
+        return [
+            Row("Score W₁ (additive, queries)", f"{_n(da)} × {_n(hd)} × {heads}", da * hd * H * L),
+            Row("Score W₂ (additive, keys)", f"{_n(da)} × {_n(hd)} × {heads}", da * hd * H * L),
+            Row("Score v (additive)", f"{_n(da)} × {heads}", da * H * L),
+        ]
+    return []
 
 
 def _bias_widths(config: GPTConfig) -> tuple[int, int]:
@@ -146,8 +162,9 @@ def _shares(config: GPTConfig) -> dict[str, int]:
     attn_bias, mlp_bias = _bias_widths(config)
     projections = (config.n_head + 2 * config.kv_heads) * hd * D + D * D
     matrices = 3 if config.mlp == "swiglu" else 2
+    score = sum(r.count for r in _score_rows(config))
     return {
-        "attention": (projections + attn_bias + (2 * hd if config.qk_norm else 0)) * L,
+        "attention": (projections + attn_bias + (2 * hd if config.qk_norm else 0)) * L + score,
         "mlp": (matrices * D * F + mlp_bias) * L,
         "embeddings": V * D
         + (T * D if config.pos == "learned" else 0)
@@ -161,8 +178,9 @@ FORMULAS = {
     "memory": "weights: 4 B (fp32) or 2 B (bf16) per parameter; training with AdamW: 16 B per "
     "parameter (fp32 weights, gradients and two moments), activations not included",
     "flops": "forward = 2·N + 4·n_embd·Σ_layers min(window, block_size), training = 3 × forward (PaLM, "
-    "appendix B), N = parameters less position and value embeddings (lookups); a full-attention layer's window "
-    "is block_size",
+    "appendix B), N = parameters less position and value embeddings (lookups); a full-attention layer's "
+    "window is block_size; the additive score costs 4·n_head·d_a + 2·n_embd a key rather than 4·n_embd (a "
+    "query-key pair: d_a additions, tanhs and multiply-adds with v, so v counts there, not in N)",
     "kv_cache": "per token: 2 (key, value) × n_kv_head × head_dim × n_layer × bytes per element; full "
     "context: 2 × n_kv_head × head_dim × Σ_layers min(window, block_size) × bytes (a local layer keeps "
     "only its window)",
@@ -188,6 +206,9 @@ def count_params(config: GPTConfig) -> ParamReport:
     # (grouped-query attention shares keys between heads but every query head still multiplies them)
     lookups = (T * D if config.pos == "learned" else 0) + _value_embeds(config)
     forward = 2 * (exact_total - lookups) + 4 * D * config.cached_positions
+    if config.attn_score == "additive":
+        H, da = config.n_head, config.additive_width
+        forward += (4 * H * da - 2 * D) * config.cached_positions - 2 * H * da * L
     kv_width = 2 * config.kv_heads * config.head_dim  # one key and one value vector per position
     kv_cache_bytes = {
         "per_token_bf16": 2 * kv_width * L,

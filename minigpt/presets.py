@@ -53,4 +53,9 @@ def model_config(preset_name: str | None = None, arch: str | None = None, **fiel
         raise UsageError(f"unknown arch {arch!r}: choose {' or '.join(ARCHS)}")
     shape = preset(preset_name) if preset_name else {}
     given = {k: v for k, v in fields.items() if v is not None}
-    return GPTConfig(**{"vocab_size": GPT2_VOCAB, **shape, **(ARCHS[arch] if arch else {}), **given})
+    chosen = {**(ARCHS[arch] if arch else {}), **given}
+    if chosen.get("qk_norm") and "bias" not in given:
+        # QK-norm takes Qwen3's layout, which has no biases: so a --qk-norm run exports to Qwen3ForCausalLM
+        # and llama.cpp's qwen3 (an explicit --bias keeps them, and then has no Hugging Face class)
+        chosen["bias"] = False
+    return GPTConfig(**{"vocab_size": GPT2_VOCAB, **shape, **chosen})

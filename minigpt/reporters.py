@@ -37,6 +37,10 @@ class TrainingStart:
     start: TrainState  # where the run starts: step 0, or the resumed checkpoint's progress and best loss
     start_progress: float = 0.0  # the fraction of the budget used when this command started
     elapsed: float = 0.0  # the run's elapsed seconds at start(), this command's start-up included
+    # while the corpus is still being tokenized beside training: how far that has come, in words
+    data_status: Callable[[], str | None] | None = None
+    data: str | None = None  # what the data is, where tokens say too little (conversations)
+    fine_tune: str | None = None  # what a LoRA run trains
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class TrainingEnd:
     overrun: float  # seconds past the time budget (0: kept to it, or none)
     best_val_bpb: float
     history: list[dict[str, Any]]
+    chat: bool = False  # trained on conversations: `minigpt chat` is the command to try it with
 
 
 class ProgressReporter(Protocol):
@@ -138,11 +143,15 @@ class Pace:
 def header_text(info: TrainingStart) -> str:
     m = info.model
     procs = f" × {info.world_size} processes" if info.world_size > 1 else ""
+    so_far = " (so far: tokenizing goes on)" if info.data_status else ""
+    data = info.data or f"{info.train_tokens:,} train{so_far} / {info.val_tokens:,} val tokens"
+    rows = "conversations of up to " if info.data else ""
+    fine_tune = f"fine-tuning: {info.fine_tune}\n" if info.fine_tune else ""
     return (
         f"model: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, block {m.block_size}, "
-        f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n"
-        f"data: {info.train_tokens:,} train / {info.val_tokens:,} val tokens; device: {info.device}{procs}, "
-        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {m.block_size}\n"
+        f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n{fine_tune}"
+        f"data: {data}; device: {info.device}{procs}, "
+        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {rows}{m.block_size}\n"
         f"budget: {info.budget}\nwriting to {info.out}"
     )
 
@@ -179,6 +188,8 @@ def done_text(summary: TrainingEnd) -> str:
         )
     if summary.interrupted:
         lines.append(f"resume with: minigpt train --resume {summary.out}")
+    elif summary.chat:
+        lines.append(f"chat with: minigpt chat {summary.out}")
     else:
         lines.append(f'generate with: minigpt generate --model {summary.out} "Once upon a time"')
     return "\n".join(lines)

@@ -1,10 +1,15 @@
 """The run folder: the one module that knows its file names and how each file is read and written.
 
-    config.json         model shape, tokenizer kind, training and data settings, metrics
-    tokenizer.json      the whole tokenizer
-    model.safetensors   the best-validation weights (what generate, eval, params and convert read)
-    state.safetensors   latest weights + optimizer moments + resume state (JSON metadata)
-    metrics.jsonl       every logged step and evaluation
+    config.json           model shape, tokenizer kind, training and data settings, metrics
+    tokenizer.json        the whole tokenizer, in Hugging Face's format (minigpt.hftokenizer)
+    tokenizer_config.json what transformers' AutoTokenizer needs beside it
+    model.safetensors     the best-validation weights (what generate, eval, params and convert read)
+    adapter.safetensors   a LoRA run's best adapter, in place of model.safetensors: applied to the base
+                          run config.json names (and refused on any other: its header holds the base's hash)
+    state.safetensors     latest weights + optimizer moments + resume state (JSON metadata)
+    metrics.jsonl         every logged step and evaluation
+    README.md             the model card (minigpt.modelcard), rewritten at every save
+    exports.jsonl         one record per export (convert to-hf, to-gguf): format, where, when
 
 Safetensors and JSON only, every write atomic; importable without torch.
 """
@@ -18,9 +23,10 @@ import math
 import os
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from minigpt import __version__
 from minigpt.config import GPTConfig
@@ -39,6 +45,16 @@ from minigpt.files import (
     save_tensors,
     to_json,
     write_tensors,
+)
+from minigpt.lora import (
+    LoRAConfig,
+    adapter_metadata,
+    base_config,
+    check_adapter_shapes,
+    check_base,
+    file_sha256,
+    merge,
+    read_adapter_metadata,
 )
 from minigpt.memory import allocating, check_fits, inference_bytes
 from minigpt.weights import check_shapes
@@ -59,13 +75,19 @@ class RunDir:
 
     CONFIG = "config.json"
     TOKENIZER = "tokenizer.json"
+    TOKENIZER_CONFIG = "tokenizer_config.json"
     WEIGHTS = "model.safetensors"
     STATE = "state.safetensors"
     METRICS = "metrics.jsonl"
-    FILES = (CONFIG, TOKENIZER, WEIGHTS, STATE, METRICS)
+    ADAPTER = "adapter.safetensors"  # a LoRA run's, in place of WEIGHTS
+    CARD = "README.md"
+    EXPORTS = "exports.jsonl"
+    # what a save writes (exports.jsonl is not the run changing: `modified` leaves it out)
+    FILES = (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, STATE, METRICS, CARD)
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, base: Path | None = None) -> None:
         self.path = Path(path)
+        self.base_override = base  # a LoRA run's base run, when not where config.json says
 
     def __str__(self) -> str:
         return str(self.path)
@@ -89,6 +111,10 @@ class RunDir:
         return self.path / self.WEIGHTS
 
     @property
+    def adapter_path(self) -> Path:
+        return self.path / self.ADAPTER
+
+    @property
     def state_path(self) -> Path:
         return self.path / self.STATE
 
@@ -102,7 +128,12 @@ class RunDir:
     def latest(cls, root: Path = DEFAULT_ROOT) -> RunDir:
         """The run under root that changed last (trained, resumed or converted) and has weights."""
         root = Path(root)
-        runs = [cls(p.parent) for p in root.glob(f"*/{cls.WEIGHTS}")] if root.is_dir() else []
+        found = (
+            [p for name in (cls.WEIGHTS, cls.ADAPTER) for p in root.glob(f"*/{name}")]
+            if root.is_dir()
+            else []
+        )
+        runs = [cls(p.parent) for p in found]
         if not runs:
             raise MinigptError(
                 f"no trained model under {root}/: run `minigpt train FILE` first or pass --model DIR"
@@ -111,7 +142,9 @@ class RunDir:
 
     def modified(self) -> float:
         """When any of the run's files last changed (config.json is rewritten at every evaluation)."""
-        times = [p.stat().st_mtime for p in (self.path / n for n in self.FILES) if p.is_file()]
+        times = [
+            p.stat().st_mtime for p in (self.path / n for n in (*self.FILES, self.ADAPTER)) if p.is_file()
+        ]
         return max(times, default=0.0)
 
     # --- reading ----------------------------------------------------------------------------------------
@@ -167,30 +200,89 @@ class RunDir:
         return data, config, tokenizer
 
     def weights_header(self) -> dict[str, dict[str, Any]]:
-        """Name, dtype and shape of every stored weight, read from the header alone."""
-        return safetensors_header(self.weights_path)
+        """Name, dtype and shape of every stored weight, read from the header alone (a LoRA run's: its
+        base's and its adapter's)."""
+        link = self.adapter_link()
+        if link is None:
+            return safetensors_header(self.weights_path)
+        return {**self._base(link).weights_header(), **safetensors_header(self.adapter_path)}
 
     def weight_dtypes(self) -> set[str]:
         return {v["dtype"] for v in self.weights_header().values()}
 
     def stored_param_count(self) -> int:
-        """Number of parameters stored in the weights file (a tied tensor is stored once)."""
-        return sum(math.prod(v["shape"]) for v in self.weights_header().values())
+        """Number of parameters the stored weights give the model (a tied tensor is stored once; a LoRA run's
+        base with its new rows: the merged model's)."""
+        header = self.weights_header()
+        return sum(math.prod(v["shape"]) for k, v in header.items() if not k.endswith(("lora_A", "lora_B")))
+
+    # --- LoRA runs: an adapter on a base run -------------------------------------------------------------
+
+    def adapter_link(self, data: dict[str, Any] | None = None) -> AdapterLink | None:
+        """A LoRA run's base, base hash and adapter settings (config.json's adapter section), else None."""
+        data = self.read_config() if data is None else data
+        if "adapter" not in data:
+            return None
+        section = data["adapter"]
+        base = section.get("base") if isinstance(section, dict) else None
+        sha = section.get("base_sha256") if isinstance(section, dict) else None
+        if not isinstance(base, str) or not isinstance(sha, str):
+            raise MinigptError(f"{self.config_path}: the adapter section is damaged (no base run or hash)")
+        lora = LoRAConfig.from_json(section.get("lora"), self.config_path)
+        return AdapterLink(self.base_override or Path(base), sha, lora)
+
+    def _base(self, link: AdapterLink) -> RunDir:
+        base = RunDir(link.base)
+        if not base.config_path.is_file():
+            raise MinigptError(
+                f"the base run {link.base} of the LoRA run {self} is not there: restore it, give it with "
+                f"--base, or merge the adapter into a plain run (minigpt convert merge) while it is there"
+            )
+        if base.adapter_link() is not None:
+            raise MinigptError(f"{link.base} is itself a LoRA run: merge it first (minigpt convert merge)")
+        return base
+
+    def base_weights(
+        self, config: GPTConfig, link: AdapterLink, framework: Literal["pt", "np"] = "pt"
+    ) -> dict[str, Any]:
+        """The base run's weights, checked to be the ones the adapter was trained on."""
+        base = self._base(link)
+        shape = base_config(config, link.lora)
+        if base.model_config().to_dict() | {"dropout": 0.0} != shape.to_dict() | {"dropout": 0.0}:
+            raise MinigptError(f"{link.base} does not hold the model {self} adapts (another shape)")
+        check_base(file_sha256(base.weights_path), link.base_sha256, base.path, self.adapter_path)
+        return base.load_weights(shape, framework)
+
+    def load_adapter(
+        self, config: GPTConfig, link: AdapterLink, framework: Literal["pt", "np"] = "pt"
+    ) -> dict[str, Any]:
+        """The adapter's tensors, checked against its settings and its base."""
+        shapes = {k: tuple(v["shape"]) for k, v in safetensors_header(self.adapter_path).items()}
+        check_adapter_shapes(config, link.lora, shapes, self.adapter_path)
+        tensors, meta = load_tensors(self.adapter_path, framework)
+        lora, sha = read_adapter_metadata(meta, self.adapter_path)
+        if lora != link.lora or sha != link.base_sha256:
+            raise MinigptError(
+                f"{self.adapter_path} and {self.config_path} describe different adapters: restore the run"
+            )
+        _check_finite(tensors, self.adapter_path)
+        return tensors
 
     def load_weights(self, config: GPTConfig, framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
-        """The best weights as torch tensors or NumPy arrays, checked against `config`'s names and shapes."""
+        """The best weights as torch tensors or NumPy arrays, checked against `config`'s names and shapes; a
+        LoRA run's are its base's with the adapter merged in."""
+        link = self.adapter_link()
+        if link is not None:
+            base = self.base_weights(config, link, framework)
+            adapter = self.load_adapter(config, link, framework)
+            return merge(base, adapter, link.lora, _concatenate(framework))
         self.check_weights(config)
         needed = inference_bytes(config)
         check_fits(needed, f"the model in {self}", "use a smaller model")
         with allocating(f"the weights in {self.weights_path}", needed):
             tensors, _ = load_tensors(self.weights_path, framework)
         check_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, self.weights_path)
-        bad = next((name for name, t in tensors.items() if not _all_finite(t)), None)
-        if bad is not None:  # sampling and attention views cannot work on NaN: say so here, once
-            raise MinigptError(
-                f"{self.weights_path} holds NaN or infinite weights ({bad}): the run diverged or the file is "
-                f"damaged; retrain or restore it"
-            )
+        _check_finite(tensors, self.weights_path)
         return tensors
 
     def load_model(self, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
@@ -252,14 +344,18 @@ class RunDir:
         save_weights: bool = True,
         weights_metadata: dict[str, str] | None = None,
     ) -> None:
-        """Write (or refresh) config.json, tokenizer.json and, optionally, the best weights (with
-        `weights_metadata` in their header). The weights and config.json land together: both are written in
-        full, then renamed into place one right after the other."""
+        """Write (or refresh) config.json, the tokenizer files, the model card and, optionally, the best
+        weights (with `weights_metadata` in their header). The weights and config.json land together: both
+        are written in full, then renamed into place one right after the other."""
+        from minigpt.hftokenizer import tokenizer_config, tokenizer_json
         from minigpt.model import model_tensors
 
         make_dir(self.path)
         remove_stale_temps(self.path)
-        atomic_write_json(self.tokenizer_path, tokenizer.to_json())
+        atomic_write_json(self.tokenizer_path, tokenizer_json(tokenizer))
+        atomic_write_json(
+            self.path / self.TOKENIZER_CONFIG, tokenizer_config(tokenizer, model.config.block_size)
+        )
         config = {
             "format": FORMAT,
             "minigpt_version": __version__,
@@ -267,34 +363,63 @@ class RunDir:
             "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size},
             **extra,
         }
-        targets = [self.weights_path, self.config_path] if save_weights else [self.config_path]
+        weights, metadata = self.weights_path, {**(weights_metadata or {}), "format": FORMAT}
+        if model.lora is not None:  # a LoRA run saves its adapter, tied to the base by its hash
+            weights, link = self.adapter_path, extra["adapter"]
+            metadata = adapter_metadata(model.lora, link["base_sha256"], int(metadata.get("step", 0)))
+        targets = [weights, self.config_path] if save_weights else [self.config_path]
         with atomic_paths(*targets) as temps:
             if save_weights:
-                metadata = {**(weights_metadata or {}), "format": FORMAT}
                 write_tensors(temps[0], model_tensors(model), metadata=metadata)
             temps[-1].write_bytes(json_bytes(config))
+        self._write_card(config, model, tokenizer)
+
+    def _write_card(self, config: dict[str, Any], model: GPT, tokenizer: Tokenizer) -> None:
+        """README.md, the model card (minigpt.modelcard.write_card: a user's own README.md stays)."""
+        from minigpt.modelcard import model_card, write_card
+
+        name = self.path.name
+        usage = (
+            f'```bash\nminigpt generate --model {name} "Once upon a time"\n'
+            f"minigpt convert to-hf {name} {name}-hf      # transformers\n"
+            f"minigpt convert to-gguf {name} {name}.gguf  # llama.cpp\n```\n\n"
+            f'`AutoTokenizer.from_pretrained("{name}")` loads the tokenizer as it is here.'
+        )
+        write_card(
+            self.path / self.CARD,
+            lambda license: model_card(
+                name, config, model.config, tokenizer.describe(), model.num_params(),
+                made_by=_made_by(config), usage=usage, license=license,
+            ),
+        )  # fmt: skip
 
     def save_state(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
         """The resumable training state as one atomic safetensors file."""
         save_tensors(self.state_path, tensors, metadata={"format": STATE_FORMAT, **metadata})
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading),
-        never through a symbolic link: a run folder from elsewhere must not make us write outside it."""
-        line = (to_json(record) + "\n").encode("utf-8")
-        try:
-            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as e:
-            why = "it is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
-            raise MinigptError(f"cannot append to {self.metrics_path}: {why}") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise MinigptError(f"{self.metrics_path} is not a regular file: remove it")
-            os.write(fd, line)
-        except OSError as e:
-            raise MinigptError(f"cannot append to {self.metrics_path} ({e.strerror})") from None
-        finally:
-            os.close(fd)
+        """Append one JSON line to metrics.jsonl (a torn last line from a crash is skipped on reading)."""
+        _append_line(self.metrics_path, record)
+
+    def record_export(self, kind: str, path: Path, **details: Any) -> None:
+        """Note in exports.jsonl that the run was exported as `kind` ("hf", "gguf") to `path`."""
+        record = {"format": kind, "path": str(Path(path).resolve()), "time": time.time(), **details}
+        _append_line(self.path / self.EXPORTS, record)
+
+    def exports(self) -> list[dict[str, Any]]:
+        """Every export recorded in exports.jsonl (unreadable lines skipped), oldest first."""
+        path = self.path / self.EXPORTS
+        if not path.is_file():
+            return []
+        records = []
+        for line in read_bounded(path).decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("format"), str):
+                records.append(record)
+        return records
 
     def rewind_metrics(self, step: int) -> list[dict[str, Any]]:
         """Drop the records logged after `step` (the checkpoint a resume starts from), so a run that crashed
@@ -329,6 +454,33 @@ class RunDir:
             os.close(fd)
 
 
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line to a run's log file, never through a symbolic link: a run folder from elsewhere
+    must not make us write outside it."""
+    line = (to_json(record) + "\n").encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        why = "it is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise MinigptError(f"cannot append to {path}: {why}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MinigptError(f"{path} is not a regular file: remove it")
+        os.write(fd, line)
+    except OSError as e:
+        raise MinigptError(f"cannot append to {path} ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def _made_by(config: dict[str, Any]) -> str:
+    """How the run came to be, for its model card."""
+    source = config.get("source")
+    if isinstance(source, dict):
+        return f"`minigpt convert from-hf` of a Hugging Face {source.get('model_type', '?')} model"
+    return "`minigpt train`"
+
+
 def _metrics_record(line: str) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
@@ -340,6 +492,34 @@ def _metrics_record(line: str) -> dict[str, Any] | None:
         and isinstance(record.get("step"), int)
     )
     return record if ok else None
+
+
+class AdapterLink(NamedTuple):
+    """What a LoRA run's config.json says of its adapter: the base run, its weights' sha256, the settings."""
+
+    base: Path
+    base_sha256: str
+    lora: LoRAConfig
+
+
+def _concatenate(framework: str) -> Any:
+    """Row concatenation for torch tensors or NumPy arrays."""
+    if framework == "pt":
+        import torch
+
+        return torch.cat
+    import numpy as np
+
+    return np.concatenate
+
+
+def _check_finite(tensors: dict[str, Any], source: Path) -> None:
+    bad = next((name for name, t in tensors.items() if not _all_finite(t)), None)
+    if bad is not None:  # sampling and attention views cannot work on NaN: say so here, once
+        raise MinigptError(
+            f"{source} holds NaN or infinite weights ({bad}): the run diverged or the file is "
+            f"damaged; retrain or restore it"
+        )
 
 
 def _all_finite(tensor: Any) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from minigpt.errors import MinigptError
+from minigpt.modelcard import data_label, settings_line
 from minigpt.rundir import DEFAULT_ROOT, RunDir
 
 
@@ -29,6 +30,7 @@ class RunSummary:
     elapsed: float | None  # seconds of training
     modified: float  # when the run last changed (seconds since the epoch)
     settings: str  # the training recipe in one line
+    exports: list[str]  # the formats the run was exported to ("hf", "gguf"), each once, oldest first
 
     @property
     def age(self) -> float:
@@ -42,21 +44,6 @@ def _finite(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def _data_label(data: dict[str, Any]) -> str:
-    if isinstance(data.get("source"), dict):
-        return f"converted from {data['source'].get('path', '?')}"
-    paths = (data.get("data") or {}).get("paths") or []
-    names = [Path(str(p)).name for p in paths]
-    return ", ".join(names[:3]) + (f" (+{len(names) - 3})" if len(names) > 3 else "") if names else "?"
-
-
-def _settings(train: dict[str, Any]) -> str:
-    if not train:
-        return ""
-    keys = ("batch_size", "grad_accum", "optimizer", "lr", "schedule", "warmup", "weight_decay", "seed")
-    return " ".join(f"{k}={train[k]}" for k in keys if train.get(k) is not None)
-
-
 def summarize(run: RunDir) -> RunSummary:
     """A run's summary from config.json and the weights header; a damaged run is a MinigptError."""
     data = run.read_config()
@@ -66,7 +53,7 @@ def summarize(run: RunDir) -> RunSummary:
     tok = data.get("tokenizer") or {}
     return RunSummary(
         path=str(run),
-        data=_data_label(data),
+        data=data_label(data),
         tokenizer=f"{tok.get('kind', '?')} ({config.vocab_size:,})",
         shape=f"{config.n_layer}x{config.n_head}x{config.n_embd}, ctx {config.block_size}",
         arch=config.architecture,
@@ -77,7 +64,8 @@ def summarize(run: RunDir) -> RunSummary:
         best_val_bpb=_finite(metrics.get("best_val_bpb")),
         elapsed=_finite(last.get("elapsed")),
         modified=run.modified(),
-        settings=_settings(data.get("train") or {}),
+        settings=settings_line(data.get("train") or {}),
+        exports=list(dict.fromkeys(e["format"] for e in run.exports())),
     )
 
 

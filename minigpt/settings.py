@@ -26,7 +26,8 @@ OPT = "Optimisation"
 BUDGET = "Budget (the first reached stops)"
 EVAL = "Evaluation and logging"
 RUN = "Run"
-PANELS = (MODEL, ARCH, DATA, OPT, BUDGET, EVAL, RUN)
+FINETUNE = "Fine-tuning (with --init-from)"
+PANELS = (MODEL, ARCH, DATA, OPT, FINETUNE, BUDGET, EVAL, RUN)
 
 _SETTING = "minigpt.setting"
 _NESTED = "minigpt.nested"

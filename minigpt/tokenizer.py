@@ -6,6 +6,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 from abc import ABC, abstractmethod
@@ -115,7 +116,9 @@ NAMED_ENCODINGS: dict[str, NamedEncoding] = {
     ),
 }
 
-TOKENIZER_CHOICES = "char, bpe, " + ", ".join(NAMED_ENCODINGS) + " or a path to a .tiktoken file"
+TOKENIZER_CHOICES = (
+    "char, bpe, " + ", ".join(NAMED_ENCODINGS) + ", a path to a .tiktoken file or a minigpt tokenizer.json"
+)
 
 
 def default_threads() -> int:
@@ -176,6 +179,16 @@ class Tokenizer(ABC):
         """A short human label such as 'char (65 symbols)'."""
         return f"{self.kind} ({self.vocab_size:,} tokens)"
 
+    def digest(self) -> str:
+        """sha256 of everything that decides the ids (what the token store is keyed by); computed once."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            cached = self.__dict__["_digest"] = self._content_hash()
+        return cached
+
+    def _content_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
+
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
         """`encode` of each text; kinds backed by native code spread the texts over threads."""
         return [self.encode(t) for t in texts]
@@ -201,7 +214,23 @@ class Tokenizer(ABC):
 
     def special_ids(self) -> list[int]:
         """Ids that are control tokens rather than text."""
-        return [] if self.eot_id is None else [self.eot_id]
+        return sorted(self.specials.values())
+
+    @property
+    def specials(self) -> dict[str, int]:
+        """Control tokens by name (never produced by `encode`, which reads their names as plain text)."""
+        return {} if self.eot_id is None else {ENDOFTEXT: self.eot_id}
+
+    def with_specials(self, names: Sequence[str], first_id: int) -> Tokenizer:
+        """This tokenizer plus the control tokens `names` it lacks, numbered from `first_id` (at least
+        vocab_size: ids past a model's rows are new rows, never ids it already uses)."""
+        raise MinigptError(f"a {self.kind} tokenizer cannot take new control tokens")
+
+    def _added_specials(self, names: Sequence[str], first_id: int) -> dict[str, int]:
+        if first_id < self.vocab_size:
+            raise MinigptError(f"new token ids must start at {self.vocab_size} or later, not {first_id}")
+        missing = [n for n in dict.fromkeys(names) if n not in self.specials]
+        return {**self.specials, **{name: first_id + i for i, name in enumerate(missing)}}
 
 
 class CharTokenizer(Tokenizer):
@@ -209,10 +238,16 @@ class CharTokenizer(Tokenizer):
 
     kind = "char"
 
-    def __init__(self, chars: Sequence[str]) -> None:
+    def __init__(self, chars: Sequence[str], specials: dict[str, int] | None = None) -> None:
         self.chars = list(chars)
         _check_chars(self.chars)
+        self._specials = dict(specials or {})
+        _check_char_specials(self._specials, len(self.chars))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
+        # id -> text of every id: the characters, then the control tokens (None: an unused id)
+        self._itos: list[str | None] = [*self.chars, *[None] * (self.vocab_size - len(self.chars))]
+        for name, i in self._specials.items():
+            self._itos[i] = name
         self._lookup: np.ndarray | None = None
 
     @classmethod
@@ -231,7 +266,18 @@ class CharTokenizer(Tokenizer):
 
     @property
     def vocab_size(self) -> int:
-        return len(self.chars)
+        return max([len(self.chars), *(i + 1 for i in self._specials.values())])
+
+    @property
+    def specials(self) -> dict[str, int]:
+        return dict(self._specials)
+
+    @property
+    def eot_id(self) -> int | None:
+        return self._specials.get(ENDOFTEXT)
+
+    def with_specials(self, names: Sequence[str], first_id: int) -> CharTokenizer:
+        return CharTokenizer(self.chars, self._added_specials(names, first_id))
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -298,19 +344,25 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         try:
-            return "".join(self.chars[i] for i in ids)
+            text = "".join(self._itos[i] for i in ids)  # type: ignore[misc]  # None raises TypeError
         except (IndexError, TypeError):
-            raise MinigptError(
-                f"token ids must be 0..{len(self.chars) - 1} for this char tokenizer"
-            ) from None
+            text = None
+        if text is None:
+            raise MinigptError(f"token ids must be 0..{self.vocab_size - 1} for this char tokenizer")
+        return text
 
     def text_byte_lengths(self) -> np.ndarray:
         import numpy as np
 
-        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)  # control tokens and unused ids: 0
+        lengths[: len(self.chars)] = [len(c.encode("utf-8")) for c in self.chars]
+        return lengths
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "chars": self.chars}
+        data: dict[str, Any] = {"kind": self.kind, "chars": self.chars}
+        if self._specials:
+            data["specials"] = self.specials
+        return data
 
     def describe(self) -> str:
         return f"char ({self.vocab_size:,} symbols)"
@@ -333,6 +385,20 @@ def _check_chars(chars: list[Any]) -> None:
         raise MinigptError("char tokenizer characters must be distinct")
 
 
+def _check_char_specials(specials: dict[str, int], n_chars: int) -> None:
+    """Control tokens of a char tokenizer: names of several characters (a one-character name would read
+    as that character), distinct ids after the characters', at most MAX_UNUSED_IDS of them unused."""
+    if not all(isinstance(s, str) and len(s) > 1 for s in specials):
+        raise MinigptError("char tokenizer control tokens must be names of two or more characters")
+    ids = list(specials.values())
+    if not all(_is_id(i) and i >= n_chars for i in ids) or len(set(ids)) != len(ids):
+        raise MinigptError(
+            f"char tokenizer control token ids must be distinct integers from {n_chars} (after the characters)"
+        )
+    if ids and max(ids) + 1 - n_chars - len(ids) > MAX_UNUSED_IDS:
+        raise MinigptError(f"char tokenizer control token ids leave more than {MAX_UNUSED_IDS:,} ids unused")
+
+
 class _RankedBPE(Tokenizer):
     """A byte-level BPE given by mergeable ranks, a split pattern and special tokens, run by tiktoken."""
 
@@ -342,11 +408,11 @@ class _RankedBPE(Tokenizer):
         self.name = name
         self.pattern = pattern
         self.ranks = ranks
-        self.specials = dict(specials)
+        self._specials = dict(specials)
         import tiktoken
 
         self._enc = tiktoken.Encoding(
-            name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
+            name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self._specials
         )
 
     @property
@@ -360,10 +426,11 @@ class _RankedBPE(Tokenizer):
 
     @property
     def eot_id(self) -> int | None:
-        return self.specials.get(ENDOFTEXT)
+        return self._specials.get(ENDOFTEXT)
 
-    def special_ids(self) -> list[int]:
-        return sorted(self.specials.values())
+    @property
+    def specials(self) -> dict[str, int]:
+        return dict(self._specials)
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
@@ -409,6 +476,13 @@ class _RankedBPE(Tokenizer):
         for token, rank in self.ranks.items():
             lengths[rank] = len(token)
         return lengths
+
+    def _content_hash(self) -> str:
+        # straight from the ranks: to_json's base64 of a 50k-200k vocabulary takes a second
+        h = hashlib.sha256(json.dumps([self.kind, self.pattern, self.specials], sort_keys=True).encode())
+        for token, rank in sorted(self.ranks.items(), key=lambda item: item[1]):
+            h.update(rank.to_bytes(4, "little") + len(token).to_bytes(4, "little") + token)
+        return h.hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         # ranks as base64 token bytes in rank order (null for an unused rank): ~12 bytes per token
@@ -538,6 +612,9 @@ class BPETokenizer(_RankedBPE):
         name, pattern, ranks, specials = cls._parse_json(data)
         return cls(ranks, pattern, specials, name)
 
+    def with_specials(self, names: Sequence[str], first_id: int) -> BPETokenizer:
+        return BPETokenizer(self.ranks, self.pattern, self._added_specials(names, first_id), self.name)
+
 
 def check_bpe_vocab_size(vocab_size: Any) -> None:
     """Raise a UsageError unless vocab_size can hold the 256 byte tokens plus <|endoftext|>."""
@@ -604,6 +681,9 @@ class TiktokenTokenizer(_RankedBPE):
     def from_json(cls, data: dict[str, Any]) -> TiktokenTokenizer:
         return cls(*cls._parse_json(data))
 
+    def with_specials(self, names: Sequence[str], first_id: int) -> TiktokenTokenizer:
+        return TiktokenTokenizer(self.name, self.pattern, self.ranks, self._added_specials(names, first_id))
+
     def describe(self) -> str:
         return f"tiktoken {self.name} ({self.vocab_size:,} tokens)"
 
@@ -641,16 +721,22 @@ def _parse_tiktoken_ranks(data: bytes) -> dict[bytes, int]:
 
 
 def tokenizer_from_json(data: Any, source: str | Path = "tokenizer.json") -> Tokenizer:
-    """Rebuild a tokenizer from what `Tokenizer.to_json` wrote, checked through: anything else is a
-    one-line MinigptError naming `source`.
+    """Rebuild a tokenizer from what `Tokenizer.to_json` wrote, or from the Hugging Face tokenizer.json a
+    run folder holds (minigpt.hftokenizer), checked through: anything else is a one-line MinigptError
+    naming `source`.
     """
-    with naming(source, "the file is damaged or was not written by minigpt"):
+    fix = "the file is damaged or was not written by minigpt"
+    if isinstance(data, dict) and "model" in data and "kind" not in data:
+        from minigpt.hftokenizer import tokenizer_from_hf_json
+
+        return tokenizer_from_hf_json(data, source, fix=fix)
+    with naming(source, fix):
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == "char":
-            chars = data.get("chars")
-            if not isinstance(chars, list):
-                raise MinigptError("a char tokenizer needs a list of characters")
-            return CharTokenizer(chars)
+            chars, specials = data.get("chars"), data.get("specials", {})
+            if not isinstance(chars, list) or not isinstance(specials, dict):
+                raise MinigptError("a char tokenizer needs a list of characters (and control tokens by name)")
+            return CharTokenizer(chars, specials)
         if kind == "bpe":
             return BPETokenizer.from_json(data)
         if kind == "tiktoken":
@@ -664,9 +750,11 @@ def load_tokenizer_file(path: Path) -> Tokenizer:
 
 
 def tokenizer_kind(spec: str) -> str:
-    """'char', 'bpe' or 'tiktoken' for a --tokenizer value (a UsageError for anything else)."""
+    """'char', 'bpe', 'tiktoken' or 'file' for a --tokenizer value (a UsageError for anything else)."""
     if spec in ("char", "bpe"):
         return spec
+    if spec.endswith(".json"):
+        return "file"  # a minigpt tokenizer.json: a run's, or one `minigpt prepare` names
     if spec in NAMED_ENCODINGS or spec.endswith(".tiktoken") or os.sep in spec or _is_file(spec):
         return "tiktoken"
     raise UsageError(f"unknown --tokenizer {spec!r}; choose {TOKENIZER_CHOICES}")
@@ -688,6 +776,8 @@ def build_tokenizer(
     kind = tokenizer_kind(spec)
     if vocab_size is not None and kind != "bpe":
         raise UsageError(f"--vocab-size only applies to --tokenizer bpe (the {spec} vocabulary is fixed)")
+    if kind == "file":
+        return load_tokenizer_file(Path(spec))
     if kind == "tiktoken":
         if spec in NAMED_ENCODINGS:
             return TiktokenTokenizer.from_name(spec)

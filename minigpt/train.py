@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from minigpt.budget import batch_at, lr_at
+from minigpt.chat.data import ConversationData
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError
@@ -78,7 +79,10 @@ def train(
     # rank 0 writes the run, so it holds the run's lock: a second writer gets a one-line error
     with RunDir(plan.out).lock() if dist.is_master else contextlib.nullcontext():
         run = set_up(plan, dist, reporter, started=command_started, clock=clock, make_sampler=make_sampler)
-        reason, interrupted = run_loop(run, reporter, on_step)
+        try:
+            reason, interrupted = run_loop(run, reporter, on_step)
+        finally:
+            run.dataset.close()  # tokenizing beside training stops; its finished chunks stay in the store
     reporter.finish(_training_end(run, reason, interrupted, clock() - command_started))
     dist.close()
     return TrainResult(run.rundir.path, run.state, interrupted, reason, run.history)
@@ -260,6 +264,7 @@ def _training_end(run: TrainingRun, reason: str, interrupted: bool, command_seco
         overrun=run.budget.overrun(elapsed),
         best_val_bpb=bits_per_byte(state.best_val_loss, len(val), run.dataset.val_bytes),
         history=run.history,
+        chat=isinstance(run.dataset, ConversationData),
     )
 
 

@@ -10,9 +10,22 @@ from typing import Any
 
 from minigpt.config import ARCHS, GPTConfig
 from minigpt.errors import UsageError
+from minigpt.lora import TARGET_CHOICES
 from minigpt.presets import GPT2_VOCAB, PRESETS, model_config
 from minigpt.presets import preset as get_preset
-from minigpt.settings import ARCH, BUDGET, EVAL, MODEL, OPT, RUN, check_choices, nested, nested_names, setting
+from minigpt.settings import (
+    ARCH,
+    BUDGET,
+    EVAL,
+    FINETUNE,
+    MODEL,
+    OPT,
+    RUN,
+    check_choices,
+    nested,
+    nested_names,
+    setting,
+)
 
 # Defaults by device. CPU: what bench/bench_train.py and bench/bench_recipe.py found best for a short CPU
 # budget (README: "Defaults" and the recipe ablation). GPU: nanoGPT's shakespeare_char recipe without dropout,
@@ -90,7 +103,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = setting(0.99, "AdamW beta2.", panel=OPT)
     optimizer: str | None = setting(
-        None, "adamw, or muon: torch's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
+        None, "adamw, or muon: minigpt's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
         choices=OPTIMIZERS, by=RECIPES,
     )  # fmt: skip
     muon_lr: float = setting(0.02, "Muon's peak learning rate (--optimizer muon).", panel=OPT)
@@ -108,6 +121,17 @@ class TrainConfig:
     )  # fmt: skip
     zero_init: bool = setting(
         False, "Start every block's output projections (and an untied head) at zero.", panel=OPT
+    )
+    # fine-tuning from a run (init_from): LoRA adapters on the frozen base instead of every weight
+    lora_rank: int | None = setting(
+        None, "Train LoRA adapters of this rank on the frozen --init-from run instead of every weight "
+        "(saved on their own, tied to that run's weights).", panel=FINETUNE, shown="none, every weight trains",
+    )  # fmt: skip
+    lora_alpha: float | None = setting(
+        None, "LoRA's scale: updates are multiplied by alpha / rank.", panel=FINETUNE, shown="2 x lora-rank"
+    )
+    lora_targets: str = setting(
+        "all", f"Layers of every block to adapt, comma-separated: {TARGET_CHOICES}.", panel=FINETUNE
     )
     # budget: the first one reached stops the run
     max_iters: int | None = setting(
@@ -170,6 +194,10 @@ class TrainConfig:
             raise UsageError(f"batch_ramp is a fraction of the budget in [0, 1], got {self.batch_ramp}")
         if not 0 < self.cooldown <= 1:
             raise UsageError(f"cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
+        if self.lora_rank is not None and not 1 <= self.lora_rank <= 4096:
+            raise UsageError(f"lora_rank must be from 1 to 4096, got {self.lora_rank}")
+        if self.lora_alpha is not None and not 0 < self.lora_alpha < 1e6:
+            raise UsageError(f"lora_alpha must be a positive number, got {self.lora_alpha}")
 
     def _check_model(self) -> None:
         """The model's settings are GPTConfig's own fields of their types; once the preset is known (given,
@@ -257,17 +285,20 @@ class LaunchConfig:
         flags=("--allow-data-change",),
     )  # fmt: skip
     init_from: Path | None = setting(
-        None, "Start from this run's weights and tokenizer, with a fresh optimizer.", panel=RUN
-    )
+        None, "Fine-tune this run: start from its weights and tokenizer, with a fresh optimizer. On "
+        "conversation JSONL the loss counts the assistant's tokens only.", panel=RUN,
+    )  # fmt: skip
     overwrite: bool = setting(
         False, "Replace an existing run directory at --out.", panel=RUN, flags=("--overwrite",)
     )
     nproc: int | None = setting(
-        None, "Train in N processes on this machine (one per GPU) through torch.distributed.run.", panel=RUN
+        None, "Run in N processes on this machine (one per GPU) through torch.distributed.run.", panel=RUN
     )
 
     # what a resume may be given besides a budget: the rest is the saved run's
     WITH_RESUME = ("resume", "allow_data_change", "overwrite", "nproc")
+    # the options only `train` has (`prepare` takes --nproc alone)
+    RUN_ONLY = ("out", "resume", "allow_data_change", "init_from", "overwrite")
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:

@@ -14,17 +14,36 @@ import numpy as np
 import torch
 
 from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, Budget
+from minigpt.chat.data import (
+    ConversationData,
+    ConversationSampler,
+    ConversationSplit,
+    conversation_files,
+    prepare_conversations,
+)
 from minigpt.config import GPTConfig
-from minigpt.data import BatchSampler, DataConfig, Dataset, _collect_files, changed_inputs, prepare_data
+from minigpt.corpus.ingest import Share
+from minigpt.corpus.inputs import collect_files
+from minigpt.data import (
+    BatchSampler,
+    DataConfig,
+    Dataset,
+    changed_inputs,
+    find_inputs,
+    prepare_data,
+    prepare_tokenizer,
+)
 from minigpt.device import resolve_device, resolve_dtype
 from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
+from minigpt.finetune import adapter_settings, full_model, lora_model, plan_fine_tune
+from minigpt.finetune import describe as describe_lora
 from minigpt.memory import FLOAT32, Allocating, allocating, check_fits, training_bytes
-from minigpt.model import GPT, build_model
+from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.reporters import ProgressReporter, TrainingStart
-from minigpt.rundir import DEFAULT_ROOT, RunDir
+from minigpt.rundir import DEFAULT_ROOT, AdapterLink, RunDir
 from minigpt.settings import options_of
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
@@ -53,8 +72,9 @@ class RunPlan:
     tokenizer: Tokenizer | None = None  # a resumed or fine-tuned run's
     shape: GPTConfig | None = None  # likewise
     replaced_budget: str | None = None  # a resume given a new budget: the saved one, in words
-    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, sha256)
+    saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, stamp)
     allow_data_change: bool = False  # resume even if the text is not what the run trained on
+    lora: AdapterLink | None = None  # a LoRA run's adapter: its settings and frozen base
 
 
 def plan_run(
@@ -80,17 +100,20 @@ def plan_run(
     out = out if out is not None else DEFAULT_ROOT / _default_name(data)
     RunDir(out).guard_new(overwrite)
     if init_from is None:
+        if cfg.lora_rank is not None:
+            raise UsageError("LoRA trains adapters on a trained run: name it with --init-from RUN")
         return RunPlan(cfg, data, out, overwrite=overwrite)
-    # the shape is the source run's; dropout is a training choice, so cfg's applies
+    # the shape is the source run's (with rows for the chat tokens conversations need); dropout is a
+    # training choice, so cfg's applies
     shaped = [name for name in ("preset", "arch") if getattr(cfg, name) is not None]
     shaped += [name for name in cfg.overrides if name != "dropout"]
     if shaped:
         flags = {o.name: o.flag for o in options_of(TrainConfig)}
         drop = ", ".join(flags[name] for name in shaped)
         raise UsageError(f"--init-from takes the model's shape from that run: drop {drop}")
-    source = RunDir(init_from)
-    shape = replace(source.model_config(), **cfg.overrides)
-    return RunPlan(cfg, data, out, False, init_from, overwrite, source.tokenizer(), shape)
+    chat = conversation_files(data.paths) is not None
+    tokenizer, shape, lora = plan_fine_tune(init_from, cfg, chat)
+    return RunPlan(cfg, data, out, False, init_from, overwrite, tokenizer, shape, lora=lora)
 
 
 def _plan_resume(
@@ -121,7 +144,7 @@ def _plan_resume(
     data, inputs = _saved_data(saved.get("data"), source, paths)
     return RunPlan(
         saved_cfg, data, resume, True, tokenizer=source.tokenizer(), shape=shape, replaced_budget=replaced,
-        saved_inputs=inputs, allow_data_change=allow_data_change,
+        saved_inputs=inputs, allow_data_change=allow_data_change, lora=source.adapter_link(saved),
     )  # fmt: skip
 
 
@@ -165,7 +188,7 @@ def _recorded_paths(saved: dict[str, Any]) -> tuple[tuple[Path, ...], Path | Non
 def check_launch(nproc: int, plan: RunPlan) -> None:
     """What `train --nproc N` can check before starting N processes: input files and one GPU per process
     (plan_run has checked the settings and the run directory)."""
-    _collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
+    collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
     device = plan.cfg.device
     if device == "mps":
         raise UsageError("several processes need CUDA GPUs or the CPU; device mps trains in one process")
@@ -217,7 +240,7 @@ class TrainingRun:
     cfg: TrainConfig  # resolved: the device's recipe filled in
     rundir: RunDir
     runtime: Runtime
-    dataset: Dataset
+    dataset: Dataset | ConversationData
     parts: Trainables  # the bare model, optimizer and sampler: what a checkpoint saves
     forward: torch.nn.Module  # the model as evaluations call it (under DDP, the wrapped model)
     step_forward: torch.nn.Module  # the model as training steps call it: `forward`, compiled with --compile
@@ -239,8 +262,13 @@ class TrainingRun:
 
     @property
     def tokens_per_step(self) -> int:
-        cfg = self.cfg
-        return cfg.batch_size * cfg.grad_accum * self.model_config.block_size * self.runtime.dist.world_size
+        """Tokens a step reads: a window of block_size per sequence, or a conversation of the training
+        split's mean length (so counts stay exact on resume)."""
+        cfg, train = self.cfg, self.dataset.train
+        row = self.model_config.block_size
+        if isinstance(train, ConversationSplit):
+            row = max(1, round((train.tokens - train.conversations) / train.conversations))
+        return cfg.batch_size * cfg.grad_accum * row * self.runtime.dist.world_size
 
 
 def set_up(
@@ -255,10 +283,38 @@ def set_up(
     """Data, model, optimizer, sampler and state (restored on a resume; a new run's directory created),
     the budget's clock started at `started` (a clock reading; None: now), and the reporter told."""
     cfg, runtime, dataset = _prepare(plan, dist, reporter)
+    try:
+        return _set_up_with(plan, dist, reporter, cfg, runtime, dataset, started, clock, make_sampler)
+    except BaseException:
+        dataset.close()  # tokenizing beside training stops with it
+        raise
+
+
+def _set_up_with(
+    plan: RunPlan,
+    dist: DistContext,
+    reporter: ProgressReporter,
+    cfg: TrainConfig,
+    runtime: Runtime,
+    dataset: Dataset,
+    started: float | None,
+    clock: Callable[[], float],
+    make_sampler: SamplerFactory,
+) -> TrainingRun:
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
+    if isinstance(dataset, ConversationData):
+        make_sampler = ConversationSampler
     sampler = make_sampler(
-        dataset.train, model.config.block_size, cfg.batch_size, cfg.seed, dist.rank, dist.world_size
+        dataset.train,
+        model.config.block_size,
+        cfg.batch_size,
+        cfg.seed,
+        dist.rank,
+        dist.world_size,  # type: ignore[arg-type]
     )
+    # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
+    # a resume takes what its checkpoint says
+    sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
     parts = Trainables(model, make_optimizer(model, cfg, runtime.device), sampler)
     rundir = RunDir(plan.out)
     state = TrainState()
@@ -270,11 +326,13 @@ def set_up(
             state.time_budget_from = state.elapsed  # a new time budget counts this command's time
     state.world_size = dist.world_size
     _check_same_text(plan, dataset)
-    settings = {
+    settings: dict[str, Any] = {
         "train": cfg.to_dict(),
         "data": {**data_dict(plan.data), "inputs": list(dataset.inputs)},
         "metrics": {},
     }
+    if plan.lora is not None:
+        settings["adapter"] = adapter_settings(plan.lora)
     if dist.is_master and not plan.resume:
         if plan.overwrite:
             rundir.clear()
@@ -303,14 +361,26 @@ def _prepare(
     planned = plan.shape or cfg.model_config(1)
     runtime = Runtime(device, resolve_dtype(cfg.dtype, device, training_width=planned.n_embd), dist)
     progress = dist.is_master and reporter.data_progress
-    with dist.master_first():
-        dataset = prepare_data(plan.data, planned.block_size, tokenizer=plan.tokenizer, progress=progress)
+    chat = conversation_files(plan.data.paths)
+    if chat is not None:  # fine-tuning on conversations: one process per machine tokenizes them
+        note = reporter.log if progress else (lambda message: None)
+        with dist.master_first():
+            data = prepare_conversations(plan.data, chat, planned.block_size, plan.tokenizer, note)
+        return cfg, runtime, data  # type: ignore[return-value]
+    # each process of a machine tokenizes its share of the files into the shared store, beside training
+    share = Share(dist.local_rank, dist.local_world_size)
+    inputs = find_inputs(plan.data, progress, share)
+    with dist.master_first():  # one process per machine learns (or loads) the tokenizer, the others read it
+        tokenizer = plan.tokenizer or prepare_tokenizer(plan.data, inputs, progress)
+    dataset = prepare_data(
+        plan.data, planned.block_size, tokenizer, progress, background=True, share=share, inputs=inputs
+    )
     return cfg, runtime, dataset
 
 
 def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
     """On resume, the text must be what the run trained on (by content), unless the user says otherwise."""
-    change = changed_inputs(plan.saved_inputs, dataset.inputs) if plan.resume else None
+    change = changed_inputs(plan.saved_inputs, dataset.inputs, plan.data.cache_root) if plan.resume else None
     if change and not plan.allow_data_change:
         raise MinigptError(
             f"the text differs from what {plan.out} was trained on ({change}): pass the original files, or "
@@ -319,8 +389,8 @@ def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
 
 
 def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device) -> GPT:
-    """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning; first, the memory
-    it and a micro-batch will need, against what the machine has."""
+    """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning (LoRA: the base's,
+    frozen, with adapters); first, the memory it and a micro-batch will need, against what the machine has."""
     shape = plan.shape or cfg.model_config(tokenizer.vocab_size)
     if tokenizer.vocab_size > shape.vocab_size:
         raise MinigptError("tokenizer is larger than the model's vocabulary")
@@ -329,13 +399,14 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
     n_params = count_params(shape).exact_total
     smaller = "pick a smaller model (--preset, --n-layer, --n-embd)"
     with allocating(f"the model's {n_params:,} parameters", n_params * FLOAT32, smaller):
-        model = GPT(shape).to(device)
-        if cfg.zero_init:
-            model.zero_output_projections()
-        if plan.init_from is not None:
-            source = RunDir(plan.init_from)
-            weights = build_model(shape, source.load_weights(shape), source.weights_path, str(device))
-            model.load_state_dict(weights.state_dict())
+        if plan.lora is not None:
+            model = lora_model(shape, plan.lora, plan.out, device, fresh=not plan.resume)
+        elif plan.init_from is not None:
+            model = full_model(shape, plan.init_from, device)
+        else:
+            model = GPT(shape).to(device)
+            if cfg.zero_init:
+                model.zero_output_projections()
     model.train()
     return model
 
@@ -364,14 +435,16 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         budget += f" (set on resume, in place of the saved {plan.replaced_budget})"
     elif plan.resume:
         budget += " (as saved)"
-    cfg, runtime = run.cfg, run.runtime
+    cfg, runtime, dataset = run.cfg, run.runtime, run.dataset
+    total = count_params(run.model_config).exact_total
     return TrainingStart(
         out=run.rundir.path,
         model=run.model_config,
-        n_params=count_params(run.model_config).exact_total,
+        n_params=total,
         tokenizer=run.dataset.tokenizer.describe(),
         train_tokens=len(run.dataset.train),
         val_tokens=len(run.dataset.val),
+        data_status=run.dataset.status if not run.dataset.complete else None,
         device=str(runtime.device),
         dtype=str(runtime.dtype).removeprefix("torch."),
         world_size=runtime.dist.world_size,
@@ -381,4 +454,6 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         start=replace(run.state),
         start_progress=run.budget.progress(run.state),
         elapsed=run.state.elapsed,
+        data=dataset.summary if isinstance(dataset, ConversationData) else None,
+        fine_tune=describe_lora(plan.lora, run.model_config, total) if plan.lora is not None else None,
     )

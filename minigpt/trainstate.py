@@ -11,6 +11,7 @@ import torch
 
 from minigpt.data import BatchSampler
 from minigpt.errors import MinigptError
+from minigpt.lora import check_adapter_shapes
 from minigpt.model import GPT, build_model, model_tensors
 from minigpt.optimizers import Optimizers
 from minigpt.rundir import RunDir
@@ -84,11 +85,7 @@ class Trainables:
         """Put back everything tensors() captured (`source` names the file in errors)."""
         self.check(tensors, source)
         weights = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
-        restored = build_model(self.model.config, weights, source, "cpu")
-        with torch.no_grad():
-            pairs = zip(self.model.parameters(), restored.parameters(), strict=True)
-            for p, q in pairs:
-                p.copy_(q)
+        self._restore_weights(weights, source)
         for name, p in self.model.named_parameters():
             prefix = f"optim/{name}/"
             saved = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
@@ -102,6 +99,21 @@ class Trainables:
         torch.set_rng_state(tensors["rng/torch"])
         if "rng/cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng/cuda"])
+
+    def _restore_weights(self, weights: dict[str, torch.Tensor], source: Any) -> None:
+        """The saved weights, checked against the model (a LoRA run's: only its adapter)."""
+        lora = self.model.lora
+        if lora is None:
+            restored = dict(build_model(self.model.config, weights, source, "cpu").named_parameters())
+        else:
+            check_adapter_shapes(
+                self.model.config, lora, {k: tuple(v.shape) for k, v in weights.items()}, source
+            )
+            restored = weights
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in restored:
+                    p.copy_(restored[name])
 
 
 def _check_moment(

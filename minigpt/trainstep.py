@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from minigpt.budget import EvalCost
+from minigpt.chat.data import ConversationData, ConversationSplit
 from minigpt.config import GPTConfig
 from minigpt.data import BatchSampler, Dataset, bits_per_byte, eval_batches
 from minigpt.device import autocast_context
@@ -97,34 +98,40 @@ def _chunk(config: GPTConfig, batch_size: int) -> int:
 def split_loss(
     model: torch.nn.Module,
     config: GPTConfig,
-    tokens: np.ndarray,
+    tokens: np.ndarray | ConversationSplit,
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
 ) -> float:
-    """Mean loss per window over eval_iters x batch_size evenly spaced windows of `tokens`: the same windows
-    every time, shared out between ranks (one may get fewer, or none: windows are counted, not batches)."""
+    """Mean loss per predicted token over eval_iters x batch_size evenly spaced windows of `tokens` (or
+    conversations: their assistant tokens): the same ones every time, shared out between ranks (one may get
+    fewer, or none: windows are counted, not batches)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x windows, windows
+    sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x targets, targets
     dist = runtime.dist
     chunk = _chunk(config, batch_size)
-    for x, y in eval_batches(
-        tokens, config.block_size, batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk
-    ):
+    if isinstance(tokens, ConversationSplit):
+        batches = tokens.eval_batches(batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk)
+    else:
+        batches = eval_batches(
+            tokens, config.block_size, batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk
+        )
+    for x, y in batches:
         with runtime.autocast():
             _, loss = model(x.to(runtime.device), y.to(runtime.device))
-        sums[0] += loss.double() * x.size(0)
-        sums[1] += x.size(0)
+        targets = int((y >= 0).sum())
+        sums[0] += loss.double() * targets
+        sums[1] += targets
     model.train(was_training)
-    total, windows = dist.all_reduce_sum(sums).tolist()
-    return total / max(windows, 1.0)
+    total, counted = dist.all_reduce_sum(sums).tolist()
+    return total / max(counted, 1.0)
 
 
 def evaluate(
     model: torch.nn.Module,
     config: GPTConfig,
-    dataset: Dataset,
+    dataset: Dataset | ConversationData,
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
@@ -144,26 +151,32 @@ def evaluate(
 def eval_cost(
     model: torch.nn.Module,
     config: GPTConfig,
-    dataset: Dataset,
+    dataset: Dataset | ConversationData,
     batch_size: int,
     runtime: Runtime,
     clock: Callable[[], float] = time.perf_counter,
 ) -> EvalCost:
     """What evaluate() costs a process, from one timed forward pass over a batch of windows (the first
     pass pays one-off costs, and evaluations pass larger chunks, so this errs long; it costs about a third
-    of a training step) and the windows each split holds."""
-    sample = dataset.val[: batch_size * config.block_size + 1]
-    start = clock()
-    split_loss(model, config, sample, batch_size, len(sample), runtime)
+    of a training step) and the windows each split holds (a conversation is one window)."""
+    if isinstance(dataset, ConversationData):
+        start = clock()
+        split_loss(model, config, dataset.val, batch_size, 1, runtime)
+        measured = min(batch_size, dataset.val.conversations)
+    else:
+        sample = dataset.val[: batch_size * config.block_size + 1]
+        start = clock()
+        split_loss(model, config, sample, batch_size, len(sample), runtime)
+        measured = (len(sample) - 1) // config.block_size
     seconds = clock() - start
-    return EvalCost(
-        seconds / ((len(sample) - 1) // config.block_size),
-        batch_size,
-        split_windows(config, dataset, runtime),
-    )
+    return EvalCost(seconds / max(1, measured), batch_size, split_windows(config, dataset, runtime))
 
 
-def split_windows(config: GPTConfig, dataset: Dataset, runtime: Runtime) -> tuple[int, int]:
+def split_windows(
+    config: GPTConfig, dataset: Dataset | ConversationData, runtime: Runtime
+) -> tuple[int, int]:
     """The windows of the validation and training splits, per process (rank 0's share: the largest)."""
     world = runtime.dist.world_size
+    if isinstance(dataset, ConversationData):
+        return tuple(-(-s.conversations // world) for s in (dataset.val, dataset.train))  # type: ignore[return-value]
     return tuple(-(-((len(t) - 1) // config.block_size) // world) for t in (dataset.val, dataset.train))  # type: ignore[return-value]

@@ -15,8 +15,8 @@ from minigpt.rundir import RunDir
 
 if TYPE_CHECKING:
     from minigpt.config import GPTConfig
-    from minigpt.convert import ConvertResult
     from minigpt.evaluate import EvalResult
+    from minigpt.exports import ConvertResult
     from minigpt.runs import RunSummary
 
 
@@ -71,7 +71,7 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
         f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} head_dim={c.head_dim} "
         f"d_ff={c.d_ff} vocab_size={c.vocab_size:,} block_size={c.block_size:,} "
         f"bias={c.bias} tied={c.tie_embeddings}\npos={c.pos} norm={c.norm} mlp={c.mlp} qk_norm={c.qk_norm} "
-        f"n_kv_head={c.kv_heads}{_windows(c)}{_speedrun(c)}"
+        f"n_kv_head={c.kv_heads}{_windows(c)} attn_score={c.attn_score}{_speedrun(c)}"
     )
     table = _rows_table(
         f"Parameters of {title}", "Part", report.rows, "Total (GPT-3 style)", report.gpt3_total
@@ -168,18 +168,21 @@ def _maybe(value: float | int | None, fmt: str) -> str:
 
 
 def runs_view(summaries: list[RunSummary], title: str) -> Table:
-    """One line per run, newest first."""
+    """One line per run, newest first; an "exported" column when some run was exported (to hf, gguf)."""
+    exported = any(s.exports for s in summaries)
     table = Table(title=title, title_justify="left")
     for name, justify in (("run", "left"), ("data", "left"), ("tokenizer", "left"), ("shape", "left"),
                           ("arch", "left"), ("params", "right"), ("steps", "right"), ("tokens", "right"), ("best val", "right"),
                           ("bpb", "right"), ("time", "right"), ("age", "right")):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    if exported:
+        table.add_column("exported")
     for s in summaries:
         table.add_row(
             s.path, s.data, s.tokenizer, s.shape, s.arch, human_count(s.params), _maybe(s.steps, ","),
             "—" if s.tokens is None else human_count(s.tokens), _maybe(s.best_val_loss, ".4f"),
             _maybe(s.best_val_bpb, ".3f"), "—" if s.elapsed is None else human_duration(s.elapsed),
-            human_duration(s.age) + " ago",
+            human_duration(s.age) + " ago", *([", ".join(s.exports) or "—"] if exported else []),
         )  # fmt: skip
     return table
 

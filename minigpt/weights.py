@@ -24,11 +24,21 @@ A = TypeVar("A", bound=Any)  # torch.Tensor or np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
+class LowRank(Generic[A]):
+    """A LoRA update of a linear layer (minigpt.lora): y += scale * (x a^T) b^T."""
+
+    a: A  # (rank, in)
+    b: A  # (out, rank)
+    scale: float  # alpha / rank
+
+
+@dataclass(frozen=True, slots=True)
 class LinearWeights(Generic[A]):
     weight: A  # (out, in), or (in, out) when input_major; int8 when quantized
     bias: A | None
     scale: A | None = None  # (out,) per-channel scales of an int8 weight (minigpt.quantize), else None
     input_major: bool = False  # weight stored transposed: y = x @ weight + bias
+    lora: LowRank[A] | None = None  # a trained adapter's update (training only: inference merges it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,8 @@ class AttentionWeights(Generic[A]):
     window: int  # the latest positions a query sees, itself included
     q_norm: NormWeights[A] | None  # QK-norm: RMSNorm over each head's dimensions
     k_norm: NormWeights[A] | None
+    score: str = "scaled"  # how a query scores a key (GPTConfig.attn_score)
+    score_maps: tuple[A, ...] = ()  # its per-head maps, as `score_shapes` lists them
     v_embed: A | None = None  # value embeddings (vocab, n_kv_head * head_dim): added to the values
 
 
@@ -83,12 +95,18 @@ class ModelWeights(Generic[A]):
     logit_cap: float | None = None  # soft cap of the logits: cap * tanh(logits / cap)
 
 
-def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights[A]:
-    """The tree of `tensors` named as GPT-2 names them; absent biases are None, an absent head is wte."""
+def weights_by_name(
+    config: GPTConfig, tensors: Mapping[str, A], lora_scale: float | None = None
+) -> ModelWeights[A]:
+    """The tree of `tensors` named as GPT-2 names them; absent biases are None, an absent head is wte.
+    With `lora_scale`, a layer's `lora_A` and `lora_B` beside its weight become its LowRank update."""
     rms = config.norm == "rmsnorm"
 
     def linear(name: str) -> LinearWeights[A]:
-        return LinearWeights(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
+        low_rank = None
+        if lora_scale is not None and f"{name}.lora_A" in tensors:
+            low_rank = LowRank(tensors[f"{name}.lora_A"], tensors[f"{name}.lora_B"], lora_scale)
+        return LinearWeights(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"), lora=low_rank)
 
     def norm(name: str, is_rms: bool = rms) -> NormWeights[A]:
         return NormWeights(
@@ -105,6 +123,8 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
             window,
             norm(f"{p}.attn.q_norm", True) if qk else None,
             norm(f"{p}.attn.k_norm", True) if qk else None,
+            config.attn_score,
+            tuple(tensors[f"{p}.{name}"] for name in score_shapes(config)),
             tensors[f"{p}.attn.v_embed.weight"] if config.value_embeds else None,
         )
         gate = linear(f"{p}.mlp.c_gate") if config.mlp == "swiglu" else None
@@ -124,6 +144,11 @@ def weights_by_name(config: GPTConfig, tensors: Mapping[str, A]) -> ModelWeights
         skip_pairs=config.skip_pairs,
         logit_cap=config.logit_cap,
     )
+
+
+def is_adapter_tensor(name: str) -> bool:
+    """A LoRA adapter's tensor (minigpt.lora): a layer's lora_A or lora_B, or new embedding or head rows."""
+    return name.endswith((".lora_A", ".lora_B", ".added"))
 
 
 def map_linears(node: Any, fn: Callable[[LinearWeights[Any]], LinearWeights[Any]]) -> Any:
@@ -189,7 +214,23 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{name}.weight"] = shape
         if config.bias:
             shapes[f"{name}.bias"] = shape[:1]
-    return {**shapes, **tables}
+    return {**shapes, **tables, **score_shapes(config)}
+
+
+def score_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The attention score's per-head maps within a block, each (n_head, out, in) in torch's Linear layout:
+    general's W on the queries, (Wq)·k; additive's W₁ on the queries, W₂ on the keys and vᵀ,
+    vᵀtanh(W₁q + W₂k). scaled and dot have none."""
+    H, hd, da = config.n_head, config.head_dim, config.additive_width
+    if config.attn_score == "general":
+        return {"attn.score.weight": (H, hd, hd)}
+    if config.attn_score == "additive":
+        return {
+            "attn.score_q.weight": (H, da, hd),
+            "attn.score_k.weight": (H, da, hd),
+            "attn.score_v.weight": (H, 1, da),
+        }
+    return {}
 
 
 def norm_has_bias(config: GPTConfig, name: str) -> bool:

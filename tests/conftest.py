@@ -73,3 +73,39 @@ def shakespeare() -> Path:
     if not SHAKESPEARE.is_file():
         pytest.skip("../shared/data/tinyshakespeare.txt is absent")
     return SHAKESPEARE
+
+
+# Held-out mixed-script text for tokenizer checks: Chinese, English, emoji (with a skin tone and a flag),
+# accents, code, digits, contractions, special-token text and runs of spaces, tabs and newlines.
+MIXED = (
+    "Hello world! 你好，世界。这是一个测试：模型和分词器。 Emoji 🙂👍🏽🇫🇷 and café, naïve Ünïcödé.\n"
+    "def f(x):\n    return x ** 2  # square\n\n\n\tif x>0:\t\tpass   \n"
+    "日本語のテキスト, Ελληνικά, русский текст; 12345 678.9e-10 it's we'll THEY'VE <|endoftext|>\r\n"
+    "   \n  \n x   "
+)
+# what the default-settings run below learns from: English with some of every script in MIXED
+CORPUS = (
+    "".join(
+        f"{w} the quick brown fox jumps over the lazy dog {i % 13}, said {w!r}.\n"
+        for i, w in enumerate(["alpha", "beta", "gamma", "delta", "你好", "世界", "café", "🙂"] * 60)
+    )
+    + "def square(x):\n    return x ** 2\n\n\t\ttabs\n"
+    + MIXED[::-1]
+)
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run `minigpt train FILE` makes with every default (the CPU recipe: bpe 512 tokenizer, the modern
+    architecture, Muon), only its budget short: 30 steps."""
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    tmp = tmp_path_factory.mktemp("default-run")
+    (tmp / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+    out = tmp / "run"
+    args = ["train", str(tmp / "corpus.txt"), "--max-iters", "30", "--eval-iters", "2", "--device", "cpu"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,16 +23,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer  # noqa: E40
 
 from minigpt.cli import app  # noqa: E402
 from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.convert import (  # noqa: E402
-    HF_MERGES,
-    HF_VOCAB,
-    MINIGPT_TOKENIZER,
-    bpe_vocab_merges,
-    config_from_hf,
-    expected_hf_shapes,
-    ranks_from_vocab_merges,
-)
+from minigpt.convert import config_from_hf, expected_hf_shapes  # noqa: E402
 from minigpt.files import load_tensors  # noqa: E402
+from minigpt.hftokenizer import HF_MERGES, HF_VOCAB, bpe_vocab_merges, ranks_from_vocab_merges  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
 from minigpt.params import count_params  # noqa: E402
 from minigpt.rundir import RunDir  # noqa: E402
@@ -512,9 +506,10 @@ def test_to_hf_with_a_char_tokenizer(tmp_path: Path, runner) -> None:
     out = tmp_path / "hf"
     result = runner.invoke(app, ["convert", "to-hf", str(tmp_path / "run"), str(out)])
     assert result.exit_code == 0, result.output
-    assert "note: the tokenizer is minigpt's own (char" in result.stderr
-    assert json.loads((out / MINIGPT_TOKENIZER).read_text()) == tok.to_json()
-    assert not (out / HF_VOCAB).exists() and not (out / "tokenizer.json").exists()
+    assert "note:" not in result.stderr
+    assert not (out / HF_VOCAB).exists() and (out / "tokenizer.json").exists()
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.is_fast and auto(TRAIN_TEXT[:300])["input_ids"] == tok.encode(TRAIN_TEXT[:300])
     config = json.loads((out / "config.json").read_text())
     assert config["bos_token_id"] is None and config["eos_token_id"] is None
     theirs, info = GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
@@ -616,9 +611,9 @@ def test_from_hf_finds_gpt2_tokenizer(
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_every_run_survives_a_round_trip_through_hf(kind: str, tmp_path: Path, runner) -> None:
-    """to-hf then from-hf gives back the same tokenizer and weights, for tokenizers transformers lacks too
-    (from-hf reads the minigpt_tokenizer.json that to-hf wrote instead of asking for r50k_base)."""
-    run = Path(__file__).parent / "fixtures" / f"run-v0.1-{kind}"
+    """to-hf then from-hf gives back the same tokenizer and weights, for runs saved by minigpt 0.1 too."""
+    run = tmp_path / "run"  # a copy: exporting notes the export in the run folder
+    shutil.copytree(Path(__file__).parent / "fixtures" / f"run-v0.1-{kind}", run)
     hf, back = tmp_path / "hf", tmp_path / "back"
     assert runner.invoke(app, ["convert", "to-hf", str(run), str(hf)]).exit_code == 0
     result = runner.invoke(app, ["convert", "from-hf", str(hf), str(back)])

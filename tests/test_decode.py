@@ -97,12 +97,14 @@ def _few_threads() -> None:
 
 
 def tiny_model(seed: int = 0, config: GPTConfig = TINY, scale: float = 50.0) -> GPT:
-    """Random weights, matrices scaled up so greedy text does not collapse into one repeated token."""
+    """Random weights, matrices scaled up so greedy text does not collapse into one repeated token (the
+    attention score's per-head maps, 3-D, keep their initialisation: 50 x general's W would put its logits
+    past what float32 rounds evenly in two engines)."""
     torch.manual_seed(seed)
     model = GPT(config).eval()
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() >= 2:
+            if p.dim() == 2:
                 p.mul_(scale)
     return model
 

@@ -33,7 +33,7 @@ TEXT = "".join(
     for i, w in enumerate(["alpha", "beta", "gamma", "delta"] * 60)
 )
 TINY = ["--preset", "tiny", "--batch-size", "4", "--eval-iters", "2", "--log-every", "5", "--device", "cpu"]
-RUN_FILES = sorted([RunDir.CONFIG, RunDir.TOKENIZER, RunDir.WEIGHTS, RunDir.STATE, RunDir.METRICS])
+RUN_FILES = sorted(RunDir.FILES)
 linux_only = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds workers through /proc")
 
 
@@ -163,10 +163,11 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     the cross-rank validation loss agree. The 2-process checkpoint then resumes in one process. (A 1-step budget
     caps warmup at that one step, so lr 8e-5 is the first step's.)"""
     two = tmp_path / "two"
-    # a modern architecture: rotary, RMSNorm, QK-norm, ReLU², untied, one key/value head, a local layer
+    # a modern architecture: rotary, RMSNorm, QK-norm (with biases), ReLU², untied, one key/value head, a
+    # local layer, the additive score (its chunks recomputed in the backward pass)
     opts = ["--preset", "tiny", "--eval-iters", "2", "--max-iters", "1", "--device", "cpu", "--dtype", "float32",
             "--seed", "7", "--dropout", "0", "--lr", "8e-5", "--arch", "modern", "--n-kv-head", "1",
-            "--window", "8", "--qk-norm", "--mlp", "relu2"]  # fmt: skip
+            "--window", "8", "--qk-norm", "--bias", "--mlp", "relu2", "--attn-score", "additive"]  # fmt: skip
     cmd = [sys.executable, "-m", "minigpt", "train", str(text_file), *opts, "--batch-size", "2", "--out", str(two),
            "--nproc", "2"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
@@ -182,7 +183,8 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
 
     cfg = TrainConfig(
         preset="tiny", eval_iters=2, max_iters=1, device="cpu", dtype="float32", seed=7, batch_size=4, lr=8e-5,
-        arch="modern", overrides=dict(n_kv_head=1, window=8, qk_norm=True, mlp="relu2"),
+        arch="modern", overrides=dict(n_kv_head=1, window=8, qk_norm=True, bias=True, mlp="relu2",
+                                      attn_score="additive"),
     )  # fmt: skip
     train(cfg, DataConfig(paths=(text_file,)), out=tmp_path / "one", make_sampler=UnionSampler)
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,13 @@ class Case:
     prompt_len: int = 3
     slide: int | None = None
     seed: int = 0  # of the weights and the prompts: one whose greedy text does not repeat a token
+    score: str = "scaled"  # --attn-score
     n_embd: int = 32
 
     def config(self) -> GPTConfig:
         return GPTConfig(
             vocab_size=37, block_size=self.block_size, n_layer=2, n_head=self.n_head, n_embd=self.n_embd,
-            bias=self.bias, tie_embeddings=self.tied,
+            bias=self.bias, tie_embeddings=self.tied, attn_score=self.score,
         )  # fmt: skip
 
 
@@ -78,6 +79,11 @@ CASES = [
     Case(bias=False, n_head=4, block_size=32, samples=3, prompt_len=7, slide=32),  # one prefill, 3 rows
     Case(n_head=1, block_size=12, prompt_len=40),
     Case(n_head=4, block_size=24, batch=2, prompt_len=20, n_embd=192),  # products large enough to thread
+    # the attention scores, the prefill over the block, then sliding and several rows
+    Case(score="dot", n_head=4, batch=2, prompt_len=9, slide=3),
+    Case(score="general", tied=False, n_head=4, block_size=8, batch=2, prompt_len=21, slide=5),
+    Case(score="additive", bias=False, n_head=4, samples=3, prompt_len=16, slide=1, seed=1),
+    Case(score="additive", n_head=2, block_size=12, batch=2, prompt_len=30, seed=1),
 ]
 
 
@@ -161,6 +167,12 @@ LAYOUT_CONFIGS = {
     ),
     "relu2": GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32, mlp="relu2", bias=False),
 }  # fmt: skip
+# the attention scores with their own maps (held as the file has them in every layout), over grouped
+# queries, QK-norm, rotary positions and a local window
+LAYOUT_CONFIGS |= {
+    f"modern-{score}": replace(LAYOUT_CONFIGS["modern"], attn_score=score)
+    for score in ("general", "additive")
+}
 
 
 @pytest.mark.parametrize("name", LAYOUT_CONFIGS)

@@ -223,8 +223,8 @@ def garbage_cache(tmp: Path) -> list[str]:
     """Train once, then fill the token cache with random bytes of the same size."""
     args = train_with("--tokenizer", "char")(tmp)
     assert minigpt(tmp, args).returncode == 0
-    (tokens,) = (tmp / "cache" / "tokens").glob("*.bin")
-    tokens.write_bytes(np.random.default_rng(0).bytes(tokens.stat().st_size))
+    for tokens in (tmp / "cache" / "tokens").glob("*/chunk-000000.bin"):  # the file's two spans
+        tokens.write_bytes(np.random.default_rng(0).bytes(tokens.stat().st_size))
     return args
 
 
@@ -232,17 +232,19 @@ def fifo_cache(tmp: Path) -> list[str]:
     """Train once, then swap the token cache file for a FIFO."""
     args = train_with("--tokenizer", "char")(tmp)
     assert minigpt(tmp, args).returncode == 0
-    (tokens,) = (tmp / "cache" / "tokens").glob("*.bin")
-    tokens.unlink()
-    os.mkfifo(tokens)
+    for tokens in (tmp / "cache" / "tokens").glob("*/chunk-000000.bin"):  # the file's two spans
+        tokens.unlink()
+        os.mkfifo(tokens)
     return args
 
 
 def hf_dir(tmp: Path, *drop: str) -> Path:
-    """A Hugging Face GPT-2 directory exported from the bpe fixture run, without the files named in drop."""
+    """A Hugging Face GPT-2 directory exported from (a copy of) the bpe fixture run, without the files named
+    in drop."""
     from minigpt.convert import to_hf
 
-    to_hf(FIXTURES / "run-v0.1-bpe", tmp / "hf")
+    shutil.copytree(FIXTURES / "run-v0.1-bpe", tmp / "run")  # exporting notes the export in the run
+    to_hf(tmp / "run", tmp / "hf")
     for name in drop:
         (tmp / "hf" / name).unlink()
     return tmp / "hf"
@@ -280,7 +282,7 @@ def deeply_nested_index(tmp: Path) -> list[str]:
 
 def vocab_linked_out(tmp: Path) -> list[str]:
     """GPT-2 tokenizer files whose vocab.json is a symlink to a file outside the directory."""
-    src = hf_dir(tmp, "minigpt_tokenizer.json")
+    src = hf_dir(tmp, "tokenizer.json")
     (tmp / "elsewhere.json").write_text("{}")
     (src / "vocab.json").symlink_to(tmp / "elsewhere.json")
     (src / "merges.txt").write_text("#version: 0.2\n")
@@ -291,9 +293,9 @@ def hf_fast_tokenizer(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path
     """An HF directory whose only tokenizer file is a byte-level BPE tokenizer.json that change edits."""
 
     def build(tmp: Path) -> list[str]:
-        from minigpt.convert import bytes_to_unicode
+        from minigpt.hftokenizer import bytes_to_unicode
 
-        src = hf_dir(tmp, "minigpt_tokenizer.json")
+        src = hf_dir(tmp, "tokenizer.json")
         vocab = {c: b for b, c in bytes_to_unicode().items()}
         data = {
             "model": {"type": "BPE", "vocab": vocab, "merges": []},
@@ -321,8 +323,9 @@ def hub_snapshot(tmp: Path) -> list[str]:
 
 
 def minigpt_tokenizer_linked_out(tmp: Path) -> list[str]:
-    src = hf_dir(tmp)
-    (src / "minigpt_tokenizer.json").rename(tmp / "elsewhere.json")
+    """minigpt 0.1's export of a bpe run (minigpt_tokenizer.json), the file a symlink out of the directory."""
+    src = hf_dir(tmp, "tokenizer.json")
+    shutil.copy(FIXTURES / "run-v0.1-bpe" / "tokenizer.json", tmp / "elsewhere.json")
     (src / "minigpt_tokenizer.json").symlink_to(tmp / "elsewhere.json")
     return from_hf(src)
 
@@ -372,6 +375,29 @@ def write_file(name: str, text: str) -> Callable[[Path], None]:
 
 
 GENERATE = ("generate", "-m", "{run}", "-n", "3", "x")
+
+
+def additive_run_claiming(block_size: int) -> Callable[[Path], list[str]]:
+    """A run of a tiny rotary model with the additive score (its weights do not depend on the block size),
+    whose config.json then claims `block_size` positions: the weights match, the memory estimate refuses."""
+
+    def build(tmp: Path) -> list[str]:
+        from minigpt.config import GPTConfig
+        from minigpt.model import GPT
+        from minigpt.rundir import RunDir
+        from minigpt.tokenizer import CharTokenizer
+
+        config = GPTConfig(
+            vocab_size=26, block_size=32, n_layer=2, n_head=2, n_embd=32, pos="rope", attn_score="additive"
+        )
+        run = tmp / "run"
+        RunDir(run).save(GPT(config), CharTokenizer([chr(97 + i) for i in range(26)]), extra={})
+        edit_config(lambda c: c["model"].update(block_size=block_size))(run)
+        return [part.replace("{run}", str(run)) for part in GENERATE]
+
+    return build
+
+
 BILLION_LAYERS = edit_config(lambda c: c["model"].update(n_layer=10**9))
 
 
@@ -447,6 +473,65 @@ def b64(token: bytes) -> str:
 
 # ---------------------------------------------------------------------------------------------- the attacks
 
+
+def chat_jsonl(tmp: Path, *extra: str) -> Path:
+    """Conversations in the char fixture's characters (prompt and completion: halves of corpus lines), then
+    the `extra` lines."""
+    lines = [line.split(" ") for line in CORPUS.read_text(encoding="utf-8").splitlines()[:40]]
+    records = [json.dumps({"prompt": " ".join(w[:2]), "completion": " ".join(w[2:4]) or "a"}) for w in lines]
+    path = tmp / "chat.jsonl"
+    path.write_text("\n".join([*records, *extra]) + "\n", encoding="utf-8")
+    return path
+
+
+def fine_tune(*options: str, chat: Callable[[Path], Path] = chat_jsonl) -> Callable[[Path], list[str]]:
+    """`train --init-from` (a copy of the char fixture run) on conversations."""
+
+    def build(tmp: Path) -> list[str]:
+        base = run_copy(tmp)
+        return ["train", "--init-from", str(base), str(chat(tmp)), "--max-iters", "1", "--eval-iters", "1",
+                "--batch-size", "2", "--device", "cpu", "--out", str(tmp / "out"), *options]  # fmt: skip
+
+    return build
+
+
+def lora_then(tamper: Callable[[Path], Any], *command: str) -> Callable[[Path], list[str]]:
+    """A LoRA run trained here on the char fixture, `tamper`ed, then `command` ({run}: the LoRA run)."""
+
+    def build(tmp: Path) -> list[str]:
+        proc = minigpt(tmp, fine_tune("--lora-rank", "2")(tmp))
+        assert proc.returncode == 0, proc.stderr
+        tamper(tmp / "out")
+        return [part.replace("{run}", str(tmp / "out")) for part in command]
+
+    return build
+
+
+def edit_adapter(change: Callable[[dict[str, Any], dict[str, str]], Any]) -> Callable[[Path], None]:
+    def tamper(run: Path) -> None:
+        from safetensors.numpy import load_file, safe_open, save_file
+
+        with safe_open(str(run / "adapter.safetensors"), framework="np") as f:
+            meta = f.metadata()
+        tensors = load_file(str(run / "adapter.safetensors"))
+        change(tensors, meta)
+        save_file(tensors, str(run / "adapter.safetensors"), metadata=meta)
+
+    return tamper
+
+
+def retrained_base(run: Path) -> None:
+    """Point the LoRA run at another base: the fixture with every weight nudged."""
+    other = run.parent / "other"
+    shutil.copytree(run.parent / "run", other)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {k: v + 0.01 for k, v in load_file(str(other / "model.safetensors")).items()}
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "minigpt-run"})
+    edit_config(lambda c: c["adapter"].update(base=str(other)))(run)
+
+
+CHAT = ("chat", "{run}", "-n", "3")
 ATTACKS = [
     Attack(
         "special token id 10**12",
@@ -542,8 +627,9 @@ ATTACKS = [
         exit_code=0,
     ),
     Attack("a FIFO in the token cache", fifo_cache, "tokenizing again", exit_code=0),
-    Attack("kill -9 while tokenizing", killed_while_tokenizing(signal.SIGKILL), "tokenized training", 0),
-    Attack("SIGTERM while tokenizing", killed_while_tokenizing(signal.SIGTERM), "tokenized training", 0),
+    # the run again: its tokens are written afresh (tokenizing may still go on when the short run ends)
+    Attack("kill -9 while tokenizing", killed_while_tokenizing(signal.SIGKILL), "tokeniz", 0),
+    Attack("SIGTERM while tokenizing", killed_while_tokenizing(signal.SIGTERM), "tokeniz", 0),
     Attack(
         "HF shard index naming ../",
         sharded(lambda tmp: "../outside.safetensors"),
@@ -579,7 +665,7 @@ ATTACKS = [
     Attack(
         "HF tokenizer.json merges that are not string pairs",
         hf_fast_tokenizer(lambda t: t["model"].update(merges=[[["a"], ["b"]]])),
-        "hf/tokenizer.json is not a GPT-2 style BPE vocabulary",
+        "hf/tokenizer.json: a merge is not two tokens",
     ),
     Attack(
         "config.json claims 10**9 layers (numpy engine)",
@@ -615,6 +701,16 @@ ATTACKS = [
         "config.json rope_base 1e308 and pos 'alibi'",
         with_run(edit_config(lambda c: c["model"].update(pos="alibi", rope_base=1e308)), *GENERATE),
         "unknown pos 'alibi'",
+    ),
+    Attack(
+        "config.json attn_score 'cosine'",
+        with_run(edit_config(lambda c: c["model"].update(attn_score="cosine")), *GENERATE),
+        "unknown attn_score 'cosine'",
+    ),
+    Attack(
+        "config.json additive scores over 10**8 positions",
+        additive_run_claiming(10**8),
+        "GiB of memory",
     ),
     Attack(
         "config.json window past block_size",
@@ -795,6 +891,72 @@ ATTACKS = [
         ],
         "after 0 steps",  # "reached max_time within a step", or before it when start-up took the time
         exit_code=0,
+    ),
+]
+
+
+ATTACKS += [
+    Attack(
+        "conversation JSONL nested past reason",
+        fine_tune(chat=lambda tmp: chat_jsonl(tmp, "[" * 100_000)),
+        "chat.jsonl:41: not a JSON record",
+    ),
+    Attack(
+        "conversation JSONL with a 17 MB line",
+        fine_tune(chat=lambda tmp: chat_jsonl(tmp, '{"prompt": "' + "a" * (17 << 20) + '"}')),
+        "chat.jsonl:41: the line is longer than 16 MB",
+    ),
+    Attack(
+        "conversation JSONL with a record longer than the context",
+        fine_tune(chat=lambda tmp: chat_jsonl(tmp, json.dumps({"prompt": "a " * 40, "completion": "b"}))),
+        "chat.jsonl:41: the conversation is 85 tokens, more than the model's context of 32",
+    ),
+    Attack(
+        "conversation JSONL that is a FIFO",
+        fine_tune(chat=lambda tmp: (os.mkfifo(tmp / "c.jsonl"), tmp / "c.jsonl")[1]),
+        "c.jsonl is not a regular file",
+    ),
+    Attack("train --lora-rank 0", fine_tune("--lora-rank", "0"), "lora_rank must be from 1 to 4096"),
+    Attack(
+        "train --lora-targets q_proj", fine_tune("--lora-rank", "2", "--lora-targets", "q_proj"), "q_proj"
+    ),
+    Attack(
+        "a LoRA run whose base was retrained",
+        lora_then(retrained_base, *CHAT),
+        "trained on other base weights",
+    ),
+    Attack(
+        "a LoRA run whose base is /etc",
+        lora_then(edit_config(lambda c: c["adapter"].update(base="/etc")), *CHAT),
+        "the base run /etc of the LoRA run",
+    ),
+    Attack(
+        "an adapter file with a misshapen tensor",
+        lora_then(
+            edit_adapter(lambda t, m: t.update({k: v[:1] for k, v in t.items() if k.endswith("lora_A")})),
+            *GENERATE,
+        ),  # fmt: skip
+        "does not hold the adapter its settings describe",
+    ),
+    Attack(
+        "an adapter file claiming rank 10**9",
+        lora_then(edit_config(lambda c: c["adapter"]["lora"].update(rank=10**9)), *GENERATE),
+        "--lora-rank must be an integer from 1 to 4096",
+    ),
+    Attack(
+        "an adapter file of NaN",
+        lora_then(edit_adapter(lambda t, m: t.update({k: v * np.nan for k, v in t.items()})), *GENERATE),
+        "holds NaN or infinite weights",
+    ),
+    Attack(
+        "an adapter file whose header names another base",
+        lora_then(edit_adapter(lambda t, m: m.update(base_sha256="0" * 64)), *GENERATE),
+        "describe different adapters",
+    ),
+    Attack(
+        "a LoRA run resumed after its base changed",
+        lora_then(retrained_base, "train", "--resume", "{run}", "--max-iters", "2"),
+        "trained on other base weights",
     ),
 ]
 

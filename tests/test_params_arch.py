@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minigpt.cli import app
-from minigpt.config import GPTConfig
+from minigpt.config import SCORES, GPTConfig
 from minigpt.model import GPT
 from minigpt.params import count_params
 
@@ -26,7 +26,8 @@ OPTIONS = dict(
 
 
 def configs() -> list[GPTConfig]:
-    """Every option combination on every shape, with full, grouped and multi-query attention and windows."""
+    """Every option combination on every shape, with full, grouped and multi-query attention and windows,
+    the attention scores, value embeddings and U-net skips taking turns (so each meets the others)."""
     out = []
     for (L, H, D, V, T), values in itertools.product(SHAPES, itertools.product(*OPTIONS.values())):
         options = dict(zip(OPTIONS, values, strict=True))
@@ -41,6 +42,9 @@ def configs() -> list[GPTConfig]:
                     n_kv_head=kv,
                     window=window,
                     window_pattern="SL",
+                    attn_score=SCORES[len(out) % len(SCORES)],
+                    value_embeds=len(out) // len(SCORES) % 2 == 1,
+                    skips=L > 1 and len(out) // (2 * len(SCORES)) % 2 == 1,
                     **options,
                 )  # fmt: skip
             )
@@ -86,6 +90,10 @@ def _row(name: str) -> str:
         "lm_head.weight": "Unembedding",
         "attn.v_embed.weight": "Value embeddings",
         "skip_weights": "U-net skip weights",
+        "attn.score.weight": "Score map W (general)",
+        "attn.score_q.weight": "Score W₁ (additive, queries)",
+        "attn.score_k.weight": "Score W₂ (additive, keys)",
+        "attn.score_v.weight": "Score v (additive)",
     }
     return next(row for suffix, row in suffixes.items() if name.endswith(suffix))
 

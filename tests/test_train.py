@@ -138,8 +138,11 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
             normuon=True,
             batch_ramp=0.5,
         ),
+        dict(arch="gpt2", optimizer="adamw", attn_score="dot"),
+        dict(arch="gpt2", optimizer="adamw", attn_score="general"),
+        dict(arch="modern", optimizer="muon", n_kv_head=2, window=8, attn_score="additive"),
     ],
-    ids=["gpt2", "modern", "speedrun"],
+    ids=["gpt2", "modern", "speedrun", "dot", "general", "additive"],
 )
 def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str, Any]) -> None:
     """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
@@ -899,13 +902,14 @@ def test_bad_options_through_train(
 
 
 def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Path, tmp_path: Path) -> None:
-    """config.json records each input's absolute path and sha256: a run resumes from another folder, with the
-    text at a new place when it moved, and refuses text that changed unless --allow-data-change."""
+    """config.json records each input's absolute path and stamp (size, mtime, sampled content): a run resumes
+    from another folder, with the text at a new place when it moved, and refuses text that changed unless
+    --allow-data-change."""
     out = tmp_path / "run"
     args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
     assert runner.invoke(app, args).exit_code == 0
     (record,) = json.loads((out / RunDir.CONFIG).read_text())["data"]["inputs"]
-    assert record["path"] == str(text_file.resolve()) and len(record["sha256"]) == 64
+    assert record["path"] == str(text_file.resolve()) and len(record["fingerprint"]) == 64
     moved = tmp_path / "elsewhere" / "moved.txt"
     moved.parent.mkdir()
     text_file.rename(moved)

@@ -18,7 +18,7 @@ from minigpt.config import GPTConfig
 from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout
 from minigpt.errors import UsageError
 from minigpt.kvcache import KVCache, first_position, gather_rows
-from minigpt.memory import available_bytes, inference_bytes
+from minigpt.memory import available_bytes, inference_bytes, score_chunks
 from minigpt.weights import (
     AttentionWeights,
     BlockWeights,
@@ -135,6 +135,8 @@ def qkv(
     B, T, C = x.shape
     H, kv = w.n_head, w.n_kv_head
     heads = linear(w.c_attn, x).reshape(B, T, H + 2 * kv, C // H)  # a new array: changed in place
+    if w.score == "general":  # W acts on the projected queries, so it folds into W_Q: (B, T, H, 1, hd)
+        heads[:, :, :H] = (heads[:, :, :H, None] @ w.score_maps[0].swapaxes(-1, -2))[:, :, :, 0]
     if w.v_embed is not None and idx is not None:
         heads[:, :, -kv:] += w.v_embed[idx].reshape(B, T, kv, -1)
     if w.q_norm is not None and w.k_norm is not None:
@@ -145,6 +147,37 @@ def qkv(
         heads[:, :, :-kv] = rotate(heads[:, :, :-kv], (cos[:, None], sin[:, None]))
     heads = heads.transpose(0, 2, 1, 3)
     return heads[:, :H], heads[:, H:-kv], heads[:, -kv:]
+
+
+def attention_logits(w: AttentionWeights[np.ndarray], q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Logits (B, n_kv_head, group * T, S) of the queries q (B, H, T, hd) over the keys k (B, n_kv_head,
+    S, hd) by the layer's score: q·k/√hd, q·k (dot; general, whose W qkv applied), or additive's
+    vᵀtanh(W₁q + W₂k), left -inf where no query of a chunk may look (the caller masks the rest).
+
+    The queries of a key/value head's group and of every new position share its keys: the dot-product
+    scores take one product per (row, key/value head) for all of them."""
+    B, H, T, hd = q.shape
+    kv = k.shape[1]
+    if w.score == "additive":
+        logits = _additive_logits(w, q.reshape(B, kv, H // kv, T, hd), k[:, :, None])
+        return logits.reshape(B, kv, -1, k.shape[2])
+    if w.score == "scaled":
+        q = q * np.float32(1.0 / math.sqrt(hd))
+    return q.reshape(B, kv, H // kv * T, hd) @ k.swapaxes(-1, -2)
+
+
+def _additive_logits(w: AttentionWeights[np.ndarray], q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """vᵀtanh(W₁q + W₂k) (B, n_kv_head, group, T, S) of the queries q (B, n_kv_head, group, T, hd) over
+    the keys k (B, n_kv_head, 1, S, hd), a chunk of queries at a time (`memory.score_chunks`)."""
+    # each head's maps, grouped as the queries are: (n_kv_head, group, out, in)
+    w1, w2, v = (m.reshape(q.shape[1], q.shape[2], *m.shape[1:]) for m in w.score_maps)
+    qa, ka = q @ w1.swapaxes(-1, -2), k @ w2.swapaxes(-1, -2)  # (B, n_kv, group, T or S, d_a)
+    B, G, T, S = q.shape[0], q.shape[2], q.shape[3], k.shape[3]
+    logits = np.full((B, q.shape[1], G, T, S), -np.inf, dtype=np.float32)
+    for t0, t1, k0, k1 in score_chunks(T, S, w.window, B * w.n_head * qa.shape[-1]):
+        pre = qa[..., t0:t1, None, :] + ka[..., None, k0:k1, :]  # the memory score_chunks bounds
+        logits[..., t0:t1, k0:k1] = (np.tanh(pre, out=pre) @ v[:, :, None].swapaxes(-1, -2))[..., 0]
+    return logits
 
 
 def attend(
@@ -161,11 +194,8 @@ def attend(
     q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
-    # the queries of a key/value head's group and of every new position share its keys: one product per
-    # (row, key/value head) for all of them, (B, n_kv_head, group * T, hd) against (B, n_kv_head, S, hd)
     group = w.n_head // w.n_kv_head
-    q = q * np.float32(1.0 / math.sqrt(q.shape[-1]))
-    scores = q.reshape(B, w.n_kv_head, group * T, -1) @ k.swapaxes(-1, -2)
+    scores = attention_logits(w, q, k)  # (B, n_kv_head, group * T, S)
     if T > 1:  # one new query sees every key the cache hands back
         by_position = scores.reshape(B, w.n_kv_head, group, T, -1)
         by_position[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf

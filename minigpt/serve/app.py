@@ -18,8 +18,10 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from minigpt.chat.template import has_chat_tokens
 from minigpt.errors import MinigptError
-from minigpt.serve.batcher import Job, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.batcher import Job, Piece, QueueFull, TokenLogprob, Update, notify_each
+from minigpt.serve.chat import ChatRequest, chat_body, chat_chunk, chat_head, make_chat_job, role_chunk
 from minigpt.serve.models import ServedModel
 from minigpt.serve.protocol import (
     ApiError,
@@ -30,7 +32,7 @@ from minigpt.serve.protocol import (
     completion_body,
     error_body,
     head,
-    make_job,
+    make_jobs,
     usage,
 )
 
@@ -80,7 +82,7 @@ api = APIRouter(prefix="/v1", dependencies=[Depends(_check_key)])
 async def list_models(request: Request) -> dict[str, Any]:
     data = [
         {"id": m.id, "object": "model", "created": int(m.run.modified()), "owned_by": "minigpt",
-         "context_length": m.engine.block_size}
+         "context_length": m.engine.block_size, "chat": has_chat_tokens(m.tokenizer)}
         for m in _state(request).models.values()
     ]  # fmt: skip
     return {"object": "list", "data": data}
@@ -90,21 +92,45 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def completions(req: CompletionRequest, request: Request) -> Response:
     state = _state(request)
     served = state.model(req.model)
-    job = make_job(req, served.tokenizer, served.engine.block_size, state.limits)
-    updates = _channel(job)
+    jobs = make_jobs(req, served.tokenizer, served.engine.block_size, state.limits)
+    updates = _channel(jobs)
     try:
-        served.batcher.submit(job)
+        served.batcher.submit(*jobs)
     except QueueFull as e:
         raise ApiError(429, str(e), kind="rate_limit_error") from None
     first = head(served.id)
     if req.stream:
         with_usage = req.stream_options is not None and req.stream_options.include_usage
         return StreamingResponse(
-            _sse(served, job, updates, first, with_usage),
+            _sse(served, jobs, updates, first, with_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await _complete(served, job, updates, first, request)
+    return await _complete(served, jobs, updates, first, request)
+
+
+@api.post("/chat/completions")
+async def chat_completions(req: ChatRequest, request: Request) -> Response:
+    state = _state(request)
+    served = state.model(req.model)
+    jobs = [make_chat_job(req, served.tokenizer, served.engine.block_size, state.limits)]
+    updates = _channel(jobs)
+    try:
+        served.batcher.submit(*jobs)
+    except QueueFull as e:
+        raise ApiError(429, str(e), kind="rate_limit_error") from None
+    if req.stream:
+        first = chat_head(served.id, chunk=True)
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        opening = [role_chunk(first, i) for i in range(req.n)]
+        return StreamingResponse(
+            _sse(served, jobs, updates, first, with_usage, chat_chunk, opening),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    first = chat_head(served.id, chunk=False)
+    return await _complete(served, jobs, updates, first, request,
+                           lambda logprobs: chat_body(first, jobs[0], logprobs, usage(jobs)))  # fmt: skip
 
 
 @api.post("/attention")
@@ -119,10 +145,11 @@ async def run_info(model: str, request: Request) -> dict[str, Any]:
     return await asyncio.to_thread(_state(request).model(model).run_info)
 
 
-def _channel(job: Job) -> asyncio.Queue[Update]:
-    """A queue that receives the job's updates (put on this event loop by `_deliverer`'s callback)."""
+def _channel(jobs: list[Job]) -> asyncio.Queue[Update]:
+    """A queue that receives the jobs' updates (put on this event loop by `_deliverer`'s callback)."""
     queue: asyncio.Queue[Update] = asyncio.Queue()
-    job.notify = queue.put_nowait
+    for job in jobs:
+        job.notify = queue.put_nowait
     return queue
 
 
@@ -136,14 +163,14 @@ def _deliverer(loop: asyncio.AbstractEventLoop) -> Callable[[list[tuple[Job, Upd
     return deliver
 
 
-async def _updates(queue: asyncio.Queue[Update]) -> AsyncIterator[Update]:
-    while True:
+async def _updates(queue: asyncio.Queue[Update], jobs: int) -> AsyncIterator[Update]:
+    """The updates of a request's `jobs` jobs, until every one is done."""
+    while jobs:
         update = await queue.get()
         if update.error is not None:
             raise ApiError(500, update.error, kind="server_error")
         yield update
-        if update.done:
-            return
+        jobs -= update.done
 
 
 def _event(body: dict[str, Any]) -> str:
@@ -151,32 +178,49 @@ def _event(body: dict[str, Any]) -> str:
 
 
 async def _sse(
-    served: ServedModel, job: Job, queue: asyncio.Queue[Update], first: dict[str, Any], with_usage: bool
+    served: ServedModel,
+    jobs: list[Job],
+    queue: asyncio.Queue[Update],
+    first: dict[str, Any],
+    with_usage: bool,
+    chunk: Callable[[dict[str, Any], Piece, bool], dict[str, Any]] = chunk_body,
+    opening: Sequence[dict[str, Any]] = (),
 ) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, one choice per chunk, then `data: [DONE]`."""
+    """Server-sent events in OpenAI's chunk format (`chunk`: completions' or chat's), the `opening` chunks
+    first, one choice per chunk, then `data: [DONE]`."""
+    with_logprobs = jobs[0].logprobs is not None
     try:
-        async for update in _updates(queue):
+        for body in opening:
+            yield _event(body)
+        async for update in _updates(queue, len(jobs)):
             for piece in update.pieces:
-                yield _event(chunk_body(first, piece, job.logprobs is not None))
+                yield _event(chunk(first, piece, with_logprobs))
         if with_usage:
-            yield _event({**first, "choices": [], "usage": usage(job)})
+            yield _event({**first, "choices": [], "usage": usage(jobs)})
         yield "data: [DONE]\n\n"
     except ApiError as e:
         yield _event(error_body(e.message, e.kind))
     finally:
-        served.batcher.cancel(job)  # the client left mid-stream (or it finished: then nothing to do)
+        for job in jobs:  # the client left mid-stream (or it finished: then nothing to do)
+            served.batcher.cancel(job)
 
 
 async def _complete(
-    served: ServedModel, job: Job, queue: asyncio.Queue[Update], first: dict[str, Any], request: Request
+    served: ServedModel,
+    jobs: list[Job],
+    queue: asyncio.Queue[Update],
+    first: dict[str, Any],
+    request: Request,
+    body: Callable[[dict[int, list[TokenLogprob]]], dict[str, Any]] | None = None,
 ) -> Response:
-    """The whole completion as one body; a client that hangs up first cancels the job."""
-    logprobs: list[list[TokenLogprob]] = [[] for _ in range(job.n)]
+    """The whole completion as one body (`body`: chat's, given the logprobs by choice; default
+    completions'); a client that hangs up first cancels the jobs."""
+    logprobs: dict[int, list[TokenLogprob]] = {}
 
     async def collect() -> None:
-        async for update in _updates(queue):
+        async for update in _updates(queue, len(jobs)):
             for piece in update.pieces:
-                logprobs[piece.index] += piece.logprobs
+                logprobs.setdefault(piece.index, []).extend(piece.logprobs)
 
     work = asyncio.ensure_future(collect())
     gone = asyncio.ensure_future(_disconnected(request))
@@ -186,11 +230,12 @@ async def _complete(
         gone.cancel()
         if not work.done():
             work.cancel()
-            served.batcher.cancel(job)
+            for job in jobs:
+                served.batcher.cancel(job)
     if work.cancelled():
         return Response(status_code=204)  # nobody is there to read it
     work.result()  # an error update raises here
-    return JSONResponse(completion_body(first, job, logprobs))
+    return JSONResponse(completion_body(first, jobs, logprobs) if body is None else body(logprobs))
 
 
 async def _disconnected(request: Request) -> None:

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 from minigpt.decode import Engine, Sampling, TextStream, resolve_slide, window_drop
 from minigpt.errors import MinigptError
 from minigpt.kvcache import KVCache
+from minigpt.serve.scoring import prompt_log_probs
 from minigpt.tokenizer import Tokenizer
 
 __all__ = ["Batcher", "Job", "Piece", "QueueFull", "TokenLogprob", "Update", "notify_each"]
@@ -29,11 +30,12 @@ class QueueFull(MinigptError):
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token: its text, log-probability, the most likely alternatives, where its text starts."""
+    """One token: its text, log-probability, the most likely alternatives, where its text starts. A prompt's
+    first token has no log-probability (nothing comes before it): None, as OpenAI's API gives it."""
 
     token: str
-    logprob: float
-    top: dict[str, float]
+    logprob: float | None
+    top: dict[str, float] | None
     offset: int
 
 
@@ -66,8 +68,12 @@ class Choice:
 
 
 class Job:
-    """One request: `n` samples of one prompt, decoded as n adjacent rows with the request's own sampling
-    settings and random generator, so its tokens do not depend on which other requests share the batch."""
+    """One prompt of a request: `n` samples, decoded as n adjacent rows with the request's own sampling
+    settings and random generator, so its tokens do not depend on which other requests share the batch.
+
+    With `echo` each choice starts with the prompt's text (and, with `logprobs`, its tokens' scores);
+    `max_tokens` 0 then scores the prompt without generating. `first_index` numbers the job's choices
+    among all of its request's (a request of several prompts has a job for each)."""
 
     def __init__(
         self,
@@ -78,13 +84,19 @@ class Job:
         sampling: Sampling,
         stop: Sequence[str] = (),
         logprobs: int | None = None,
+        echo: str | None = None,
+        first_index: int = 0,
+        stop_ids: Collection[int] = (),
         notify: Callable[[Update], None] = lambda update: None,
     ) -> None:
         self.prompt_ids = list(prompt_ids)
+        self.stop_ids = frozenset(stop_ids)  # tokens besides <|endoftext|> that end a choice (a chat turn's)
         self.n = n
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.logprobs = logprobs
+        self.echo = echo  # the prompt's text, when the choices start with it
+        self.first_index = first_index
         self.notify = notify
         self.choices = [Choice(stop) for _ in range(n)]
         self.steps = 0
@@ -167,27 +179,33 @@ class Batcher:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def submit(self, job: Job) -> None:
-        """Queue a job for decoding; QueueFull when it would have to wait and the queue is full."""
-        if job.n > self.max_rows:
-            raise MinigptError(f"n={job.n} is more than the {self.max_rows} rows this server decodes at once")
+    def submit(self, *jobs: Job) -> None:
+        """Queue jobs for decoding (one request's, all or none); QueueFull when some would have to wait and
+        the queue has no room for them."""
+        for job in jobs:
+            if job.n > self.max_rows:
+                raise MinigptError(
+                    f"n={job.n} is more than the {self.max_rows} rows this server decodes at once"
+                )
         with self._wake:
-            queued = sum(j.n for j in self._waiting)
-            if self.active_rows + queued + job.n > self.max_rows and self._beyond_rows() >= self.max_waiting:
+            if self._beyond_rows(jobs) > self.max_waiting:
                 raise QueueFull(
                     f"the server is busy: {self.active_rows} rows are decoding and {len(self._waiting)} "
                     f"requests are waiting; retry later"
                 )
-            job.submitted = time.monotonic()
-            self._waiting.append(job)
+            for job in jobs:
+                job.submitted = time.monotonic()
+                self._waiting.append(job)
             self._wake.notify()
 
-    def _beyond_rows(self) -> int:
-        """How many waiting jobs the next admission cannot take (those before them fit in the free rows)."""
+    def _beyond_rows(self, new: Sequence[Job] = ()) -> int:
+        """How many waiting jobs (and `new` ones after them) the next admission cannot take: those before
+        them fit in the free rows."""
         free = self.max_rows - self.active_rows
-        for i, job in enumerate(self._waiting):
+        queue = [*self._waiting, *new]
+        for i, job in enumerate(queue):
             if job.n > free:
-                return len(self._waiting) - i
+                return len(queue) - i
             free -= job.n
         return 0
 
@@ -260,11 +278,45 @@ class Batcher:
         with self._wake:
             if not self._ready():
                 return
+            admitted = []
             while self._waiting and self.active_rows + self._waiting[0].n <= self.max_rows:
                 job = self._waiting.popleft()
-                self.active_rows += job.n
-                job.rng = self.engine.rng(job.sampling.seed)
-                self.groups.append(_Group([job], [list(job.prompt_ids) for _ in range(job.n)]))
+                if job.max_tokens > 0:
+                    self.active_rows += job.n
+                admitted.append(job)
+        self._echo([job for job in admitted if job.echo is not None])
+        for job in admitted:
+            if job.max_tokens == 0:  # scored (or echoed) only: done without a row
+                self._finish(job)
+                continue
+            job.rng = self.engine.rng(job.sampling.seed)
+            self.groups.append(_Group([job], [list(job.prompt_ids) for _ in range(job.n)]))
+
+    def _echo(self, jobs: list[Job]) -> None:
+        """Post each job's prompt as its choices' first text, scored where the job asks for logprobs: prompts
+        of one length are scored together, one forward pass per position."""
+        scored = [job for job in jobs if job.logprobs is not None]
+        by_length: dict[int, list[Job]] = {}
+        for job in scored:
+            by_length.setdefault(len(job.prompt_ids), []).append(job)
+        entries: dict[int, list[TokenLogprob]] = {}
+        for group in by_length.values():
+            logp = prompt_log_probs(self.engine, [job.prompt_ids for job in group])
+            for job, rows in zip(group, logp, strict=True):
+                entries[id(job)] = _prompt_logprobs(rows, job.prompt_ids, job.logprobs or 0, self.tokenizer)
+        for job in jobs:
+            pieces = [
+                Piece(job.first_index + i, job.echo or "", None, entries.get(id(job), []))
+                for i in range(job.n)
+            ]
+            self._outbox.append((job, Update(pieces)))
+
+    def _finish(self, job: Job) -> None:
+        """End a job that generates nothing (max_tokens 0)."""
+        for choice in job.choices:
+            choice.stream.close("length")
+        pieces = [Piece(job.first_index + i, "", "length", []) for i in range(job.n)]
+        self._outbox.append((job, Update(pieces, done=True)))
 
     def _sample(self, group: _Group) -> None:
         group.tokens = []
@@ -293,8 +345,9 @@ class Batcher:
                 continue
             choice.tokens += 1
             if scored is not None:
-                choice.pending.append(TokenLogprob(*scored[i], offset=len(choice.stream.text)))
-            if token == self.tokenizer.eot_id:
+                offset = len(job.echo or "") + len(choice.stream.text)
+                choice.pending.append(TokenLogprob(*scored[i], offset=offset))
+            if token == self.tokenizer.eot_id or token in job.stop_ids:
                 choice.stream.close("end_of_text")
             else:
                 choice.stream.feed(self.tokenizer.decode_bytes([token]))
@@ -302,7 +355,7 @@ class Batcher:
                     choice.stream.close("length")
             text = choice.stream.take()
             if text or choice.stream.done:
-                pieces.append(Piece(i, text, choice.stream.finish_reason, choice.pending))
+                pieces.append(Piece(job.first_index + i, text, choice.stream.finish_reason, choice.pending))
                 choice.pending = []
         if pieces or job.done:
             self._outbox.append((job, Update(pieces, done=job.done)))
@@ -399,6 +452,20 @@ def _logprobs(
             (_text(tokenizer, token), float(row[token]), {_text(tokenizer, i): float(row[i]) for i in best})
         )
     return out
+
+
+def _prompt_logprobs(logp: np.ndarray, ids: list[int], top: int, tokenizer: Tokenizer) -> list[TokenLogprob]:
+    """Each prompt token's entry: the first has no log-probability, each later one its log-probability after
+    the tokens before it (`logp[i]` is the distribution of `ids[i + 1]`); offsets are where each token's
+    text starts."""
+    scored = _logprobs(logp, ids[1:], top, tokenizer)
+    data = b""
+    offsets = []
+    for token in ids:
+        offsets.append(len(data.decode("utf-8", errors="ignore")))
+        data += tokenizer.decode_bytes([token])
+    first = TokenLogprob(_text(tokenizer, ids[0]), None, None, 0)
+    return [first, *(TokenLogprob(*entry, offset=o) for entry, o in zip(scored, offsets[1:], strict=True))]
 
 
 def _text(tokenizer: Tokenizer, token: int) -> str:

@@ -27,13 +27,14 @@ __all__ = [
     "error_body",
     "head",
     "logprobs_body",
-    "make_job",
+    "make_jobs",
     "usage",
 ]
 
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # held-back text is searched against every stop string at every token
 MAX_LOGPROBS = 5  # OpenAI's limit for the completions API
+MAX_PROMPTS = 64  # prompts in one request (lm-evaluation-harness batches, langchain's batch())
 # a character cap checked before tokenizing, far above any prompt that fits in the context
 CHARS_PER_TOKEN_CAP = 64
 
@@ -52,15 +53,26 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
-def _one_prompt(value: Any) -> Any:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        return value[0]
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _prompts(value: Any) -> Any:
+    """`prompt` as OpenAI takes it, as a list of prompts: a string, a list of strings, a list of token ids,
+    or a list of lists of token ids."""
     if isinstance(value, str):
-        return value
-    raise ValueError(
-        "must be a string or a list of one string: token-id prompts and several prompts per request "
-        "are not supported"
-    )
+        return [value]
+    if isinstance(value, list) and value and all(_is_id(x) for x in value):
+        return [value]
+    ids_lists = all(isinstance(p, list) and p and all(_is_id(x) for x in p) for p in value or [None])
+    if not (isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or ids_lists)):
+        raise ValueError(
+            "must be a string, a list of strings, a list of token ids or a list of lists of token ids, "
+            "none of them empty lists"
+        )
+    if len(value) > MAX_PROMPTS:
+        raise ValueError(f"holds {len(value)} prompts; at most {MAX_PROMPTS} go in one request")
+    return value
 
 
 def _stops(value: Any) -> Any:
@@ -87,8 +99,8 @@ class CompletionRequest(_Strict):
     """The fields of POST /v1/completions, OpenAI's defaults included; `top_k` is an extension."""
 
     model: str | None = None
-    prompt: Annotated[str, BeforeValidator(_one_prompt)] = ""
-    max_tokens: int | None = Field(16, ge=1)
+    prompt: Annotated[list[str | list[int]], BeforeValidator(_prompts)] = [""]
+    max_tokens: int | None = Field(16, ge=0)
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, strict=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, strict=False)
     top_k: int | None = Field(None, ge=1)
@@ -110,7 +122,6 @@ class CompletionRequest(_Strict):
     def _supported(self) -> CompletionRequest:
         """Fields OpenAI has that this server does not implement are refused unless neutral."""
         unsupported = {
-            "echo": self.echo,
             "best_of": self.best_of not in (None, self.n),
             "frequency_penalty": self.frequency_penalty != 0,
             "presence_penalty": self.presence_penalty != 0,
@@ -139,8 +150,9 @@ class Limits:
     max_n: int = 16
 
 
-def make_job(req: CompletionRequest, tokenizer: Tokenizer, block_size: int, limits: Limits) -> Job:
-    """The decoding job a valid request asks for; ApiError (400) for what exceeds the server's limits."""
+def make_jobs(req: CompletionRequest, tokenizer: Tokenizer, block_size: int, limits: Limits) -> list[Job]:
+    """The decoding jobs a valid request asks for, one per prompt, in order; ApiError (400) for what
+    exceeds the server's limits or the model's context and vocabulary."""
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     if max_tokens > limits.max_tokens:
         raise ApiError(
@@ -148,10 +160,42 @@ def make_job(req: CompletionRequest, tokenizer: Tokenizer, block_size: int, limi
         )
     if req.n > limits.max_n:
         raise ApiError(400, f"n is {req.n}; this server allows at most {limits.max_n}", "n")
-    ids = encode_checked(tokenizer, req.prompt, block_size, "prompt")
     seed = secrets.randbits(31) if req.seed is None else req.seed
     sampling = Sampling(req.temperature, req.top_k, None if req.top_p == 1 else req.top_p, seed)
-    return Job(ids, n=req.n, max_tokens=max_tokens, sampling=sampling, stop=req.stop, logprobs=req.logprobs)
+    jobs = []
+    for i, prompt in enumerate(req.prompt):
+        if isinstance(prompt, str):
+            ids, text = encode_checked(tokenizer, prompt, block_size, "prompt"), prompt
+        else:
+            ids, text = _checked_ids(tokenizer, prompt, block_size), tokenizer.decode(prompt)
+        jobs.append(
+            Job(ids, n=req.n, max_tokens=max_tokens, sampling=sampling, stop=req.stop, logprobs=req.logprobs,
+                echo=text if req.echo else None, first_index=i * req.n)
+        )  # fmt: skip
+    return jobs
+
+
+def _checked_ids(tokenizer: Tokenizer, ids: list[int], block_size: int) -> list[int]:
+    """A token-id prompt, checked to be ids of the model's tokenizer that fit in its context."""
+    bad = next((i for i in ids if not (0 <= i < tokenizer.vocab_size and _decodes(tokenizer, i))), None)
+    if bad is not None:
+        raise ApiError(
+            400, f"prompt holds token id {bad}, which is not in this model's vocabulary (0..{tokenizer.vocab_size - 1})",
+            "prompt",
+        )  # fmt: skip
+    if len(ids) > block_size:
+        raise ApiError(
+            400, f"the prompt is {len(ids)} tokens: the model's context is {block_size} tokens", "prompt"
+        )
+    return ids
+
+
+def _decodes(tokenizer: Tokenizer, token: int) -> bool:
+    try:
+        tokenizer.decode_bytes([token])
+        return True
+    except MinigptError:
+        return False
 
 
 def encode_checked(tokenizer: Tokenizer, text: str, block_size: int, param: str) -> list[int]:
@@ -178,8 +222,10 @@ def _finish(reason: str | None) -> str | None:
 def logprobs_body(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {
         "tokens": [e.token for e in entries],
-        "token_logprobs": [_finite(e.logprob) for e in entries],
-        "top_logprobs": [{k: _finite(v) for k, v in e.top.items()} for e in entries],
+        "token_logprobs": [None if e.logprob is None else _finite(e.logprob) for e in entries],
+        "top_logprobs": [
+            None if e.top is None else {k: _finite(v) for k, v in e.top.items()} for e in entries
+        ],
         "text_offset": [e.offset for e in entries],
     }
 
@@ -198,9 +244,9 @@ def head(model: str) -> dict[str, Any]:
     }
 
 
-def usage(job: Job) -> dict[str, int]:
-    completion = sum(c.tokens for c in job.choices)
-    prompt = len(job.prompt_ids)
+def usage(jobs: Sequence[Job]) -> dict[str, int]:
+    completion = sum(c.tokens for job in jobs for c in job.choices)
+    prompt = sum(len(job.prompt_ids) for job in jobs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -214,14 +260,21 @@ def chunk_body(first: dict[str, Any], piece: Piece, with_logprobs: bool) -> dict
     return {**first, "choices": [choice]}
 
 
-def completion_body(first: dict[str, Any], job: Job, logprobs: list[list[TokenLogprob]]) -> dict[str, Any]:
+def completion_body(
+    first: dict[str, Any], jobs: Sequence[Job], logprobs: dict[int, list[TokenLogprob]]
+) -> dict[str, Any]:
+    """The whole response: every job's choices in order (prompt by prompt, n each), the prompt in front of
+    each where the request asked for echo; `logprobs` by choice index."""
     choices = [
         {
-            "text": c.stream.text,
-            "index": i,
-            "logprobs": logprobs_body(logprobs[i]) if job.logprobs is not None else None,
+            "text": (job.echo or "") + c.stream.text,
+            "index": job.first_index + i,
+            "logprobs": logprobs_body(logprobs.get(job.first_index + i, []))
+            if job.logprobs is not None
+            else None,
             "finish_reason": _finish(c.stream.finish_reason) or "length",
         }
+        for job in jobs
         for i, c in enumerate(job.choices)
     ]
-    return {**first, "choices": choices, "usage": usage(job)}
+    return {**first, "choices": choices, "usage": usage(jobs)}

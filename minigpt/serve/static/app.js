@@ -6,6 +6,10 @@ const SVG = "http://www.w3.org/2000/svg"; // the SVG namespace's name, not a req
 // the text drawn as tokens, its attention rows by position (promises), the token whose row is shown, whether
 // a click keeps it there, and the running completion's AbortController
 const state = { text: "", rows: new Map(), selected: null, pinned: false, abort: null };
+// the conversation of chat mode, as /v1/chat/completions takes it (the system message apart)
+// and how many of its oldest messages no longer fit in the model's context
+const chat = { messages: [], first: 0 };
+const models = new Map(); // id -> the model's entry of /v1/models
 let apiKey = localStorage.getItem("minigpt-api-key") || "";
 
 function say(message) {
@@ -34,21 +38,26 @@ const model = () => $("model").value;
 
 async function loadModels() {
   const { data } = await (await api("/v1/models")).json();
+  data.forEach((m) => models.set(m.id, m));
   $("model").replaceChildren(...data.map((m) => new Option(m.id, m.id)));
   say("");
+  pickMode();
   await loadRun();
 }
 
 // --- writing: the completion streams in over server-sent events ---------------------------------------
 
-function request() {
+function sampling() {
   const number = (id) => ($(id).value === "" ? undefined : Number($(id).value));
   const stop = $("stop").value.replace(/\\n/g, "\n").replace(/\\t/g, "\t");
   return {
-    model: model(), prompt: $("prompt").value, stream: true, max_tokens: number("max_tokens"),
-    temperature: number("temperature"), top_p: number("top_p"), top_k: number("top_k"), seed: number("seed"),
-    stop: stop ? [stop] : undefined,
+    model: model(), stream: true, max_tokens: number("max_tokens"), temperature: number("temperature"),
+    top_p: number("top_p"), top_k: number("top_k"), seed: number("seed"), stop: stop ? [stop] : undefined,
   };
+}
+
+function request() {
+  return { ...sampling(), prompt: $("prompt").value };
 }
 
 // Yields the JSON of each `data:` line of an SSE body until `data: [DONE]`.
@@ -97,6 +106,80 @@ async function generate(event) {
     $("go").textContent = "Generate";
   }
   await showTokens(body.prompt, written.textContent);
+}
+
+// --- chat: the conversation as bubbles, each answer streamed in -----------------------------------------
+
+const chatMode = () => $("mode").value === "chat";
+
+// Chat for runs fine-tuned on conversations, completion for the others (either can be picked by hand).
+function pickMode() {
+  const entry = models.get(model());
+  $("mode").value = entry && entry.chat ? "chat" : "complete";
+  showMode();
+}
+
+function showMode() {
+  const chatting = chatMode();
+  $("chatbar").hidden = $("log").hidden = !chatting;
+  $("output").hidden = $("hint").hidden = $("attention").hidden = chatting;
+  $("prompt").placeholder = chatting
+    ? "A message (Enter sends, Shift+Enter for a new line)"
+    : "A prompt to continue (empty: start from scratch)";
+  $("go").textContent = chatting ? "Send" : "Generate";
+}
+
+function resetChat() {
+  if (state.abort) state.abort.abort();
+  chat.messages = [];
+  chat.first = 0;
+  $("log").replaceChildren();
+}
+
+// The answer's response; a conversation too long for the model's context loses its oldest turns until it
+// fits (as `minigpt chat` does), and the page says so.
+async function chatResponse(signal) {
+  const system = $("system").value.trim();
+  for (;;) {
+    const recent = chat.messages.slice(chat.first);
+    const messages = (system ? [{ role: "system", content: system }] : []).concat(recent);
+    try {
+      return await api("/v1/chat/completions", { ...sampling(), messages }, signal);
+    } catch (error) {
+      if (!/^the conversation is \d+ tokens/.test(error.message) || recent.length < 2) throw error;
+      chat.first += 2; // a question and its answer
+      say(`the oldest ${chat.first} messages no longer fit in the model's context and are left out`);
+    }
+  }
+}
+
+async function send(event) {
+  event.preventDefault();
+  if (state.abort) return state.abort.abort();
+  const text = $("prompt").value;
+  if (!text.trim()) return;
+  $("prompt").value = "";
+  chat.messages.push({ role: "user", content: text });
+  const answer = element("div", "", "msg assistant");
+  $("log").append(element("div", text, "msg user"), answer);
+  state.abort = new AbortController();
+  $("go").textContent = "Stop";
+  say("");
+  try {
+    const response = await chatResponse(state.abort.signal);
+    for await (const chunk of events(response)) {
+      if (chunk.error) throw new Error(chunk.error.message);
+      answer.textContent += chunk.choices.map((c) => c.delta.content || "").join("");
+    }
+  } catch (error) {
+    if (error.name === "AbortError") answer.classList.add("stopped");
+    else say(error.message);
+  } finally {
+    state.abort = null;
+    $("go").textContent = "Send";
+  }
+  if (answer.textContent) chat.messages.push({ role: "assistant", content: answer.textContent });
+  else chat.messages.pop(); // nothing was answered: the question is not part of the conversation
 }
 
 // --- attention: the text as tokens, and each head's weights from the chosen one -----------------------
@@ -195,6 +278,7 @@ async function loadRun() {
     data: s.data, tokenizer: s.tokenizer, shape: s.shape, parameters: s.params.toLocaleString(),
     steps: s.steps ?? "–", "best val loss": s.best_val_loss?.toFixed(4) ?? "–",
     "bits per byte": s.best_val_bpb?.toFixed(3) ?? "–", recipe: s.settings || "–",
+    "exported to": s.exports.join(", ") || "–",
   };
   const pairs = Object.entries(facts).map(([k, v]) => [element("dt", k), element("dd", String(v))]);
   $("summary").replaceChildren(...pairs.flat());
@@ -257,9 +341,16 @@ function drawParams(report) {
 
 // --- wiring -------------------------------------------------------------------------------------------
 
-$("form").addEventListener("submit", generate);
+$("form").addEventListener("submit", (event) => (chatMode() ? send(event) : generate(event)));
+$("prompt").addEventListener("keydown", (event) => {
+  if (chatMode() && event.key === "Enter" && !event.shiftKey) send(event);
+});
+$("mode").addEventListener("change", showMode);
+$("reset").addEventListener("click", resetChat);
 $("model").addEventListener("change", () => {
   clearAttention();
+  resetChat();
+  pickMode();
   loadRun().catch((e) => say(e.message));
 });
 $("layer").addEventListener("change", () => state.selected !== null && select(state.selected));
