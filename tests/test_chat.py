@@ -224,6 +224,9 @@ def test_chat_in_a_pseudo_terminal(tmp_path: Path) -> None:
         os.write(fd, b"/reset\r")
         expect(fd, rb"conversation forgotten", seen)
         expect(fd, rb"> ", seen)
+        # the prompt is printed before the line editor reads: its echo of a typed character shows it reads
+        os.write(fd, b"x")
+        expect(fd, rb"x", seen)
         os.write(fd, b"\x03")
         expect(fd, rb"Ctrl-D or /exit ends the chat", seen)
         os.write(fd, b"\x04")  # Ctrl-D: end of input
