@@ -1,13 +1,19 @@
-"""The CPU recipe and its ablations: whole `minigpt train` commands on tinyshakespeare under one time budget.
+"""The CPU recipe and its levers: whole `minigpt train` commands on tinyshakespeare, at equal wall time and at
+equal steps.
 
-Each row is what a user waits for: `minigpt train tinyshakespeare.txt --tokenizer char --max-time B`
-plus the row's flags, timed from launch to exit (tokenizing, model build, every eval and save included),
-scored by the validation loss the command itself reports (its last eval, over the held-out last 10%).
-Rows run interleaved (seed 1 of every row, then seed 2, ...) so a change in the machine's load during the
-benchmark spreads over all of them.
+Each row is what a user waits for: `minigpt train tinyshakespeare.txt --tokenizer char` plus the row's flags,
+timed from launch to exit (tokenizing, model build, compiling, every eval and save included), scored by the
+validation loss the command itself reports (its last eval, over the held-out last 10%). A time budget
+(`--budget 75s,35s`: `--max-time`) measures quality per second and needs a quiet machine; a step budget
+(`--steps 300`: `--max-iters`) measures quality per step, which the machine's speed and load do not change,
+and each run's median time per step (from its metrics, the first fifth of the steps left out) gives the
+row's cost per step relative to the first row measured beside it. Rows run interleaved (seed 1 of every row,
+then seed 2, ...) so a change in the load spreads over all of them; `--jobs 2` runs a row's seeds side by
+side (step budgets only: a time budget wants the machine to itself). It prints the README's tables.
 
-    python bench/bench_recipe.py --budget 75s --seeds 2                  # the ablation table
-    python bench/bench_recipe.py --budget 35s --rows "+ muon;+ rope"    # chosen rows
+    python bench/bench_recipe.py --budget 75s,35s --rows "the default"     # the targets: 1.53 in 80 s, 1.65 in 35 s
+    python bench/bench_recipe.py --steps 300 --jobs 2                      # every lever at equal steps, under load
+    python bench/bench_recipe.py --budget 75s --rows "the default" --tokenizer bpe
 """
 
 from __future__ import annotations
@@ -20,93 +26,234 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
-# every row starts from the CPU recipe before this benchmark (nano 2x128, block 64, batch 16, lr 8e-3, wsd,
-# GPT-2's architecture, AdamW), changes one lever, then all the winning ones: today's default
-BEFORE = ["--arch", "gpt2", "--optimizer", "adamw"]
-ROWS: dict[str, list[str]] = {
-    "the recipe before (gpt2, adamw)": BEFORE,
-    "+ rope": [*BEFORE, "--pos", "rope"],
-    "+ rmsnorm": [*BEFORE, "--norm", "rmsnorm"],
-    "+ qk-norm": [*BEFORE, "--qk-norm"],
-    "+ relu2": [*BEFORE, "--mlp", "relu2"],
-    "+ swiglu": [*BEFORE, "--mlp", "swiglu"],
-    "+ window 16 on layer 0": [*BEFORE, "--window", "16"],
-    "+ untie": [*BEFORE, "--untie"],
-    "+ no bias": [*BEFORE, "--no-bias"],
-    "+ muon": [*BEFORE, "--optimizer", "muon"],
-    "modern + muon (the default)": ["--arch", "modern", "--optimizer", "muon"],
+# the CPU default before issue 28, every setting pinned: nano (2 layers, 4 heads, 128 wide, block 64), batch
+# 16, lr 8e-3, wsd, --arch modern, Muon at 0.02 with torch.optim.Muon's arithmetic (bf16 iterations)
+BEFORE = (
+    "--preset nano --arch modern --optimizer muon --batch-size 16 --lr 8e-3 --schedule wsd --muon-lr 0.02 "
+    "--muon-dtype bfloat16"
+).split()
+# each lever row is the default plus one change: its flags, and the same change to TrainConfig (for --step-cost)
+LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "+ value embeds": ("--value-embeds", dict(overrides=dict(value_embeds=True))),
+    "+ skips": ("--skips", dict(overrides=dict(skips=True))),
+    "+ zero-init": ("--zero-init", dict(zero_init=True)),
+    "+ logit cap 15": ("--logit-cap 15", dict(overrides=dict(logit_cap=15.0))),
+    "+ polar-express": ("--orthogonalizer polar-express", dict(orthogonalizer="polar-express")),
+    "+ normuon": ("--normuon", dict(normuon=True)),
+    "+ muon lr 0.03": ("--muon-lr 0.03", dict(muon_lr=0.03)),
+    "+ batch ramp 0.3": ("--batch-ramp 0.3", dict(batch_ramp=0.3)),
+    "+ compile": ("--compile", dict(compile=True)),
 }
+ROWS: dict[str, list[str]] = {
+    "the default": [],
+    **{name: flags.split() for name, (flags, _) in LEVERS.items()},
+    "the recipe before (Muon in bf16)": BEFORE,
+}
+Result = dict[str, float]
 
 
-def run(flags: list[str], budget: list[str], seed: int, tokenizer: str = "char") -> dict[str, float]:
-    """One whole `minigpt train` command: its wall time, steps and the last validation loss it reports."""
+def run(flags: list[str], budget: list[str], seed: int, tokenizer: str) -> Result:
+    """One whole `minigpt train` command: its wall time, steps, the last validation loss it reports and its
+    median seconds per step."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--out", str(out)]
-        cmd += ["--tokenizer", tokenizer, *budget, "--seed", str(seed), *flags]
+        cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--out", str(out), "--log-every"]
+        cmd += ["10", "--tokenizer", tokenizer, *budget, "--seed", str(seed), *flags]
         env = {**os.environ, "MINIGPT_CACHE_DIR": str(Path(tmp) / "cache")}
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)}\n{proc.stderr[-2000:]}")
-        evals = [
-            r
-            for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "eval"
-        ]
-        return dict(wall=wall, steps=evals[-1]["step"], loss=evals[-1]["val_loss"], bpb=evals[-1]["val_bpb"])
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["kind"] == "eval"][-1]
+    return dict(
+        wall=wall,
+        steps=last["step"],
+        loss=last["val_loss"],
+        bpb=last["val_bpb"],
+        step_s=step_seconds(records),
+    )
+
+
+def step_seconds(records: list[dict[str, float]]) -> float:
+    """The median seconds per step between logged training steps, past the first fifth of the run (warmup,
+    compilation) and leaving out intervals an evaluation fell into."""
+    evals = {r["step"] for r in records if r["kind"] == "eval"}
+    train = [r for r in records if r["kind"] == "train"]
+    skip = train[-1]["step"] / 5 if train else 0
+    rates = [
+        (b["elapsed"] - a["elapsed"]) / (b["step"] - a["step"])
+        for a, b in zip(train, train[1:], strict=False)
+        if a["step"] >= skip and not any(a["step"] <= e < b["step"] for e in evals)
+    ]
+    return statistics.median(rates) if rates else float("nan")
+
+
+def step_costs(rows: list[str], rounds: int, steps: int = 3) -> dict[str, tuple[float, float]]:
+    """Seconds per training step of the default and of each lever row, in this process: every model built
+    and stepped once (its first step, compilation included, timed apart), then `rounds` rounds of `steps`
+    steps each, the rows alternating within a round, so load changes fall on all of them alike; each row's
+    median. A step is a real one (forward, backward, clipping, both optimizers) on random char tokens; a
+    batch ramp's steps cost what its batches do, so its row times full batches."""
+    import torch
+
+    from minigpt.model import GPT
+    from minigpt.optimizers import make_optimizer
+    from minigpt.trainconfig import TrainConfig
+
+    def setup(changes: dict[str, Any]) -> Callable[[], None]:
+        cfg = TrainConfig(**changes).with_recipe("cpu")
+        assert cfg.batch_size is not None and cfg.lr is not None
+        model = GPT(cfg.model_config(65))
+        if cfg.zero_init:
+            model.zero_output_projections()
+        optimizer = make_optimizer(model, cfg, torch.device("cpu"))
+        optimizer.set_lr(cfg.lr)
+        forward = torch.compile(model) if cfg.compile else model
+        shape = (cfg.batch_size, model.config.block_size)
+
+        def step() -> None:
+            x, y = torch.randint(0, 65, shape), torch.randint(0, 65, shape)
+            _, loss = forward(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    torch.manual_seed(0)
+    changes = {row: ({} if row == "the default" else LEVERS[row][1]) for row in rows}
+    stepping = {row: setup(change) for row, change in changes.items()}
+    first: dict[str, float] = {}
+    for row, step in stepping.items():
+        started = time.perf_counter()
+        step()
+        first[row] = time.perf_counter() - started
+    times: dict[str, list[float]] = {row: [] for row in rows}
+    for _ in range(rounds):
+        for row, step in stepping.items():
+            started = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[row].append((time.perf_counter() - started) / steps)
+    return {row: (statistics.median(times[row]), first[row]) for row in rows}
+
+
+def cost_table(costs: dict[str, tuple[float, float]]) -> list[str]:
+    base = costs["the default"][0]
+    lines = [
+        "| row | time per step | vs the default | first step (compiling included) |",
+        "|---|---:|---:|---:|",
+    ]
+    for row, (median, first) in costs.items():
+        lines.append(f"| {row} | {median * 1e3:.1f} ms | {median / base:.2f}x | {first:.1f} s |")
+    return lines
+
+
+def table(rows: list[str], results: dict[str, list[Result]], base: str, timed: bool) -> list[str]:
+    """One budget's table: each row's loss per seed, its mean and difference from `base`, and its cost."""
+    lines = [
+        "| row | val loss per seed | mean | vs first row | bits per byte | steps | time per step | wall s |"
+    ]
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    ref = results[base]
+    for row in rows:
+        runs = results[row]
+        mean = statistics.mean(r["loss"] for r in runs)
+        per_step = statistics.median(r["step_s"] for r in runs) / statistics.median(r["step_s"] for r in ref)
+        cost = f"{statistics.median(r['step_s'] for r in runs) * 1e3:.0f} ms ({per_step:.2f}x)"
+        seeds = " / ".join(f"{r['loss']:.3f}" for r in runs)
+        lines.append(
+            f"| {row} | {seeds} | {mean:.3f} | "
+            f"{mean - statistics.mean(r['loss'] for r in ref):+.3f} | {statistics.mean(r['bpb'] for r in runs):.3f} | "
+            f"{statistics.mean(r['steps'] for r in runs):,.0f} | {cost} | {statistics.mean(r['wall'] for r in runs):.1f} |"
+        )
+    if not timed:
+        lines.append(
+            "\n(rows ran one after another: their wall s and time per step follow the load as it changed between"
+            " them; --step-cost times steps interleaved)"
+        )
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--budget", default="75s", help="--max-time of every command")
-    parser.add_argument("--steps", type=int, help="--max-iters instead of a time budget (quality per step)")
+    parser.add_argument("--budget", default="", help="--max-time budgets, comma-separated (e.g. 75s,35s)")
+    parser.add_argument("--steps", default="", help="--max-iters budgets, comma-separated (quality per step)")
     parser.add_argument("--seeds", type=int, default=2, help="runs per row (seeds 1..N), interleaved")
     parser.add_argument("--rows", help=f"row names separated by semicolons (default: all): {'; '.join(ROWS)}")
     parser.add_argument("--flags", action="append", default=[], help="an extra row: its flags, quoted")
+    parser.add_argument("--tokenizer", default="char", help="char, or bpe (the default tokenizer)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run side by side (step budgets only)")
     parser.add_argument(
-        "--bpe", action="store_true", help="also the first and last rows with --tokenizer bpe"
+        "--step-cost",
+        type=int,
+        metavar="ROUNDS",
+        help="time the rows' training steps in this process instead",
     )
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
-    rows = {k: v for k, v in ROWS.items() if not args.rows or k in args.rows.split(";")}
-    rows.update({flags: flags.split() for flags in args.flags})
-    jobs = [(name, flags, "char") for name, flags in rows.items()]
-    if args.bpe:
-        for name in (next(iter(ROWS)), list(ROWS)[-1]):
-            jobs.append((f"{name}, --tokenizer bpe", ROWS[name], "bpe"))
-    results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in jobs}
-    budget = ["--max-iters", str(args.steps)] if args.steps else ["--max-time", args.budget]
-    for seed in range(1, args.seeds + 1):
-        for name, flags, tokenizer in jobs:
-            results[name].append(run(flags, budget, seed, tokenizer))
-            r = results[name][-1]
-            print(
-                f"  {name} seed {seed}: {r['loss']:.4f} ({r['bpb']:.3f} bpb) at step {r['steps']:.0f}, {r['wall']:.1f} s",
-                file=sys.stderr,
-            )
-    base = statistics.mean(r["loss"] for r in next(iter(results.values())))
-    print(
-        f"\n`minigpt train tinyshakespeare.txt {' '.join(budget)}`, {args.seeds} seed(s) each, whole command\n"
-    )
-    print("| row | val loss (per seed) | mean | vs first row | bits per byte | steps | wall s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name, runs in results.items():
-        mean = statistics.mean(r["loss"] for r in runs)
-        per_seed = " / ".join(f"{r['loss']:.3f}" for r in runs)
+    chosen = args.rows.split(";") if args.rows else list(ROWS)
+    unknown = [r for r in chosen if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}: choose from {list(ROWS)}")
+    rows = {name: ROWS[name] for name in chosen} | {flags: flags.split() for flags in args.flags}
+    if args.step_cost:
+        levers = [r for r in rows if r in LEVERS]
+        print(f"load before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr)
+        costs = step_costs(["the default", *levers], args.step_cost)
+        print(f"\nseconds per CPU training step, {args.step_cost} interleaved rounds, medians; load after:")
+        print(f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
+        print("\n".join(cost_table(costs)))
+        return
+    budgets = {f"--max-time {b}": ["--max-time", b] for b in filter(None, args.budget.split(","))}
+    budgets |= {f"--max-iters {s}": ["--max-iters", s] for s in filter(None, args.steps.split(","))}
+    if not budgets:
+        raise SystemExit("give --budget, --steps or both")
+    print(f"load before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr)
+    for name, budget in budgets.items():
+        jobs = args.jobs if name.startswith("--max-iters") else 1
+        results: dict[str, list[Result]] = {row: [] for row in rows}
+        for first in range(1, args.seeds + 1, jobs):
+            seeds = range(first, min(first + jobs, args.seeds + 1))
+            for row, flags in rows.items():
+                with ThreadPoolExecutor(len(seeds)) as pool:
+                    done = list(
+                        pool.map(
+                            run,
+                            [flags] * len(seeds),
+                            [budget] * len(seeds),
+                            seeds,
+                            [args.tokenizer] * len(seeds),
+                        )
+                    )
+                results[row] += done
+                for seed, r in zip(seeds, done, strict=True):
+                    print(
+                        f"  {row}, {name}, seed {seed}: {r['loss']:.4f} ({r['bpb']:.3f} bpb) at step {r['steps']:.0f}, "
+                        f"{r['step_s'] * 1e3:.0f} ms/step, {r['wall']:.1f} s, load {os.getloadavg()[0]:.1f}",
+                        file=sys.stderr,
+                    )
         print(
-            f"| {name} | {per_seed} | {mean:.3f} | {mean - base:+.3f} | {statistics.mean(r['bpb'] for r in runs):.3f} "
-            f"| {statistics.mean(r['steps'] for r in runs):.0f} | {statistics.mean(r['wall'] for r in runs):.1f} |"
+            f"\n`minigpt train tinyshakespeare.txt --tokenizer {args.tokenizer} {name}` + each row's flags,"
         )
+        print(
+            f"{args.seeds} seed(s), whole commands, rows interleaved; load after: {os.getloadavg()[0]:.1f}\n"
+        )
+        print("\n".join(table(list(rows), results, next(iter(rows)), name.startswith("--max-time"))))
 
 
 if __name__ == "__main__":

@@ -231,3 +231,13 @@ def lr_at(cfg: TrainConfig, step: int, progress: float, warmup: int) -> float:
     if cfg.schedule == "wsd":
         return cfg.min_lr + (cfg.lr - cfg.min_lr) * min(1.0, (1.0 - p) / cfg.cooldown)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * p))
+
+
+def batch_at(cfg: TrainConfig, progress: float) -> int:
+    """Sequences per micro-batch at this point of the budget: a quarter of batch_size growing linearly to
+    all of it over the first `batch_ramp` of the budget (batch_size throughout when it is 0)."""
+    assert cfg.batch_size is not None, "batch_at needs a resolved config (with_recipe)"
+    if cfg.batch_ramp <= 0 or progress >= cfg.batch_ramp:
+        return cfg.batch_size
+    start = max(1, cfg.batch_size // 4)
+    return start + math.floor((cfg.batch_size - start) * progress / cfg.batch_ramp)

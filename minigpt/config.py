@@ -74,6 +74,18 @@ class GPTConfig:
         panel=ARCH,
         choices=SCORES,
     )
+    # later speedrun choices (modded-nanogpt): none maps to a Hugging Face model
+    value_embeds: bool = setting(
+        False, "Value embeddings: each layer adds a learned embedding of the token to its attention values.",
+        panel=ARCH,
+    )  # fmt: skip
+    skips: bool = setting(
+        False, "U-net skips: the last n_layer/2 layers each add, times a learned weight, the input of the "
+        "layer mirroring them (the last layer the embeddings).", panel=ARCH,
+    )  # fmt: skip
+    logit_cap: float | None = setting(
+        None, "Soft-cap the logits at this size: cap * tanh(logits / cap).", panel=ARCH, shown="none"
+    )
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -82,13 +94,17 @@ class GPTConfig:
             raise UsageError(_width_hint(self.n_embd, self.n_head))
         if isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
-        for name in ("bias", "tie_embeddings", "qk_norm"):
+        for name in ("bias", "tie_embeddings", "qk_norm", "value_embeds", "skips"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("layer_norm_eps", "rope_base"):
+        for name in ("layer_norm_eps", "rope_base", "logit_cap"):
             value = getattr(self, name)
+            if value is None and name == "logit_cap":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise UsageError(f"{name} must be a positive number, got {value!r}")
+        if self.skips and self.n_layer < 2:
+            raise UsageError("skips join a layer to its mirror: they need n_layer 2 or more (drop --skips)")
         check_choices(self)
         self._check_attention()
         if self.mlp_width is not None:
@@ -145,6 +161,14 @@ class GPTConfig:
         return 4 * self.n_embd
 
     @property
+    def skip_pairs(self) -> tuple[tuple[int, int], ...]:
+        """(giving layer, taking layer) of each U-net skip: layer L-1-i takes the input of layer i, for
+        i < L/2 (layer 0's input is the embeddings); the pair's index is its weight's."""
+        if not self.skips:
+            return ()
+        return tuple((i, self.n_layer - 1 - i) for i in range(self.n_layer // 2))
+
+    @property
     def cached_positions(self) -> int:
         """Positions the KV cache keeps over all layers: sum(layer_windows), worked out without listing
         the layers (a config.json may claim 10**9 of them)."""
@@ -177,6 +201,9 @@ class GPTConfig:
             parts.append(f"{self.kv_heads} kv heads")
         if self.window is not None and self.window < self.block_size and self.n_layer > 1:
             parts.append(f"window {self.window} ({self.window_pattern})")
+        parts += [name for name, on in (("value embeds", self.value_embeds), ("skips", self.skips)) if on]
+        if self.logit_cap is not None:
+            parts.append(f"logit cap {self.logit_cap:g}")
         if not self.tie_embeddings:
             parts.append("untied")
         if not self.bias:

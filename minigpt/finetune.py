@@ -45,6 +45,11 @@ def plan_fine_tune(
     alpha = cfg.lora_alpha if cfg.lora_alpha is not None else 2.0 * cfg.lora_rank
     targets = resolve_targets(cfg.lora_targets, shape)
     lora = LoRAConfig(cfg.lora_rank, alpha, targets, shape.vocab_size - base.vocab_size)
+    if lora.new_rows and base.value_embeds:
+        raise UsageError(
+            f"{source} has value embeddings (--value-embeds), a row per token that LoRA cannot add for the "
+            f"{lora.new_rows} chat tokens: fine-tune every weight (drop --lora-rank) or train on plain text"
+        )
     return tokenizer, shape, AdapterLink(Path(source).resolve(), file_sha256(run.weights_path), lora)
 
 
@@ -54,11 +59,14 @@ def adapter_settings(link: AdapterLink) -> dict[str, object]:
 
 
 def grown(tensors: dict[str, torch.Tensor], rows: int, tied: bool) -> dict[str, torch.Tensor]:
-    """The embedding (and an untied head) grown to `rows` rows, each new row the mean of the old ones."""
+    """The embedding (an untied head, value embeddings) grown to `rows` rows, each new row the mean of the
+    old ones."""
     out = dict(tensors)
-    for layer in (EMBEDDING,) if tied else (EMBEDDING, HEAD):
-        w = out[f"{layer}.weight"]
-        out[f"{layer}.weight"] = torch.cat([w, _mean_rows(w, rows - w.size(0))])
+    names = [f"{layer}.weight" for layer in ((EMBEDDING,) if tied else (EMBEDDING, HEAD))]
+    names += [name for name in tensors if name.endswith(".attn.v_embed.weight")]
+    for name in names:
+        w = out[name]
+        out[name] = torch.cat([w, _mean_rows(w, rows - w.size(0))])
     return out
 
 

@@ -87,11 +87,21 @@ def _rotary_checks(c: GPTConfig) -> list[Check]:
     return [*checks, (_has_windows(c), f"--window {c.window}", why)]
 
 
+def _speedrun_checks(c: GPTConfig) -> list[Check]:
+    why = "GPT-2, Llama and Qwen3 have no such part, so no runtime that reads them could run the model"
+    return [
+        (c.attn_score != "scaled", f"--attn-score {c.attn_score}", _SCALED_ONLY),
+        (c.value_embeds, "--value-embeds", why),
+        (c.skips, "--skips", why),
+        (c.logit_cap is not None, f"--logit-cap {c.logit_cap}", why),
+    ]
+
+
 def family_for(config: GPTConfig, target: str = "Hugging Face") -> str:
     """The model_type a minigpt model converts to, or a one-line error naming the option none can hold
     (llama.cpp's gpt2, llama and qwen3 hold what these do: `target` names the format in the error)."""
-    score = (config.attn_score != "scaled", f"--attn-score {config.attn_score}", _SCALED_ONLY)
-    checks = [score, *(_gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config))]
+    checks = _speedrun_checks(config)
+    checks += _gpt2_checks(config) if config.pos == "learned" else _rotary_checks(config)
     for failed, option, why in checks:
         if failed:
             raise MinigptError(f"cannot convert to {target}: this model has {option}; {why}")

@@ -44,6 +44,7 @@ __all__ = [
     "attention_logits",
     "block",
     "attention_mask",
+    "head",
     "build_model",
     "linear",
     "mlp",
@@ -111,6 +112,8 @@ class CausalSelfAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = _norm(config, shapes, "attn.q_norm")
             self.k_norm = _norm(config, shapes, "attn.k_norm")
+        if "attn.v_embed.weight" in shapes:
+            self.v_embed = nn.Embedding(*shapes["attn.v_embed.weight"])
         for name, shape in shapes.items():
             if name.startswith("attn.score"):
                 setattr(self, name.split(".")[1], ScoreMap(shape))
@@ -164,6 +167,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(width, vocab, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+        if "skip_weights" in shapes:
+            self.skip_weights = nn.Parameter(torch.empty(shapes["skip_weights"]))
         if lora is not None:
             self._add_adapters(lora)
         self.reset_parameters()
@@ -189,16 +194,16 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); LoRA's A as
-        nn.Linear's default (uniform within 1/sqrt(in)) and B zero, so an adapter starts as no change."""
-        maps = []  # initialised last, so every score starts from the same weights for the same seed
-        for name, p in self.named_parameters():
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); U-net skip
+        weights 1 (modded-nanogpt's); LoRA's A as nn.Linear's default (uniform within 1/sqrt(in)) and B zero,
+        so an adapter starts as no change. Score maps, then value embeddings (N(0, 0.02)) are drawn last, so
+        a seed gives the other weights whatever the score and with or without value embeddings."""
+        named = sorted(self.named_parameters(), key=lambda item: _init_order(item[0]))
+        for name, p in named:
             if ".attn.score" in name:
-                maps.append((name, p))
+                _init_score_map(name, p)
             else:
                 _initialise(name, p, self.config.n_layer)
-        for name, p in maps:
-            _init_score_map(name, p)
 
     @torch.no_grad()
     def reset_adapters(self) -> None:
@@ -206,6 +211,16 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if is_adapter_tensor(name):
                 _initialise(name, p, self.config.n_layer)
+
+    @torch.no_grad()
+    def zero_output_projections(self) -> None:
+        """Zero every block's output projections (attention's and the MLP's c_proj) and an untied head,
+        so each block starts as the identity and the first logits are uniform (modded-nanogpt's init)."""
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight") or (
+                name == "lm_head.weight" and not self.config.tie_embeddings
+            ):
+                p.zero_()
 
     def num_params(self) -> int:
         """Parameters the module holds, a tied tensor counted once."""
@@ -253,12 +268,17 @@ class GPT(nn.Module):
         dropout = self.config.dropout if self.training else 0.0
         x = transformer(w, idx, kv_cache, attention, dropout)
         if targets is not None:
-            logits = F.linear(x, w.lm_head)
+            logits = head(w, x)
             loss = F.cross_entropy(
                 logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
             )
             return logits, loss
-        return F.linear(x if all_logits else x[:, -1, :], w.lm_head), None
+        return head(w, x if all_logits else x[:, -1, :]), None
+
+
+def _init_order(name: str) -> int:
+    """0 for most parameters, 1 for a score map, 2 for a value embedding: the order they are drawn in."""
+    return 2 if name.endswith("v_embed.weight") else int(".attn.score" in name)
 
 
 def _init_score_map(name: str, p: torch.Tensor) -> None:
@@ -371,13 +391,19 @@ def attention_mask(queries: int, keys: int, window: int, device: torch.device) -
 
 
 def qkv(
-    w: AttentionWeights[torch.Tensor], x: torch.Tensor, rope: Rotary | None = None
+    w: AttentionWeights[torch.Tensor],
+    x: torch.Tensor,
+    rope: Rotary | None = None,
+    idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
-    QK-norm and rotary positions applied when the model has them."""
+    QK-norm, rotary positions and the value embeddings of the tokens idx (B, T) applied when the model
+    has them."""
     B, T, _ = x.shape
     hd = x.size(-1) // w.n_head
     q, k, v = linear(w.c_attn, x).split([w.n_head * hd, w.n_kv_head * hd, w.n_kv_head * hd], dim=-1)
+    if w.v_embed is not None and idx is not None:
+        v = v + F.embedding(idx, w.v_embed).to(v.dtype)
     q = q.view(B, T, w.n_head, hd).transpose(1, 2)
     k = k.view(B, T, w.n_kv_head, hd).transpose(1, 2)
     v = v.view(B, T, w.n_kv_head, hd).transpose(1, 2)
@@ -398,16 +424,17 @@ def attend(
     rope: Rotary | None = None,
     attention: list[torch.Tensor] | None = None,
     dropout: float = 0.0,
+    idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
-    each query seeing at most the layer's window.
+    each query seeing at most the layer's window (idx: the tokens, for value embeddings).
 
     Fused SDPA for the dot-product scores (scaled, dot, general); with an `attention` list, or for the
     additive score, it computes softmax(logits) explicitly (masked first) and appends the probabilities
     (B, H, T, keys) to the list, so inspection reads the very attention the model runs.
     """
     B, T, C = x.shape
-    q, k, v = qkv(w, x, rope)
+    q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
     if attention is None and w.score != "additive":
@@ -504,9 +531,10 @@ def block(
     rope: Rotary | None = None,
     attention: list[torch.Tensor] | None = None,
     dropout: float = 0.0,
+    idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, attention, dropout)
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, attention, dropout, idx)
     return x + mlp(w.mlp, norm(w.ln_2, x), dropout)
 
 
@@ -527,8 +555,23 @@ def transformer(
     if w.rope_base is not None:
         rope = rotary(w.rope_base, w.head_dim, start, T, x.device)
     x = _dropout(x, dropout)
+    inputs: list[torch.Tensor] = []  # the layers' inputs that U-net skips carry to later layers
+    takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
     for layer, b in enumerate(w.h):
-        x = block(b, x, layer, cache, rope, attention, dropout)
+        if layer in takes and w.skips is not None:
+            i, giver = takes[layer]
+            x = x + w.skips[i].to(x.dtype) * inputs[giver]
+        if layer < len(w.skip_pairs):
+            inputs.append(x)
+        x = block(b, x, layer, cache, rope, attention, dropout, idx)
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)
+
+
+def head(w: ModelWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The logits of hidden states x: the LM head, soft-capped when the model caps them."""
+    logits = F.linear(x, w.lm_head)
+    if w.logit_cap is None:
+        return logits
+    return w.logit_cap * torch.tanh(logits / w.logit_cap)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from minigpt.muon import Muon
 from minigpt.trainconfig import TrainConfig
 from minigpt.weights import is_adapter_tensor
 
-# the per-parameter state each optimizer keeps, as torch names it: all a state file may hold for a parameter
-SLOTS: dict[type[torch.optim.Optimizer], tuple[str, ...]] = {
-    torch.optim.AdamW: ("step", "exp_avg", "exp_avg_sq"),
-    torch.optim.Muon: ("momentum_buffer",),
-}
+Slots = dict[str, tuple[int, ...] | None]  # state name -> its shape (None: a one-element step count)
 
 
 class Optimizers:
@@ -38,10 +35,15 @@ class Optimizers:
         for part in self.parts:
             part.zero_grad(set_to_none=set_to_none)
 
-    def slots(self, param: torch.Tensor) -> tuple[str, ...]:
-        """The state names the optimizer owning `param` keeps for it (none for a parameter none owns)."""
+    def slots(self, param: torch.Tensor) -> Slots:
+        """The state the optimizer owning `param` keeps for it, by name, with each one's shape: all a state
+        file may hold for the parameter (nothing for a parameter none owns)."""
         part = self._owner.get(param)
-        return SLOTS[type(part)] if part is not None else ()
+        if isinstance(part, Muon):
+            return dict(part.slots(param))
+        if part is None:
+            return {}
+        return {"step": None, "exp_avg": tuple(param.shape), "exp_avg_sq": tuple(param.shape)}
 
     def state_items(self, param: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """The tensors the optimizer owning `param` keeps for it (none before its first step)."""
@@ -55,14 +57,17 @@ class Optimizers:
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     """A 2-D weight inside a transformer block (attention and MLP projections): what Muon trains.
-    Embeddings, the LM head and every 1-D gain or bias stay with AdamW, as Muon's authors advise, and so
-    do LoRA's low-rank factors (orthogonalising a rank-r factor is not the update LoRA is tuned for)."""
-    return param.dim() == 2 and name.startswith("transformer.h.") and not is_adapter_tensor(name)
+    Embeddings (value embeddings too), the LM head and every 1-D gain or bias stay with AdamW, as Muon's
+    authors advise, and so do LoRA's low-rank factors (orthogonalising a rank-r factor is not the update
+    LoRA is tuned for)."""
+    if name.endswith("v_embed.weight") or is_adapter_tensor(name):
+        return False
+    return param.dim() == 2 and name.startswith("transformer.h.")
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> Optimizers:
     """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms; with
-    cfg.optimizer "muon", the blocks' weight matrices go to torch's Muon at cfg.muon_lr instead."""
+    cfg.optimizer "muon", the blocks' weight matrices go to Muon (minigpt.muon) at cfg.muon_lr instead."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     muon = [p for n, p in named if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
     taken = {id(p) for p in muon}
@@ -81,5 +86,10 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     if muon:
         # Muon's update is orthogonalised, so its rate is its own; the schedule scales it with lr's
         group = {"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}
-        parts.append(torch.optim.Muon([group], lr=cfg.muon_lr, weight_decay=cfg.weight_decay))
+        parts.append(
+            Muon(
+                [group], lr=cfg.muon_lr, weight_decay=cfg.weight_decay, orthogonalizer=cfg.orthogonalizer,
+                normuon=cfg.normuon, dtype=cfg.muon_dtype,
+            )
+        )  # fmt: skip
     return Optimizers(parts)

@@ -136,13 +136,26 @@ def _adjustments(config: GPTConfig) -> list[Row]:
     rows.append(Row(name, f"(2 × {layers} + 1) × {_n(D)} ({kind})", (2 * L + 1) * _norm_width(config)))
     if config.qk_norm:
         rows.append(Row("QK-norm gains", f"2 (query, key) × {_n(hd)} × {layers}", 2 * hd * L))
+    if config.value_embeds:
+        formula = f"{_n(V)} × {_n(config.kv_heads)} kv heads × {_n(hd)} × {layers}"
+        rows.append(Row("Value embeddings", formula, _value_embeds(config)))
+    if config.skips:
+        rows.append(Row("U-net skip weights", f"{_n(L)} layers // 2", L // 2))
     if config.tie_embeddings:
         rows.append(Row("Tied unembedding (shares wte)", f"−{_n(D)} × {_n(V)}", -D * V))
     return rows
 
 
+def _value_embeds(config: GPTConfig) -> int:
+    """Entries of the value embeddings: a (vocab, n_kv_head x head_dim) table per layer, or none."""
+    if not config.value_embeds:
+        return 0
+    return config.vocab_size * config.kv_heads * config.head_dim * config.n_layer
+
+
 def _shares(config: GPTConfig) -> dict[str, int]:
-    """Where the parameters are; QK-norm gains count as attention, every other norm as norms."""
+    """Where the parameters are; QK-norm gains count as attention, value embeddings as embeddings, U-net
+    skip weights with the norms' gains, every other norm as norms."""
     V, T, L, D, F, hd = (
         config.vocab_size, config.block_size, config.n_layer, config.n_embd, config.d_ff, config.head_dim,
     )  # fmt: skip
@@ -155,8 +168,9 @@ def _shares(config: GPTConfig) -> dict[str, int]:
         "mlp": (matrices * D * F + mlp_bias) * L,
         "embeddings": V * D
         + (T * D if config.pos == "learned" else 0)
-        + (0 if config.tie_embeddings else D * V),
-        "norms": (2 * L + 1) * _norm_width(config),
+        + (0 if config.tie_embeddings else D * V)
+        + _value_embeds(config),
+        "norms": (2 * L + 1) * _norm_width(config) + len(config.skip_pairs),
     }
 
 
@@ -164,9 +178,9 @@ FORMULAS = {
     "memory": "weights: 4 B (fp32) or 2 B (bf16) per parameter; training with AdamW: 16 B per "
     "parameter (fp32 weights, gradients and two moments), activations not included",
     "flops": "forward = 2·N + 4·n_embd·Σ_layers min(window, block_size), training = 3 × forward (PaLM, "
-    "appendix B), N = parameters less position embeddings; a full-attention layer's window is block_size; "
-    "the additive score costs 4·n_head·d_a + 2·n_embd a key rather than 4·n_embd (a query-key pair: d_a "
-    "additions, tanhs and multiply-adds with v, so v counts there, not in N)",
+    "appendix B), N = parameters less position and value embeddings (lookups); a full-attention layer's "
+    "window is block_size; the additive score costs 4·n_head·d_a + 2·n_embd a key rather than 4·n_embd (a "
+    "query-key pair: d_a additions, tanhs and multiply-adds with v, so v counts there, not in N)",
     "kv_cache": "per token: 2 (key, value) × n_kv_head × head_dim × n_layer × bytes per element; full "
     "context: 2 × n_kv_head × head_dim × Σ_layers min(window, block_size) × bytes (a local layer keeps "
     "only its window)",
@@ -187,11 +201,11 @@ def count_params(config: GPTConfig) -> ParamReport:
         "weights_bf16": 2 * exact_total,
         "training_adamw": 16 * exact_total,
     }
-    # PaLM appendix B: N excludes position embeddings (a lookup, not a matmul); attention adds 2 matmuls
+    # PaLM appendix B: N excludes position (and value) embeddings, lookups, not matmuls; attention adds 2 matmuls
     # (QKᵀ, AV) of 2·keys·D FLOPs per layer per token, keys being the layer's window at full context
     # (grouped-query attention shares keys between heads but every query head still multiplies them)
-    positions = T * D if config.pos == "learned" else 0
-    forward = 2 * (exact_total - positions) + 4 * D * config.cached_positions
+    lookups = (T * D if config.pos == "learned" else 0) + _value_embeds(config)
+    forward = 2 * (exact_total - lookups) + 4 * D * config.cached_positions
     if config.attn_score == "additive":
         H, da = config.n_head, config.additive_width
         forward += (4 * H * da - 2 * D) * config.cached_positions - 2 * H * da * L

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minigpt.budget import lr_at
+from minigpt.budget import batch_at, lr_at
 from minigpt.chat.data import ConversationData
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
@@ -141,11 +141,13 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
         # each rank its own dropout masks, reproducible from the step alone (so on any process count)
         torch.manual_seed(_step_seed(cfg.seed, dist.rank, state.step))
     warmup = run.budget.warmup_steps(cfg.warmup, state, run.tokens_per_step)
-    lr = lr_at(cfg, state.step, run.budget.progress(state), warmup)
+    progress = run.budget.progress(state)
+    lr = lr_at(cfg, state.step, progress, warmup)
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
+    sampler.batch_size = batch = batch_at(cfg, progress)
     with labelled(run.step_allocation):
         loss = train_step(
-            run.forward,
+            run.step_forward,
             optimizer,
             sampler,
             run.runtime,
@@ -162,7 +164,7 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
             f"the last good checkpoint in {run.rundir} is untouched"
         )
     state.step += 1
-    state.tokens += run.tokens_per_step
+    state.tokens += run.tokens_per_step * batch // cfg.batch_size
     return loss, lr
 
 

@@ -42,6 +42,8 @@ DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
 # the peak lr early and has the rest of the budget to decay
 WARMUP_FRACTION = 0.1
 OPTIMIZERS = ("adamw", "muon")
+ORTHOGONALIZERS = ("newton-schulz", "polar-express")  # Muon's (minigpt.muon)
+MUON_DTYPES = ("auto", "float32", "bfloat16")
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 _MIN_LR_DEFAULT = ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
@@ -80,6 +82,10 @@ class TrainConfig:
     # optimisation
     batch_size: int | None = setting(None, "Sequences per micro-batch (per process).", panel=OPT, by=RECIPES)
     grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", panel=OPT)
+    batch_ramp: float = setting(
+        0.0, "Grow the batch from a quarter of --batch-size to all of it, linearly over this fraction of the "
+        "budget (0: the whole batch from the start).", panel=OPT,
+    )  # fmt: skip
     lr: float | None = setting(None, "Peak learning rate.", panel=OPT, by=RECIPES)
     min_lr: float | None = setting(
         None, "Learning rate at the end of the decay.", panel=OPT, shown=_MIN_LR_DEFAULT
@@ -97,14 +103,29 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = setting(0.99, "AdamW beta2.", panel=OPT)
     optimizer: str | None = setting(
-        None, "adamw, or muon: torch's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
+        None, "adamw, or muon: minigpt's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
         choices=OPTIMIZERS, by=RECIPES,
     )  # fmt: skip
     muon_lr: float = setting(0.02, "Muon's peak learning rate (--optimizer muon).", panel=OPT)
+    orthogonalizer: str = setting(
+        "newton-schulz", "How Muon orthogonalises its update: newton-schulz (one quintic, 5 times) or "
+        "polar-express (5 quintics, each optimal for where the last left the singular values).", panel=OPT,
+        choices=ORTHOGONALIZERS,
+    )  # fmt: skip
+    normuon: bool = setting(
+        False, "NorMuon: Muon's update row by row over the root of its running mean square.", panel=OPT
+    )
+    muon_dtype: str = setting(
+        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs, float32 elsewhere (CPUs without bf16 "
+        "instructions multiply bf16 matrices many times slower).", panel=OPT, choices=MUON_DTYPES,
+    )  # fmt: skip
+    zero_init: bool = setting(
+        False, "Start every block's output projections (and an untied head) at zero.", panel=OPT
+    )
     # fine-tuning from a run (init_from): LoRA adapters on the frozen base instead of every weight
     lora_rank: int | None = setting(
         None, "Train LoRA adapters of this rank on the frozen --init-from run instead of every weight "
-        "(saved on their own, tied to that run's weights).", panel=FINETUNE,
+        "(saved on their own, tied to that run's weights).", panel=FINETUNE, shown="none, every weight trains",
     )  # fmt: skip
     lora_alpha: float | None = setting(
         None, "LoRA's scale: updates are multiplied by alpha / rank.", panel=FINETUNE, shown="2 x lora-rank"
@@ -169,6 +190,8 @@ class TrainConfig:
             raise UsageError("warmup, weight_decay and grad_clip must not be negative (0 turns them off)")
         if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise UsageError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if not 0 <= self.batch_ramp <= 1:
+            raise UsageError(f"batch_ramp is a fraction of the budget in [0, 1], got {self.batch_ramp}")
         if not 0 < self.cooldown <= 1:
             raise UsageError(f"cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
         if self.lora_rank is not None and not 1 <= self.lora_rank <= 4096:

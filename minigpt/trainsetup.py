@@ -242,7 +242,8 @@ class TrainingRun:
     runtime: Runtime
     dataset: Dataset | ConversationData
     parts: Trainables  # the bare model, optimizer and sampler: what a checkpoint saves
-    forward: torch.nn.Module  # the model as steps and evaluations call it (under DDP, compiled)
+    forward: torch.nn.Module  # the model as evaluations call it (under DDP, the wrapped model)
+    step_forward: torch.nn.Module  # the model as training steps call it: `forward`, compiled with --compile
     state: TrainState
     budget: Budget
     settings: dict[str, Any]  # config.json's train, data and metrics sections
@@ -337,13 +338,15 @@ def _set_up_with(
             rundir.clear()
         rundir.save(model, dataset.tokenizer, settings, save_weights=False)
     forward = dist.wrap(model, runtime.device)
-    if cfg.compile:
-        forward = torch.compile(forward)
+    # evaluations run uncompiled: their batch shapes differ from a step's, and each would compile anew
+    step_forward = torch.compile(forward) if cfg.compile else forward
     # steps logged after the checkpoint a resume starts from are trained again: their records go
     history = rundir.rewind_metrics(state.step) if plan.resume and dist.is_master else []
     budget = Budget.of(cfg, state, clock)
     budget.start(started, state.elapsed)
-    run = TrainingRun(cfg, rundir, runtime, dataset, parts, forward, state, budget, settings, history)
+    run = TrainingRun(
+        cfg, rundir, runtime, dataset, parts, forward, step_forward, state, budget, settings, history
+    )
     _reserve_time(run)
     reporter.start(_training_start(run, plan))
     return run
@@ -402,6 +405,8 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
             model = full_model(shape, plan.init_from, device)
         else:
             model = GPT(shape).to(device)
+            if cfg.zero_init:
+                model.zero_output_projections()
     model.train()
     return model
 

@@ -72,7 +72,7 @@ class Trainables:
             if key.startswith("optim/"):
                 name, _, slot = key.removeprefix("optim/").rpartition("/")
                 param = params.get(name)
-                slots = self.optimizer.slots(param) if param is not None else ()
+                slots = self.optimizer.slots(param) if param is not None else {}
                 _check_moment(key, value, param, slot, slots, source)
             elif not key.startswith(("model/", "sampler/", "rng/")):
                 raise MinigptError(f"{source}: unexpected tensor {key!r}; is this a minigpt training state?")
@@ -117,7 +117,7 @@ class Trainables:
 
 
 def _check_moment(
-    key: str, value: torch.Tensor, param: torch.Tensor | None, slot: str, slots: tuple[str, ...], source: Any
+    key: str, value: torch.Tensor, param: torch.Tensor | None, slot: str, slots: dict[str, Any], source: Any
 ) -> None:
     if param is None:
         raise MinigptError(f"{source}: optimizer state {key!r} belongs to no parameter of this model")
@@ -127,14 +127,15 @@ def _check_moment(
             f"{source}: optimizer state {key!r} is not one its parameter's optimizer keeps "
             f"({', '.join(slots)}); the file is damaged or from another run"
         )
-    if slot == "step":
+    shape = slots[slot]
+    if shape is None:  # a step count
         ok = (
             value.numel() == 1
             and value.is_floating_point()
             and bool(torch.isfinite(value).all() and value >= 0)
         )
     else:
-        ok = value.shape == param.shape and value.dtype == param.dtype
+        ok = tuple(value.shape) == shape and value.dtype == param.dtype
     if not ok:
         raise MinigptError(
             f"{source}: optimizer state {key!r} has shape {list(value.shape)} ({value.dtype}), which does not "

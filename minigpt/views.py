@@ -57,6 +57,13 @@ def _windows(c: GPTConfig) -> str:
     return f" window={c.window} ({c.window_pattern}, {local // (c.block_size - c.window)} local layers)"
 
 
+def _speedrun(c: GPTConfig) -> str:
+    """The speedrun options a model has on, for the caption (nothing when it has none)."""
+    on = [f"{name}=True" for name, value in (("value_embeds", c.value_embeds), ("skips", c.skips)) if value]
+    on += [f"logit_cap={c.logit_cap:g}"] if c.logit_cap is not None else []
+    return "".join(f" {o}" for o in on)
+
+
 def params_view(report: ParamReport, title: str, stored_total: int | None = None) -> Group:
     """The GPT-3 style table, the reconciliation with the module, and derived costs."""
     c = report.config
@@ -64,7 +71,7 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
         f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} head_dim={c.head_dim} "
         f"d_ff={c.d_ff} vocab_size={c.vocab_size:,} block_size={c.block_size:,} "
         f"bias={c.bias} tied={c.tie_embeddings}\npos={c.pos} norm={c.norm} mlp={c.mlp} qk_norm={c.qk_norm} "
-        f"n_kv_head={c.kv_heads}{_windows(c)} attn_score={c.attn_score}"
+        f"n_kv_head={c.kv_heads}{_windows(c)} attn_score={c.attn_score}{_speedrun(c)}"
     )
     table = _rows_table(
         f"Parameters of {title}", "Part", report.rows, "Total (GPT-3 style)", report.gpt3_total

@@ -60,6 +60,7 @@ class AttentionWeights(Generic[A]):
     k_norm: NormWeights[A] | None
     score: str = "scaled"  # how a query scores a key (GPTConfig.attn_score)
     score_maps: tuple[A, ...] = ()  # its per-head maps, as `score_shapes` lists them
+    v_embed: A | None = None  # value embeddings (vocab, n_kv_head * head_dim): added to the values
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,9 @@ class ModelWeights(Generic[A]):
     lm_head: A  # wte itself when the embeddings are tied
     rope_base: float | None  # rotary positions' base, None with learned positions
     head_dim: int
+    skips: A | None = None  # U-net skips' weights (n_layer // 2,), pair i as GPTConfig.skip_pairs lists it
+    skip_pairs: tuple[tuple[int, int], ...] = ()
+    logit_cap: float | None = None  # soft cap of the logits: cap * tanh(logits / cap)
 
 
 def weights_by_name(
@@ -121,6 +125,7 @@ def weights_by_name(
             norm(f"{p}.attn.k_norm", True) if qk else None,
             config.attn_score,
             tuple(tensors[f"{p}.{name}"] for name in score_shapes(config)),
+            tensors[f"{p}.attn.v_embed.weight"] if config.value_embeds else None,
         )
         gate = linear(f"{p}.mlp.c_gate") if config.mlp == "swiglu" else None
         mlp = MLPWeights(linear(f"{p}.mlp.c_fc"), linear(f"{p}.mlp.c_proj"), gate, config.mlp)
@@ -135,6 +140,9 @@ def weights_by_name(
         lm_head=tensors.get("lm_head.weight", wte),
         rope_base=config.rope_base if config.pos == "rope" else None,
         head_dim=config.head_dim,
+        skips=tensors["skip_weights"] if config.skips else None,
+        skip_pairs=config.skip_pairs,
+        logit_cap=config.logit_cap,
     )
 
 
@@ -195,6 +203,7 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     }
     if config.mlp == "swiglu":
         linears["mlp.c_gate"] = (F, C)
+    tables = {"attn.v_embed.weight": (config.vocab_size, config.kv_heads * hd)} if config.value_embeds else {}
     norms = {"ln_1": C, "ln_2": C, **({"attn.q_norm": hd, "attn.k_norm": hd} if config.qk_norm else {})}
     shapes: dict[str, tuple[int, ...]] = {}
     for name, width in norms.items():
@@ -205,7 +214,7 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{name}.weight"] = shape
         if config.bias:
             shapes[f"{name}.bias"] = shape[:1]
-    return {**shapes, **score_shapes(config)}
+    return {**shapes, **tables, **score_shapes(config)}
 
 
 def score_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
@@ -244,6 +253,8 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes["transformer.ln_f.bias"] = (C,)
     if not config.tie_embeddings:
         shapes["lm_head.weight"] = (V, C)
+    if config.skips:
+        shapes["skip_weights"] = (len(config.skip_pairs),)
     return shapes
 
 

@@ -218,18 +218,30 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
 
 def test_muon_under_two_processes_then_resume_on_one(text_file: Path, tmp_path: Path) -> None:
     """`--optimizer muon` under DDP: both optimizers are built on the bare model and step the all-reduced
-    gradients; rank 0 saves Muon's momentum buffers, and the run resumes in one process with Muon."""
+    gradients; rank 0 saves Muon's momentum buffers (and NorMuon's row statistics), and the run resumes in
+    one process with the same optimizer and model options."""
     two = tmp_path / "two"
     cmd = [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "2", "--optimizer",
-           "muon", "--out", str(two), "--nproc", "2"]  # fmt: skip
+           "muon", "--normuon", "--orthogonalizer", "polar-express", "--value-embeds", "--skips", "--logit-cap",
+           "20", "--zero-init", "--batch-ramp", "0.5", "--out", str(two), "--nproc", "2"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tensors, _ = load_tensors(two / RunDir.STATE)
-    buffers = [k for k in tensors if k.endswith("/momentum_buffer")]
-    assert buffers and all(tensors[k].abs().max() > 0 for k in buffers)
+    buffers = [k for k in tensors if k.endswith(("/momentum_buffer", "/row_mean_square"))]
+    # with --zero-init the head and the output projections start at 0: the first step moves only the head,
+    # the second the output projections (whose inputs are not 0); the matrices before them wait a step more
+    outputs = [k for k in buffers if ".c_proj." in k]
+    assert len(buffers) >= 8 and outputs and all(tensors[k].abs().max() > 0 for k in outputs)
     resumed = train(TrainConfig(max_iters=3), resume=two)
     assert resumed.state.step == 3
-    assert json.loads((two / RunDir.CONFIG).read_text())["train"]["optimizer"] == "muon"
+    saved = json.loads((two / RunDir.CONFIG).read_text())
+    assert (saved["train"]["optimizer"], saved["train"]["normuon"]) == ("muon", True)
+    assert saved["train"]["overrides"]["value_embeds"] and saved["model"]["skips"]
+    assert (saved["model"]["logit_cap"], saved["train"]["zero_init"], saved["train"]["batch_ramp"]) == (
+        20,
+        True,
+        0.5,
+    )
 
 
 @linux_only

@@ -223,6 +223,31 @@ def test_full_fine_tuning_adds_the_chat_tokens_as_mean_rows(
     assert run.model_config().vocab_size == shape.vocab_size and run.weights_path.is_file()
 
 
+def test_value_embeddings_grow_with_the_chat_tokens_and_lora_refuses_them(
+    chat_file: Path, tmp_path: Path
+) -> None:
+    """Value embeddings hold a row per token: full fine-tuning grows them as it grows the embedding (the
+    mean row), while LoRA, which cannot add rows to a frozen table, says so in one line."""
+    text = tmp_path / "base.txt"
+    text.write_text(BASE_TEXT)
+    data = DataConfig(paths=(text,), tokenizer="char", cache_dir=tmp_path / "cache")
+    train(tiny(max_iters=2, arch="modern", value_embeds=True, skips=True), data, out=tmp_path / "base")
+    base_shape = RunDir(tmp_path / "base").model_config()
+    _, shape, _ = plan_fine_tune(tmp_path / "base", TrainConfig(), chat=True)
+    model = full_model(shape, tmp_path / "base", torch.device("cpu"))
+    base = RunDir(tmp_path / "base").load_weights(base_shape)
+    name = "transformer.h.1.attn.v_embed.weight"
+    grown = model.get_parameter(name).detach()
+    assert grown.size(0) == shape.vocab_size and torch.equal(grown[: base_shape.vocab_size], base[name])
+    assert torch.allclose(grown[base_shape.vocab_size :], base[name].mean(0).expand(4, -1))
+    with pytest.raises(UsageError, match=r"value embeddings .* \(drop --lora-rank\)"):
+        plan_fine_tune(tmp_path / "base", TrainConfig(lora_rank=2), chat=True)
+    result = train(
+        ft(max_iters=2), chat_data(chat_file, tmp_path), out=tmp_path / "ft", init_from=tmp_path / "base"
+    )
+    assert result.state.step == 2 and RunDir(tmp_path / "ft").model_config().value_embeds
+
+
 def test_hf_imported_models_get_rows_past_their_padded_vocabulary(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from minigpt.convert import from_hf

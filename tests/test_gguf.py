@@ -266,6 +266,9 @@ def test_what_llama_cpp_cannot_run_is_a_one_line_error(tmp_path: Path, runner, m
         "llama window": (dict(**ROTARY, window=8), "--window 8"),
         "relu2": (dict(pos="rope", norm="rmsnorm", mlp="relu2"), "--mlp relu2"),
         "additive score": (dict(**ROTARY, attn_score="additive"), "--attn-score additive"),
+        "value embeddings": (dict(**ROTARY, value_embeds=True), "--value-embeds"),
+        "skips": (dict(**ROTARY, skips=True), "--skips"),
+        "logit cap": (dict(**ROTARY, logit_cap=30.0), "--logit-cap 30.0"),
         "char": (dict(**ROTARY), f"all {tok.vocab_size} ids are characters"),
     }
     for name, (options, message) in cases.items():

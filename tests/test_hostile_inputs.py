@@ -414,6 +414,17 @@ def trained_then(tamper: Callable[[Path], Any], *extra: str) -> Callable[[Path],
     return build
 
 
+def trained_with(options: tuple[str, ...], *command: str) -> Callable[[Path], list[str]]:
+    """A run trained for 1 step here with `options`, then `command` on it ({run} is its path)."""
+
+    def build(tmp: Path) -> list[str]:
+        proc = minigpt(tmp, train_with(*options)(tmp))
+        assert proc.returncode == 0, proc.stderr
+        return [part.replace("{run}", str(tmp / "out")) for part in command]
+
+    return build
+
+
 def edit_state(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
     """Rewrite state.safetensors with `change` applied to its tensors (torch is fine in the test)."""
 
@@ -775,6 +786,46 @@ ATTACKS = [
         "state.safetensors with a bad rng tensor",
         trained_then(edit_state(lambda t: t.update({"rng/torch": t["rng/torch"][:10].clone()}))),
         "random number generator state",
+    ),
+    Attack(
+        "config.json value_embeds as text (numpy engine)",
+        with_run(
+            edit_config(lambda c: c["model"].update(value_embeds="yes")), *GENERATE, "--backend", "numpy"
+        ),
+        "value_embeds must be true or false, got 'yes'",
+    ),
+    Attack(
+        "config.json logit_cap as text (torch engine)",
+        with_run(edit_config(lambda c: c["model"].update(logit_cap="abc")), *GENERATE, "--backend", "torch"),
+        "logit_cap must be a positive number, got 'abc'",
+    ),
+    Attack(
+        "config.json turns skips on without their weights",
+        with_run(edit_config(lambda c: c["model"].update(skips=True)), *GENERATE),
+        "model.safetensors does not match its config.json (missing skip_weights)",
+    ),
+    Attack(
+        "config.json with an unknown Muon orthogonalizer (resume)",
+        trained_then(edit_config(lambda c: c["train"].update(orthogonalizer="bogus"))),
+        "unknown orthogonalizer 'bogus'",
+    ),
+    Attack(
+        "config.json with batch_ramp 5 (resume)",
+        trained_then(edit_config(lambda c: c["train"].update(batch_ramp=5))),
+        "batch_ramp is a fraction of the budget in [0, 1], got 5",
+    ),
+    Attack(
+        "config.json with muon_dtype int8 (resume)",
+        trained_then(edit_config(lambda c: c["train"].update(muon_dtype="int8"))),
+        "unknown muon_dtype 'int8'",
+    ),
+    Attack("train --logit-cap 0", train_with("--logit-cap", "0"), "logit_cap must be a positive number"),
+    Attack("train --batch-ramp 2", train_with("--batch-ramp", "2"), "batch_ramp is a fraction of the budget"),
+    Attack("train --skips --n-layer 1", train_with("--skips", "--n-layer", "1"), "(drop --skips)"),
+    Attack(
+        "convert to-hf of a model with value embeddings and skips",
+        trained_with(("--value-embeds", "--skips"), "convert", "to-hf", "{run}", "{run}-hf"),
+        "cannot convert to Hugging Face: this model has --value-embeds",
     ),
     Attack("train --lr nan", train_with("--lr", "nan"), "lr must be a finite number, got nan"),
     Attack(

@@ -27,7 +27,7 @@ OPTIONS = dict(
 
 def configs() -> list[GPTConfig]:
     """Every option combination on every shape, with full, grouped and multi-query attention and windows,
-    the attention scores taking turns."""
+    the attention scores, value embeddings and U-net skips taking turns (so each meets the others)."""
     out = []
     for (L, H, D, V, T), values in itertools.product(SHAPES, itertools.product(*OPTIONS.values())):
         options = dict(zip(OPTIONS, values, strict=True))
@@ -43,6 +43,8 @@ def configs() -> list[GPTConfig]:
                     window=window,
                     window_pattern="SL",
                     attn_score=SCORES[len(out) % len(SCORES)],
+                    value_embeds=len(out) // len(SCORES) % 2 == 1,
+                    skips=L > 1 and len(out) // (2 * len(SCORES)) % 2 == 1,
                     **options,
                 )  # fmt: skip
             )
@@ -86,6 +88,8 @@ def _row(name: str) -> str:
         "mlp.c_gate.weight": "Gate-projection (SwiGLU)",
         "mlp.c_proj.weight": "Down-projection",
         "lm_head.weight": "Unembedding",
+        "attn.v_embed.weight": "Value embeddings",
+        "skip_weights": "U-net skip weights",
         "attn.score.weight": "Score map W (general)",
         "attn.score_q.weight": "Score W₁ (additive, queries)",
         "attn.score_k.weight": "Score W₂ (additive, keys)",
@@ -95,6 +99,10 @@ def _row(name: str) -> str:
 
 
 def _share(name: str) -> str:
+    if name.endswith("v_embed.weight"):
+        return "embeddings"
+    if name == "skip_weights":
+        return "norms"
     if ".attn." in name:
         return "attention"
     if ".mlp." in name:
@@ -133,6 +141,22 @@ def test_every_combination_counts_exactly_per_row() -> None:
         assert shares == expected_shares, config
         checked += 1
     assert checked == len(SHAPES) * 96 * 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(value_embeds=True), dict(skips=True), dict(value_embeds=True, skips=True, n_kv_head=2, pos="rope")],
+)
+def test_value_embeddings_and_skips_count_exactly_per_row(options: dict) -> None:
+    """Value embeddings (a table per layer, as wide as the keys) and U-net skip weights (one per pair of
+    layers) are rows of the reconciliation, counted as the module holds them."""
+    for L, H, D, V, T in SHAPES[1:]:
+        config = GPTConfig(n_layer=L, n_head=H, n_embd=D, vocab_size=V, block_size=T, **options)
+        with torch.device("meta"):
+            model = GPT(config)
+        report = count_params(config)
+        assert report.exact_total == model.num_params()
+        assert report_rows(config) == module_rows(model), config
 
 
 @pytest.mark.parametrize(

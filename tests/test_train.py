@@ -26,6 +26,7 @@ from minigpt.data import BatchSampler, DataConfig, prepare_data
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
 from minigpt.model import GPT
+from minigpt.muon import Muon
 from minigpt.panel import TrainingPanel
 from minigpt.presets import PRESETS
 from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
@@ -126,11 +127,22 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     [
         dict(arch="gpt2", optimizer="adamw"),
         dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8),
+        dict(
+            arch="modern",
+            optimizer="muon",
+            value_embeds=True,
+            skips=True,
+            logit_cap=10.0,
+            zero_init=True,
+            orthogonalizer="polar-express",
+            normuon=True,
+            batch_ramp=0.5,
+        ),
         dict(arch="gpt2", optimizer="adamw", attn_score="dot"),
         dict(arch="gpt2", optimizer="adamw", attn_score="general"),
         dict(arch="modern", optimizer="muon", n_kv_head=2, window=8, attn_score="additive"),
     ],
-    ids=["gpt2", "modern", "dot", "general", "additive"],
+    ids=["gpt2", "modern", "speedrun", "dot", "general", "additive"],
 )
 def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str, Any]) -> None:
     """2N steps straight equal N steps, a stop (as Ctrl-C does it), then a resume to 2N."""
@@ -193,7 +205,7 @@ def test_muon_trains_the_blocks_matrices_and_the_schedule_scales_both_rates() ->
     cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.05)
     optimizer = make_optimizer(model, cfg, torch.device("cpu"))
     adamw, muon = optimizer.parts
-    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, Muon)
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         hidden = name.startswith("transformer.h.") and p.dim() == 2

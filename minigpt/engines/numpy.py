@@ -128,15 +128,17 @@ def attention_mask(queries: int, keys: int, window: int) -> np.ndarray:
 
 
 def qkv(
-    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None
+    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None, idx: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
-    QK-norm and rotary positions applied when the model has them."""
+    QK-norm, rotary positions and the value embeddings of the tokens idx applied when the model has them."""
     B, T, C = x.shape
     H, kv = w.n_head, w.n_kv_head
     heads = linear(w.c_attn, x).reshape(B, T, H + 2 * kv, C // H)  # a new array: changed in place
     if w.score == "general":  # W acts on the projected queries, so it folds into W_Q: (B, T, H, 1, hd)
         heads[:, :, :H] = (heads[:, :, :H, None] @ w.score_maps[0].swapaxes(-1, -2))[:, :, :, 0]
+    if w.v_embed is not None and idx is not None:
+        heads[:, :, -kv:] += w.v_embed[idx].reshape(B, T, kv, -1)
     if w.q_norm is not None and w.k_norm is not None:
         heads[:, :, :H] = norm(w.q_norm, heads[:, :, :H])
         heads[:, :, H:-kv] = norm(w.k_norm, heads[:, :, H:-kv])
@@ -179,12 +181,17 @@ def _additive_logits(w: AttentionWeights[np.ndarray], q: np.ndarray, k: np.ndarr
 
 
 def attend(
-    w: AttentionWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None, rope: Rotary | None
+    w: AttentionWeights[np.ndarray],
+    x: np.ndarray,
+    layer: int,
+    cache: Cache | None,
+    rope: Rotary | None,
+    idx: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
-    each query seeing at most the layer's window."""
+    each query seeing at most the layer's window (idx: the tokens, for value embeddings)."""
     B, T, C = x.shape
-    q, k, v = qkv(w, x, rope)
+    q, k, v = qkv(w, x, rope, idx)
     if cache is not None:
         k, v = cache.update(layer, k, v)
     group = w.n_head // w.n_kv_head
@@ -214,10 +221,15 @@ def mlp(w: MLPWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def block(
-    w: BlockWeights[np.ndarray], x: np.ndarray, layer: int, cache: Cache | None, rope: Rotary | None
+    w: BlockWeights[np.ndarray],
+    x: np.ndarray,
+    layer: int,
+    cache: Cache | None,
+    rope: Rotary | None,
+    idx: np.ndarray | None = None,
 ) -> np.ndarray:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope)
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, idx)
     x += mlp(w.mlp, norm(w.ln_2, x))
     return x
 
@@ -234,11 +246,28 @@ def transformer(
         x += w.wpe[start : start + T]
     if w.rope_base is not None:
         rope = rotary(w.rope_base, w.head_dim, start, T, inverse)
+    inputs: list[np.ndarray] = []  # the layers' inputs that U-net skips carry to later layers
+    takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
     for layer, b in enumerate(w.h):
-        x = block(b, x, layer, cache, rope)
+        if layer in takes and w.skips is not None:
+            i, giver = takes[layer]
+            x = x + w.skips[i] * inputs[giver]
+        if layer < len(w.skip_pairs):
+            inputs.append(x)
+        x = block(b, x, layer, cache, rope, idx)
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)
+
+
+def head(w: ModelWeights[np.ndarray], lm_head: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The logits of hidden states x: the LM head (`lm_head`, in the engine's layout), soft-capped when
+    the model caps them."""
+    logits = linear(lm_head, x)
+    if w.logit_cap is None:
+        return logits
+    cap = np.float32(w.logit_cap)
+    return cap * np.tanh(logits / cap)
 
 
 # --- sampling -------------------------------------------------------------------------------------------
@@ -357,7 +386,7 @@ class NumpyEngine:
     def _forward(
         self,
         weights: ModelWeights[np.ndarray],
-        head: LinearWeights[np.ndarray],
+        lm_head: LinearWeights[np.ndarray],
         idx: np.ndarray,
         cache: Cache | None,
         every_position: bool,
@@ -365,7 +394,7 @@ class NumpyEngine:
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
             x = transformer(weights, idx, cache, self._inverse)
-        logits = linear(head, x if every_position else x[:, -1])
+        logits = head(weights, lm_head, x if every_position else x[:, -1])
         if cache is None or logits.shape[0] == cache.batch:
             return logits
         return np.broadcast_to(logits, (cache.batch, *logits.shape[1:]))
