@@ -18,10 +18,9 @@ from minigpt.serve.batcher import Job, Piece, TokenLogprob
 from minigpt.serve.protocol import (
     ApiError,
     Limits,
-    StreamOptions,
+    SamplingRequest,
     _finish,
     _finite,
-    _stops,
     _Strict,
 )
 from minigpt.tokenizer import Tokenizer
@@ -55,35 +54,20 @@ class ChatMessage(_Strict):
     name: str | None = None
 
 
-class ChatRequest(_Strict):
-    """The fields of POST /v1/chat/completions, OpenAI's defaults included; `top_k` is an extension."""
+class ChatRequest(SamplingRequest):
+    """The fields of POST /v1/chat/completions."""
 
-    model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, strict=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, strict=False)
-    top_k: int | None = Field(None, ge=1)
-    n: int = Field(1, ge=1)
-    stop: Annotated[list[str], BeforeValidator(_stops)] = []
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    frequency_penalty: float = Field(0.0, strict=False)
-    presence_penalty: float = Field(0.0, strict=False)
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> ChatRequest:
-        """Fields OpenAI has that this server does not implement are refused unless neutral."""
+        """Fields this server does not implement are refused unless neutral."""
         unsupported = {
-            "frequency_penalty": self.frequency_penalty != 0,
-            "presence_penalty": self.presence_penalty != 0,
-            "logit_bias": bool(self.logit_bias),
+            **self.unsupported(),
             "top_logprobs": self.top_logprobs is not None and not self.logprobs,
         }
         for name, given in unsupported.items():

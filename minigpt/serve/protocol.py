@@ -95,12 +95,10 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class CompletionRequest(_Strict):
-    """The fields of POST /v1/completions, OpenAI's defaults included; `top_k` is an extension."""
+class SamplingRequest(_Strict):
+    """The fields both endpoints share, OpenAI's defaults included; `top_k` is an extension."""
 
     model: str | None = None
-    prompt: Annotated[list[str | list[int]], BeforeValidator(_prompts)] = [""]
-    max_tokens: int | None = Field(16, ge=0)
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, strict=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, strict=False)
     top_k: int | None = Field(None, ge=1)
@@ -109,23 +107,36 @@ class CompletionRequest(_Strict):
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
-    best_of: int | None = None
     frequency_penalty: float = Field(0.0, strict=False)
     presence_penalty: float = Field(0.0, strict=False)
     logit_bias: dict[str, float] | None = None
-    suffix: str | None = None
     user: str | None = None
 
-    @model_validator(mode="after")
-    def _supported(self) -> CompletionRequest:
-        """Fields OpenAI has that this server does not implement are refused unless neutral."""
-        unsupported = {
-            "best_of": self.best_of not in (None, self.n),
+    def unsupported(self) -> dict[str, bool]:
+        """Fields OpenAI has that this server does not implement, and whether each was given non-neutral."""
+        return {
             "frequency_penalty": self.frequency_penalty != 0,
             "presence_penalty": self.presence_penalty != 0,
             "logit_bias": bool(self.logit_bias),
+        }
+
+
+class CompletionRequest(SamplingRequest):
+    """The fields of POST /v1/completions."""
+
+    prompt: Annotated[list[str | list[int]], BeforeValidator(_prompts)] = [""]
+    max_tokens: int | None = Field(16, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> CompletionRequest:
+        """Fields this server does not implement are refused unless neutral."""
+        unsupported = {
+            **self.unsupported(),
+            "best_of": self.best_of not in (None, self.n),
             "suffix": self.suffix is not None,
         }
         for name, given in unsupported.items():
