@@ -53,13 +53,14 @@ from minigpt.decode import Engine, Generation, encode_prompt  # noqa: E402
 from minigpt.engines import load_engine  # noqa: E402
 from minigpt.engines.torch import make_generator  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
+from minigpt.presets import model_config  # noqa: E402
 from minigpt.rundir import RunDir  # noqa: E402
 from minigpt.tokenizer import CharTokenizer, Tokenizer  # noqa: E402
-from minigpt.trainconfig import arch_fields  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-CONFIG = GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
-ARCHS = {"GPT-2": CONFIG, "modern": GPTConfig(**{**CONFIG.to_dict(), **arch_fields("modern")})}
+SHAPE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
+CONFIG = GPTConfig(**SHAPE)
+ARCHS = {"GPT-2": CONFIG, "modern": model_config(arch="modern", **SHAPE)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,15 +36,15 @@ def make_run(out: Path, arch: str) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from minigpt.config import GPTConfig
     from minigpt.model import GPT
+    from minigpt.presets import model_config
     from minigpt.rundir import RunDir
     from minigpt.tokenizer import TiktokenTokenizer
-    from minigpt.trainconfig import arch_fields
 
     tok = TiktokenTokenizer.from_file(R50K)
-    base = GPTConfig(vocab_size=tok.vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384)
-    config = base if arch == "gpt2" else GPTConfig(**{**base.to_dict(), **arch_fields(arch)})
+    config = model_config(
+        arch=arch, vocab_size=tok.vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384
+    )
     torch.manual_seed(0)
     RunDir(out).save(GPT(config).eval(), tok, extra={})
     print(f"wrote {out}: {arch}, vocab {tok.vocab_size}")
