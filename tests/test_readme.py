@@ -28,7 +28,8 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_environment() -> None:
     """.ci/run makes a new virtual environment every time and runs the README's second command line,
     read from the README by the very line that .ci/run uses."""
     assert re.search(r"^python3 -m venv \"\$venv\"$", CI, re.M) and '. "$venv/bin/activate"' in CI
-    assert CI.rstrip().endswith('eval "$test_command"')
-    (extract,) = re.findall(r"^test_command=\$\((.*)\)$", CI, re.M)
+    assert CI.rstrip().splitlines()[-1] == first_code_block()[1]  # runs it, written out
+    (extract,) = re.findall(r"^readme_test_command=\$\((.*)\)$", CI, re.M)
     got = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True)
     assert got.stdout.strip() == first_code_block()[1]
+    assert f'!= "{first_code_block()[1]}" ]' in CI  # and refuses to run when the README's line changed
