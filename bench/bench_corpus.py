@@ -3,7 +3,7 @@ beside tiktoken's own encode_ordinary_batch on the same text in memory, peak mem
 command to the first training step, cold and warm; optionally the same on 10 GB, and what training the
 tokenizer on a sample costs in bits per byte. Prints the README's tables (markdown).
 
-Usage: python bench/bench_corpus.py [--gb 1] [--formats txt,jsonl.zst,parquet] [--big-gb 10]
+Usage: python bench/bench_corpus.py [--gb 1] [--formats txt,jsonl.zst,parquet] [--big-gb 10 --big-formats txt]
                                     [--sample-cost-mb 200] [--work /tmp]
 
 Every measurement runs in a fresh process (its peak RSS is its own) on a cold cache unless it says warm.
@@ -389,11 +389,50 @@ def starts(work: Path, fmt: str, folder: Path) -> list[str]:
     return rows
 
 
+def big_run(work: Path, fmt: str, gb: float, full: bool) -> tuple[list[str], list[str]]:
+    """The large corpus: the first step cold with each tokenizer (a fresh store each) and, with `full`, the
+    whole corpus tokenized (r50k_base: each phase's time and the peak RSS, to set beside the smaller
+    corpus's row; no tiktoken reference, whose time is as linear as ours) and the first step warm."""
+    folder = work / f"big_{fmt.replace('.', '_')}"
+    t = time.perf_counter()
+    text = write_corpus(folder, fmt, int(gb * 1e9))
+    print(f"generated {fmt}: {text / 1e9:.2f} GB of text, {time.perf_counter() - t:.0f}s", flush=True)
+    label = f"{fmt} ({text / 1e9:.0f} GB)"
+    phase_rows, start_rows = [], []
+    try:
+        for tokenizer, name in ((str(R50K), "r50k_base"), ("bpe", "bpe 512 (trained)")):
+            cache = work / "cache-big"
+            shutil.rmtree(cache, ignore_errors=True)
+            cold, rss = first_step(folder, tokenizer, cache, work / "run")
+            warm = "—"
+            if full and tokenizer != "bpe":
+                shutil.rmtree(cache, ignore_errors=True)
+                args = {"root": str(ROOT), "input": str(folder), "tokenizer": tokenizer, "cache": str(cache)}
+                ours = child(PREPARE, args)
+                mbs = ours["text"] / 1e6 / ours["encode"]
+                phase_rows.append(
+                    f"| {label} | {name} | {text / 1e9:.2f} | {ours['hash']:.1f} | {ours['tokenizer']:.1f} | "
+                    f"{ours['encode']:.1f} | {mbs:.1f} | {mbs:.1f} | — | — | {ours['rss']:.0f} | {load()} |"
+                )
+                print(phase_rows[-1], flush=True)
+                seconds, warm_rss = first_step(folder, tokenizer, cache, work / "run")
+                warm, rss = f"{seconds:.1f}", max(rss, warm_rss)
+            shutil.rmtree(cache, ignore_errors=True)
+            start_rows.append(f"| {label} | {name} | {cold:.1f} | {warm} | {rss:.0f} | {load()} |")
+            print(start_rows[-1], flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return phase_rows, start_rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.0, help="size of the generated corpus (GB of text)")
     parser.add_argument("--formats", default="txt,jsonl.zst,parquet")
-    parser.add_argument("--big-gb", type=float, default=0, help="also a run on this many GB (.txt), e.g. 10")
+    parser.add_argument("--big-gb", type=float, default=0, help="also a run on this many GB, e.g. 10")
+    parser.add_argument(
+        "--big-formats", default="txt,jsonl.zst,parquet", help="formats of the big run (txt: also tokenized)"
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument(
         "--sample-cost-mb", type=float, default=0, help="measure the tokenizer sample on this"
@@ -431,13 +470,10 @@ def main() -> None:
             if opts.cost_steps:
                 cost_rows.append(train_cost(work, fmt, folder, opts.cost_steps))
             shutil.rmtree(folder)
-        if opts.big_gb:
-            folder = work / "big_txt"
-            text = write_corpus(folder, "txt", int(opts.big_gb * 1e9))
-            if not opts.skip_phases:
-                phase_rows += phases(work, "txt", opts.big_gb, folder, text)
-            start_rows += starts(work, f"txt ({opts.big_gb:g} GB)", folder)
-            shutil.rmtree(folder)
+        for fmt in filter(None, opts.big_formats.split(",")) if opts.big_gb else ():
+            big = big_run(work, fmt, opts.big_gb, full=fmt == "txt")
+            phase_rows += big[0]
+            start_rows += big[1]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\n### Preparing a corpus, phase by phase (cold store)\n")

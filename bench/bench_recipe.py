@@ -116,7 +116,7 @@ def step_costs(rows: list[str], rounds: int, steps: int = 3) -> dict[str, tuple[
         model = GPT(cfg.model_config(65))
         if cfg.zero_init:
             model.zero_output_projections()
-        optimizer = make_optimizer(model, cfg, torch.device("cpu"))
+        optimizer = make_optimizer(model, cfg)
         optimizer.set_lr(cfg.lr)
         forward = torch.compile(model) if cfg.compile else model
         shape = (cfg.batch_size, model.config.block_size)

@@ -195,7 +195,8 @@ def prepare_data(
     try:
         sources, parts = _parts(config, inputs, tokenizer, report)
         ingest = _ingest(config, tokenizer, sources, parts, report, share)
-        ingest.run(background)
+        # a store that holds everything is only looked up (a stat per chunk): done before training starts
+        ingest.run(background and not ingest.complete_at_start)
         dataset = _split(config, tokenizer, ingest, block_size)
     except BaseException as e:
         if ingest is not None:

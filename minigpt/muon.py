@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from minigpt.adamw import GroupedOptimizer
 from minigpt.trainconfig import ORTHOGONALIZERS
 
 NS_QUINTIC = (3.4445, -4.7750, 2.0315)  # Keller Jordan's, the coefficients torch.optim.Muon uses
@@ -102,7 +103,7 @@ def _shape_scale(shape: torch.Size) -> float:
     return math.sqrt(max(1.0, shape[0] / shape[1]))
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(GroupedOptimizer):
     """Muon with Nesterov momentum 0.95 and decoupled weight decay, like torch.optim.Muon, with a choice of
     orthogonaliser and NorMuon's row normalisation; the update has the size torch's would (NorMuon's is
     rescaled to the Frobenius norm of a polar factor, so --muon-lr means the same with it)."""
@@ -133,7 +134,7 @@ class Muon(torch.optim.Optimizer):
         return shapes
 
     @torch.no_grad()
-    def step(self, closure: None = None) -> None:  # type: ignore[override]
+    def step(self) -> None:
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             by_shape: dict[torch.Size, list[torch.Tensor]] = {}

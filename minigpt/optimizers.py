@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from minigpt.adamw import AdamW, GroupedOptimizer
 from minigpt.muon import Muon
 from minigpt.trainconfig import TrainConfig
 from minigpt.weights import is_adapter_tensor
@@ -12,13 +13,13 @@ Slots = dict[str, tuple[int, ...] | None]  # state name -> its shape (None: a on
 
 
 class Optimizers:
-    """One or more torch optimizers stepped as one, each parameter owned by exactly one of them.
+    """One or more optimizers stepped as one, each parameter owned by exactly one of them.
 
     Every parameter group holds "lr_scale", its peak learning rate over the run's `lr`, so the one schedule
     scales Muon's rate and AdamW's together.
     """
 
-    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+    def __init__(self, parts: list[GroupedOptimizer]) -> None:
         self.parts = parts
         self.param_groups = [group for part in parts for group in part.param_groups]
         self._owner = {p: part for part in parts for group in part.param_groups for p in group["params"]}
@@ -65,7 +66,7 @@ def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     return param.dim() == 2 and name.startswith("transformer.h.")
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> Optimizers:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> Optimizers:
     """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms; with
     cfg.optimizer "muon", the blocks' weight matrices go to Muon (minigpt.muon) at cfg.muon_lr instead."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -79,10 +80,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
         {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
     ]
     assert cfg.lr is not None, "make_optimizer needs a resolved config (with_recipe)"
-    fused = device.type in ("cuda", "cpu")
-    parts: list[torch.optim.Optimizer] = [
-        torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
-    ]
+    parts: list[GroupedOptimizer] = [AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))]
     if muon:
         # Muon's update is orthogonalised, so its rate is its own; the schedule scales it with lr's
         group = {"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}

@@ -315,7 +315,7 @@ def _set_up_with(
     # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
     # a resume takes what its checkpoint says
     sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
-    parts = Trainables(model, make_optimizer(model, cfg, runtime.device), sampler)
+    parts = Trainables(model, make_optimizer(model, cfg), sampler)
     rundir = RunDir(plan.out)
     state = TrainState()
     if plan.resume:

@@ -19,6 +19,7 @@ import torch
 from conftest import ROOT, FakeClock
 from rich.console import Console
 
+from minigpt.adamw import AdamW
 from minigpt.budget import Budget, lr_at
 from minigpt.cli import app
 from minigpt.config import ARCHS, GPTConfig
@@ -203,9 +204,9 @@ def test_exact_resume_with_muon_is_bitwise(runner, text_file: Path, tmp_path: Pa
 def test_muon_trains_the_blocks_matrices_and_the_schedule_scales_both_rates() -> None:
     model = tiny_model()
     cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.05)
-    optimizer = make_optimizer(model, cfg, torch.device("cpu"))
+    optimizer = make_optimizer(model, cfg)
     adamw, muon = optimizer.parts
-    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, Muon)
+    assert isinstance(adamw, AdamW) and isinstance(muon, Muon)
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         hidden = name.startswith("transformer.h.") and p.dim() == 2
@@ -222,7 +223,7 @@ def test_a_state_file_from_another_optimizer_is_refused(text_file: Path, tmp_pat
     tensors, _ = load_tensors(out / RunDir.STATE)
     model = GPT(RunDir(out).model_config())
     cfg = TrainConfig(lr=1e-3, optimizer="muon")
-    parts = Trainables(model, make_optimizer(model, cfg, torch.device("cpu")), None)  # type: ignore[arg-type]
+    parts = Trainables(model, make_optimizer(model, cfg), None)  # type: ignore[arg-type]
     parts.check(tensors, "state")
     key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/momentum_buffer"))
     for bad, message in (
@@ -632,7 +633,7 @@ def test_train_step_takes_one_step_and_a_nan_leaves_the_weights() -> None:
     with torch.no_grad():
         expected = model(x, y)[1].item()
     before = [p.detach().clone() for p in model.parameters()]
-    optimizer = make_optimizer(model, cfg, cpu.device)
+    optimizer = make_optimizer(model, cfg)
     loss = train_step(model, optimizer, sampler, cpu, lr=1e-2, grad_accum=1, grad_clip=1.0)
     assert loss == pytest.approx(expected, rel=1e-5) and sampler.batches == 1
     assert optimizer.param_groups[0]["lr"] == 1e-2

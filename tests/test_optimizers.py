@@ -1,0 +1,82 @@
+"""minigpt's AdamW against torch.optim.AdamW(fused=True), the reference it replaces, and a `train` command
+that never imports torch._dynamo (torch.optim's base class would, 1.5 s of every start)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from minigpt.adamw import AdamW
+
+
+def _params(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(7, 5), (5,), (3, 4, 2), (1,)]
+    return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+
+
+def _steps(opt, params: list[torch.Tensor], lrs: list[float]) -> None:
+    g = torch.Generator().manual_seed(99)
+    for k, lr in enumerate(lrs):
+        for group in opt.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        for n, p in enumerate(params):
+            # one parameter has no gradient on odd steps: it must keep its state and count unchanged
+            p.grad = None if (n == 3 and k % 2) else torch.randn(p.shape, generator=g)
+        opt.step()
+        opt.zero_grad()
+
+
+def test_adamw_bitwise_equals_torch_fused_adamw() -> None:
+    ours, theirs = _params(0), _params(0)
+
+    def groups(ps: list[torch.Tensor]) -> list[dict]:
+        return [
+            {"params": ps[:2], "weight_decay": 0.1, "lr_scale": 1.0},
+            {"params": ps[2:], "weight_decay": 0.0, "lr_scale": 0.5},
+        ]
+
+    mine = AdamW(groups(ours), lr=1e-2, betas=(0.9, 0.95))
+    ref = torch.optim.AdamW(groups(theirs), lr=1e-2, betas=(0.9, 0.95), fused=True)
+    lrs = [1e-2, 8e-3, 3e-3, 1e-3, 0.0, 5e-3]
+    _steps(mine, ours, lrs)
+    _steps(ref, theirs, lrs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(mine.state[a][key], ref.state[b][key]), key
+            assert mine.state[a][key].dtype == ref.state[b][key].dtype
+
+
+def test_zero_grad_keeps_or_drops_gradients() -> None:
+    (p,) = _params(1)[:1]
+    opt = AdamW([p], lr=0.1)
+    p.grad = torch.ones_like(p)
+    opt.zero_grad(set_to_none=False)
+    assert p.grad is not None and not p.grad.any()
+    opt.zero_grad()
+    assert p.grad is None
+
+
+def test_train_never_imports_the_compiler(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    code = (
+        "import sys\n"
+        "from minigpt.cli import main\n"
+        "sys.argv = ['minigpt', 'train', sys.argv[1], '--tokenizer', 'char', '--max-iters', '3', '--n-layer', '1',"
+        " '--n-embd', '16', '--n-head', '2', '--block-size', '16', '--optimizer', 'muon', '--out', sys.argv[2]]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(text), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]
