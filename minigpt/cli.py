@@ -27,7 +27,7 @@ from minigpt.demo import DemoConfig
 from minigpt.errors import MinigptError
 from minigpt.evalconfig import EvalConfig
 from minigpt.exports import GGUFConfig, ImportConfig, MergeConfig, OverwriteConfig
-from minigpt.genconfig import EngineConfig, GenerateConfig, read_prompt
+from minigpt.genconfig import EngineConfig, GenerateConfig, GenerateIOConfig, read_prompt
 from minigpt.options import command_line, with_options
 from minigpt.rundir import DEFAULT_ROOT
 from minigpt.serve.config import ServeConfig
@@ -510,7 +510,7 @@ def convert_merge(
 
 
 @app.command()
-@with_options(options_of(GenerateConfig), options_of(EngineConfig))
+@with_options(options_of(GenerateConfig), options_of(EngineConfig), options_of(GenerateIOConfig))
 def generate(
     prompt: Annotated[
         str | None,
@@ -520,25 +520,9 @@ def generate(
         ),
     ] = None,
     model: RunOption = None,
-    prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")] = None,
     given: Given = NO_OPTIONS,
-    stream: Annotated[
-        bool | None,
-        typer.Option(
-            "--stream/--no-stream",
-            help="Print text as it is generated, whole characters at a time (default: when stdout is a terminal).",
-        ),
-    ] = None,
     as_json: Annotated[
         bool, _json_option("one JSON object: text, token counts, tokens/s and finish reason per sample")
-    ] = False,
-    explain: Annotated[
-        bool,
-        typer.Option(
-            "--explain",
-            help="After generating, show for each new token which earlier tokens the last layer's heads "
-            "weighted most (on stderr).",
-        ),
     ] = False,
 ) -> None:
     """Continue a prompt with a trained model: text on stdout, everything else on stderr.
@@ -554,13 +538,14 @@ def generate(
     from minigpt.rundir import RunDir
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
-    if as_json and stream:
+    shown = GenerateIOConfig(**given.of(GenerateIOConfig))
+    if as_json and shown.stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
-    text = read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, shown.prompt_file)
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
-    engine, tokenizer = _generation_engine(model, run_on, explain, settings.num_samples)
+    engine, tokenizer = _generation_engine(model, run_on, shown.explain, settings.num_samples)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
         typer.echo(
@@ -569,8 +554,8 @@ def generate(
             err=True,
         )
     gen = Generation(engine, tokenizer, ids, **settings.generation(secrets.randbits(31)))
-    _write_generation(gen, model, as_json, stream)
-    if explain:  # choose_backend sends --explain to torch
+    _write_generation(gen, model, as_json, shown.stream)
+    if shown.explain:  # choose_backend sends --explain to torch
         import shutil
 
         from minigpt.attention_views import explain_lines

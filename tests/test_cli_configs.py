@@ -1,6 +1,6 @@
-"""The configs the smaller commands build (eval, attention, convert, chat, demo, serve): the defaults their
---help states are the configs' own, and a bad value is a one-line usage error (exit 2) on the command line
-and from code alike."""
+"""The configs the smaller commands build (eval, attention, convert, chat, demo, serve, generate's prompt and
+output): the defaults their --help states are the configs' own, and a bad value is a one-line usage error
+(exit 2) on the command line and from code alike."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from minigpt.demo import DemoConfig
 from minigpt.errors import UsageError
 from minigpt.evalconfig import EvalConfig
 from minigpt.exports import GGUFConfig, ImportConfig, MergeConfig, OverwriteConfig
+from minigpt.genconfig import GenerateIOConfig
 from minigpt.serve.config import Limits, ServeConfig
 from minigpt.settings import options_of
 
@@ -25,6 +26,7 @@ COMMANDS: list[tuple[str, type]] = [
     ("eval", EvalConfig), ("attention", AttentionConfig), ("convert from-hf", ImportConfig),
     ("convert from-hf", OverwriteConfig), ("convert to-hf", OverwriteConfig), ("convert to-gguf", GGUFConfig),
     ("convert merge", MergeConfig), ("chat", ChatConfig), ("demo", DemoConfig), ("serve", ServeConfig),
+    ("generate", GenerateIOConfig),
 ]  # fmt: skip
 
 

@@ -61,7 +61,7 @@ def test_params_keeps_every_option() -> None:
 
 
 MOVED = ("eval", "attention", "runs", "convert from-hf", "convert to-hf", "convert to-gguf", "convert merge",
-         "chat", "demo", "serve")  # fmt: skip
+         "chat", "demo", "serve", "generate")  # fmt: skip
 
 
 @pytest.mark.parametrize("command", MOVED)
