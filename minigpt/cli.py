@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -588,26 +590,33 @@ def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_sam
     return engine, tokenizer
 
 
-def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None) -> None:
-    """The samples on stdout: streamed text, or one JSON object at the end."""
+@contextlib.contextmanager
+def _writing_stdout() -> Iterator[None]:
+    """Ctrl-C ends the command with 130; a reader that has gone (say `| head`) ends it quietly with 0."""
     import os
 
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        # keep Python from complaining about the closed pipe at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None) -> None:
+    """The samples on stdout: streamed text, or one JSON object at the end."""
     from minigpt.decode import write_text
     from minigpt.views import print_json
 
-    try:
+    with _writing_stdout():
         if as_json:
             gen.run()
             print_json({"model": str(model), **gen.to_json()})
             return
         write_text(gen, sys.stdout, stream=sys.stdout.isatty() if stream is None else stream)
-    except KeyboardInterrupt:
-        typer.echo("\ninterrupted", err=True)
-        raise typer.Exit(130) from None
-    except BrokenPipeError:
-        # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
 @app.command()
@@ -653,19 +662,13 @@ def chat(
         typer.echo(f"seed {seed}", err=True)
     engine, tokenizer = _generation_engine(run, run_on, explain=False, num_samples=1)
     session = ChatSession(engine, tokenizer, settings, system, seed=seed or 0)
-    try:
+    with _writing_stdout():
         if sys.stdin.isatty():
             import readline  # noqa: F401  (line editing and history for input())
 
             interactive(session, input, sys.stdout, sys.stderr)
         else:
             piped(session, sys.stdin.buffer, sys.stdout, system, as_json)
-    except KeyboardInterrupt:
-        typer.echo("\ninterrupted", err=True)
-        raise typer.Exit(130) from None
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
 @app.command()
