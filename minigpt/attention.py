@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minigpt.attentionconfig import AttentionConfig
 from minigpt.errors import UsageError
 
 if TYPE_CHECKING:
@@ -189,16 +190,11 @@ class Inspection:
 
 
 def inspect_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    text: str,
-    position: int | None = None,
-    layer: int | None = None,
-    head: int | None = None,
+    model: GPT, tokenizer: Tokenizer, text: str, cfg: AttentionConfig = AttentionConfig()
 ) -> Inspection:
-    """The attention `minigpt attention` shows for `text` (its last block_size tokens)."""
-    if head is not None and layer is None:
-        raise UsageError("--head needs --layer: give both, e.g. --layer 0 --head 1")
+    """The attention `minigpt attention` shows for `text` (its last block_size tokens) at `cfg`'s position,
+    layer and head."""
+    position, layer, head = cfg.position, cfg.layer, cfg.head
     if not text:
         raise UsageError("TEXT is empty: give some text to look at")
     config = model.config

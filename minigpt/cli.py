@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,15 +20,20 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from minigpt import __version__
+from minigpt.attentionconfig import AttentionConfig
 from minigpt.budget import process_started
+from minigpt.chat.config import ChatConfig
 from minigpt.config import GPTConfig
 from minigpt.dataconfig import DataConfig
+from minigpt.demo import DemoConfig
 from minigpt.errors import MinigptError
-from minigpt.exports import GGUFConfig
-from minigpt.genconfig import EngineConfig, GenerateConfig, read_prompt
+from minigpt.evalconfig import EvalConfig
+from minigpt.exports import GGUFConfig, ImportConfig, MergeConfig, OverwriteConfig
+from minigpt.genconfig import EngineConfig, GenerateConfig, GenerateIOConfig, read_prompt
 from minigpt.options import command_line, with_options
 from minigpt.rundir import DEFAULT_ROOT
-from minigpt.settings import NO_OPTIONS, Given, options_of
+from minigpt.serve.config import ServeConfig
+from minigpt.settings import NO_OPTIONS, Given, Option, options_of
 from minigpt.trainconfig import BUDGET_SETTINGS, DEFAULT_MAX_ITERS, LaunchConfig, TrainConfig
 
 
@@ -315,7 +322,7 @@ def prepare(
 
 
 @app.command("eval")
-@with_options(options_of(EngineConfig, skip=("backend", "dtype")))
+@with_options(options_of(EvalConfig), options_of(EngineConfig, skip=("backend", "dtype")))
 def eval_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
     files: Annotated[
@@ -324,13 +331,7 @@ def eval_cmd(
             help="Text file(s) or folders of .txt files to score, or conversation JSONL (answers only)."
         ),
     ],
-    batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 16,
-    max_windows: Annotated[
-        int | None, typer.Option(min=1, help="Score at most this many evenly spaced windows (default: all).")
-    ] = None,
-    encoding: Annotated[str, typer.Option(help="Text encoding of the files.")] = "utf-8",
     given: Given = NO_OPTIONS,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "float32",
     as_json: Annotated[bool, _json_option("one JSON object instead of a table")] = False,
 ) -> None:
     """Loss, perplexity and bits-per-byte of a trained model on any text file, or on the assistant's
@@ -338,10 +339,8 @@ def eval_cmd(
     from minigpt.evaluate import evaluate_run
     from minigpt.views import eval_view, print_json
 
-    run_on = EngineConfig(**given.of(EngineConfig))
-    result = evaluate_run(
-        run, files, run_on.device, dtype, batch_size, max_windows, encoding, run_on.quantize
-    )
+    cfg, run_on = EvalConfig(**given.of(EvalConfig)), EngineConfig(**given.of(EngineConfig))
+    result = evaluate_run(run, files, cfg, run_on.device, run_on.quantize)
     if as_json:
         print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return
@@ -351,28 +350,14 @@ def eval_cmd(
 
 
 @app.command()
+@with_options(options_of(AttentionConfig))
 def attention(
     text: Annotated[
         str, typer.Argument(help="The text to look at (quote it; in bash $'a\\nb' gives a newline).")
     ],
     model: RunOption = None,
-    position: Annotated[
-        int | None,
-        typer.Option(help="Query position to show (default: the last token; negative counts from the end)."),
-    ] = None,
-    layer: Annotated[
-        int | None,
-        typer.Option(help="Draw this layer's full T x T patterns as grids (negative from the end)."),
-    ] = None,
-    head: Annotated[int | None, typer.Option(help="With --layer: only this head.")] = None,
-    top: Annotated[int, typer.Option(min=1, help="Top attended tokens listed per head.")] = 3,
+    given: Given = NO_OPTIONS,
     as_json: Annotated[bool, _json_option("the weights and tokens as one JSON object")] = False,
-    png: Annotated[
-        Path | None,
-        typer.Option(
-            help="Also draw the grid (one head, or a tile of heads) as a PNG (needs the viz extra)."
-        ),
-    ] = None,
 ) -> None:
     """Show which earlier tokens each attention head weights, seen from the last (or --position) token.
 
@@ -389,11 +374,12 @@ def attention(
     from minigpt.engines import load_engine
     from minigpt.rundir import RunDir
 
+    cfg = AttentionConfig(**given.of(AttentionConfig))
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using model {model} (the latest run; pass --model DIR for another)", err=True)
     engine, tokenizer = load_engine(model, "torch", "cpu", "float32")
-    seen = inspect_text(engine.model, tokenizer, text, position, layer, head)
+    seen = inspect_text(engine.model, tokenizer, text, cfg)
     if seen.dropped:
         typer.echo(
             f"note: the text is {len(seen.ids) + seen.dropped} tokens, more than the model's block_size "
@@ -404,10 +390,10 @@ def attention(
         # one compact line: T x T weights indented one number per line would run to millions of lines
         sys.stdout.write(json.dumps(seen.to_json(str(model)), separators=(",", ":")) + "\n")
     else:
-        print_inspection(seen, str(model), top)
-    if png is not None:
-        write_inspection_png(png, engine.model, seen)
-        typer.echo(f"wrote {png}", err=True)
+        print_inspection(seen, str(model), cfg.top)
+    if cfg.png is not None:
+        write_inspection_png(cfg.png, engine.model, seen)
+        typer.echo(f"wrote {cfg.png}", err=True)
 
 
 convert_app = typer.Typer(
@@ -420,6 +406,16 @@ convert_app = typer.Typer(
 app.add_typer(convert_app, name="convert")
 
 
+def _overwrite(help: str) -> tuple[Option, ...]:
+    """The shared --overwrite, with what it replaces for this command."""
+    return tuple(o.with_help(help) for o in options_of(OverwriteConfig))
+
+
+def _overwriting(given: Given) -> bool:
+    """Whether --overwrite was given."""
+    return OverwriteConfig(**given.of(OverwriteConfig)).overwrite
+
+
 def _report_conversion(result: Any, what: str) -> None:
     from minigpt.views import conversion_summary
 
@@ -429,6 +425,7 @@ def _report_conversion(result: Any, what: str) -> None:
 
 
 @convert_app.command("from-hf")
+@with_options(options_of(ImportConfig), _overwrite("Replace an existing run at OUT."))
 def convert_from_hf(
     src: Annotated[
         Path,
@@ -437,18 +434,7 @@ def convert_from_hf(
         ),
     ],
     out: Annotated[Path, typer.Argument(help="minigpt run directory to write.")],
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            help="tiktoken encoding name or .tiktoken file. Default: the directory's own tokenizer.json "
-            "(or vocab.json + merges.txt), else for GPT-2 r50k_base from TIKTOKEN_CACHE_DIR."
-        ),
-    ] = None,
-    tokenizer_file: Annotated[
-        Path | None,
-        typer.Option(help="The r50k_base.tiktoken ranks file (or another .tiktoken file) to use."),
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at OUT.")] = False,
+    given: Given = NO_OPTIONS,
 ) -> None:
     """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape), or a Llama or Qwen3 model with plain
     rotary positions, as a minigpt run, offline.
@@ -458,7 +444,7 @@ def convert_from_hf(
     """
     from minigpt.convert import from_hf
 
-    result = from_hf(src, out, tokenizer=tokenizer, tokenizer_file=tokenizer_file, overwrite=overwrite)
+    result = from_hf(src, out, ImportConfig(**given.of(ImportConfig)), overwrite=_overwriting(given))
     _report_conversion(result, "minigpt run")
 
 
@@ -468,12 +454,11 @@ _ExportedRun = Annotated[
 
 
 @convert_app.command("to-hf")
+@with_options(_overwrite("Write into a non-empty OUT, replacing its model files."))
 def convert_to_hf(
     run: _ExportedRun,
     out: Annotated[Path, typer.Argument(help="Directory to write for transformers' from_pretrained.")],
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Write into a non-empty OUT, replacing its model files.")
-    ] = False,
+    given: Given = NO_OPTIONS,
 ) -> None:
     """Export a run for transformers' AutoModelForCausalLM.from_pretrained(OUT): GPT-2 architecture as
     GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
@@ -485,16 +470,15 @@ def convert_to_hf(
     from minigpt.convert import to_hf
     from minigpt.hfmap import ARCHITECTURES, family_for
 
-    result = to_hf(run, out, overwrite=overwrite)
+    result = to_hf(run, out, overwrite=_overwriting(given))
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
 
 
 @convert_app.command("to-gguf")
-@with_options(options_of(GGUFConfig))
+@with_options(_overwrite("Replace an existing OUT file."), options_of(GGUFConfig))
 def convert_to_gguf(
     run: _ExportedRun,
     out: Annotated[Path, typer.Argument(help="The GGUF file to write (e.g. model.gguf).")],
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT file.")] = False,
     given: Given = NO_OPTIONS,
 ) -> None:
     """Export a run as one GGUF file for llama.cpp (needs the gguf extra): GPT-2 architecture as llama.cpp's
@@ -507,19 +491,15 @@ def convert_to_gguf(
     from minigpt.gguf_export import gguf_architecture, to_gguf
 
     settings = GGUFConfig(**given.of(GGUFConfig))
-    result = to_gguf(run, out, settings, overwrite=overwrite)
+    result = to_gguf(run, out, settings, overwrite=_overwriting(given))
     _report_conversion(result, f"GGUF ({gguf_architecture(result.config)}, {settings.dtype})")
 
 
 @convert_app.command("merge")
+@with_options(options_of(MergeConfig), _overwrite("Replace an existing run at --out."))
 def convert_merge(
     run: Annotated[Path, typer.Argument(help="A LoRA run (trained with --lora-rank).")],
-    out: Annotated[Path, typer.Option(help="The plain run directory to write.")],
-    base: Annotated[
-        Path | None,
-        typer.Option(help="Where the base run is now, if it moved (checked by its weights' hash)."),
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run at --out.")] = False,
+    given: Given = NO_OPTIONS,
 ) -> None:
     """Merge a LoRA run's adapter into its base's weights: a plain run, without the adapter's base.
 
@@ -527,12 +507,12 @@ def convert_merge(
     """
     from minigpt.finetune import merge_run
 
-    path = merge_run(run, out, base, overwrite)
+    path = merge_run(run, MergeConfig(**given.of(MergeConfig)), _overwriting(given))
     typer.echo(f"wrote {path}: {run} merged into its base", err=True)
 
 
 @app.command()
-@with_options(options_of(GenerateConfig), options_of(EngineConfig))
+@with_options(options_of(GenerateConfig), options_of(EngineConfig), options_of(GenerateIOConfig))
 def generate(
     prompt: Annotated[
         str | None,
@@ -542,25 +522,9 @@ def generate(
         ),
     ] = None,
     model: RunOption = None,
-    prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")] = None,
     given: Given = NO_OPTIONS,
-    stream: Annotated[
-        bool | None,
-        typer.Option(
-            "--stream/--no-stream",
-            help="Print text as it is generated, whole characters at a time (default: when stdout is a terminal).",
-        ),
-    ] = None,
     as_json: Annotated[
         bool, _json_option("one JSON object: text, token counts, tokens/s and finish reason per sample")
-    ] = False,
-    explain: Annotated[
-        bool,
-        typer.Option(
-            "--explain",
-            help="After generating, show for each new token which earlier tokens the last layer's heads "
-            "weighted most (on stderr).",
-        ),
     ] = False,
 ) -> None:
     """Continue a prompt with a trained model: text on stdout, everything else on stderr.
@@ -576,13 +540,14 @@ def generate(
     from minigpt.rundir import RunDir
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
-    if as_json and stream:
+    shown = GenerateIOConfig(**given.of(GenerateIOConfig))
+    if as_json and shown.stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
-    text = read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, shown.prompt_file)
     if model is None:
         model = RunDir.latest().path
         typer.echo(f"using {model}", err=True)
-    engine, tokenizer = _generation_engine(model, run_on, explain, settings.num_samples)
+    engine, tokenizer = _generation_engine(model, run_on, shown.explain, settings.num_samples)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
         typer.echo(
@@ -591,8 +556,8 @@ def generate(
             err=True,
         )
     gen = Generation(engine, tokenizer, ids, **settings.generation(secrets.randbits(31)))
-    _write_generation(gen, model, as_json, stream)
-    if explain:  # choose_backend sends --explain to torch
+    _write_generation(gen, model, as_json, shown.stream)
+    if shown.explain:  # choose_backend sends --explain to torch
         import shutil
 
         from minigpt.attention_views import explain_lines
@@ -625,30 +590,41 @@ def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_sam
     return engine, tokenizer
 
 
-def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None) -> None:
-    """The samples on stdout: streamed text, or one JSON object at the end."""
+@contextlib.contextmanager
+def _writing_stdout() -> Iterator[None]:
+    """Ctrl-C ends the command with 130; a reader that has gone (say `| head`) ends it quietly with 0."""
     import os
 
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        # keep Python from complaining about the closed pipe at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None) -> None:
+    """The samples on stdout: streamed text, or one JSON object at the end."""
     from minigpt.decode import write_text
     from minigpt.views import print_json
 
-    try:
+    with _writing_stdout():
         if as_json:
             gen.run()
             print_json({"model": str(model), **gen.to_json()})
             return
         write_text(gen, sys.stdout, stream=sys.stdout.isatty() if stream is None else stream)
-    except KeyboardInterrupt:
-        typer.echo("\ninterrupted", err=True)
-        raise typer.Exit(130) from None
-    except BrokenPipeError:
-        # the reader (say `| head`) has gone: stop quietly, and keep Python from complaining at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
 @app.command()
-@with_options(options_of(GenerateConfig, skip=("num_samples", "slide")), options_of(EngineConfig))
+@with_options(
+    options_of(ChatConfig),
+    options_of(GenerateConfig, skip=("num_samples", "slide")),
+    options_of(EngineConfig),
+)
 def chat(
     run: Annotated[
         Path | None,
@@ -656,7 +632,6 @@ def chat(
             help="Run directory fine-tuned on conversations (default: the newest under checkpoints/)."
         ),
     ] = None,
-    system: Annotated[str | None, typer.Option(help="A system message that opens the conversation.")] = None,
     given: Given = NO_OPTIONS,
     as_json: Annotated[
         bool, _json_option("one JSON object per answer of piped input (answer, finish_reason)")
@@ -677,6 +652,7 @@ def chat(
     from minigpt.rundir import RunDir
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
+    system = ChatConfig(**given.of(ChatConfig)).system
     if run is None:
         run = RunDir.latest().path
         typer.echo(f"using {run}", err=True)
@@ -686,45 +662,35 @@ def chat(
         typer.echo(f"seed {seed}", err=True)
     engine, tokenizer = _generation_engine(run, run_on, explain=False, num_samples=1)
     session = ChatSession(engine, tokenizer, settings, system, seed=seed or 0)
-    try:
+    with _writing_stdout():
         if sys.stdin.isatty():
             import readline  # noqa: F401  (line editing and history for input())
 
             interactive(session, input, sys.stdout, sys.stderr)
         else:
             piped(session, sys.stdin.buffer, sys.stdout, system, as_json)
-    except KeyboardInterrupt:
-        typer.echo("\ninterrupted", err=True)
-        raise typer.Exit(130) from None
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
 @app.command()
-def demo(
-    max_time: Annotated[str, typer.Option(help="Training time budget, e.g. 90s, 2m, 10m.")] = "2m",
-    out: Annotated[
-        Path, typer.Option(help="Run directory for the demo model (replaced on each demo).")
-    ] = Path("checkpoints/demo"),
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate at the end.")] = 300,
-    seed: Annotated[int, typer.Option(help="Seed for training and sampling.")] = 1337,
-) -> None:
+@with_options(options_of(DemoConfig))
+def demo(given: Given = NO_OPTIONS) -> None:
     """Train on Python's own documentation (no file needed), generate from the model, count its parameters.
 
     The same three steps as `minigpt train FILE`, `minigpt generate` and `minigpt params RUN`.
     """
     from minigpt.demo import DEMO_PROMPT, generate_demo_text, show_demo_params, train_demo
     from minigpt.panel import TrainingPanel
-    from minigpt.train import parse_duration
 
-    result = train_demo(out, parse_duration(max_time), seed, TrainingPanel())
+    cfg = DemoConfig(**given.of(DemoConfig))
+    result = train_demo(cfg, TrainingPanel())
     if result.interrupted:
         raise typer.Exit(130)
-    typer.echo(f"\n== 2/3 generating {tokens} tokens from {out} after the prompt {DEMO_PROMPT!r}", err=True)
-    generate_demo_text(out, tokens, seed, sys.stdout)
-    typer.echo(f"\n== 3/3 parameters of {out}", err=True)
-    show_demo_params(out)
+    typer.echo(
+        f"\n== 2/3 generating {cfg.tokens} tokens from {cfg.out} after the prompt {DEMO_PROMPT!r}", err=True
+    )
+    generate_demo_text(cfg, sys.stdout)
+    typer.echo(f"\n== 3/3 parameters of {cfg.out}", err=True)
+    show_demo_params(cfg.out)
 
 
 def main() -> None:
@@ -732,46 +698,12 @@ def main() -> None:
 
 
 @app.command()
-@with_options(options_of(EngineConfig, skip=("quantize",)))
+@with_options(options_of(ServeConfig), options_of(EngineConfig, skip=("quantize",)))
 def serve(
     run: Annotated[
         Path | None, typer.Argument(help="Run directory to serve (default: the newest under checkpoints/).")
     ] = None,
-    model: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--model",
-            "-m",
-            metavar="RUN",
-            help="Another run to serve (repeatable); a request picks one by folder name.",
-        ),
-    ] = None,
-    host: Annotated[
-        str,
-        typer.Option(
-            help="Address to listen on: 127.0.0.1 keeps the server to this machine; 0.0.0.0 opens it to "
-            "the network (then use --api-key behind a TLS proxy)."
-        ),
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free one).")] = 8000,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MINIGPT_API_KEY",
-            show_envvar=True,
-            help="Require `Authorization: Bearer KEY` on every /v1 route.",
-        ),
-    ] = None,
     given: Given = NO_OPTIONS,
-    max_batch: Annotated[
-        int, typer.Option(min=1, help="Rows (samples of all requests) decoded together at most; caps n.")
-    ] = 32,
-    queue: Annotated[
-        int, typer.Option(min=0, help="Requests that may wait for free rows; past that, 429 (busy).")
-    ] = 64,
-    max_tokens: Annotated[
-        int, typer.Option(min=1, help="The largest max_tokens a request may ask for.")
-    ] = 1024,
 ) -> None:
     """Serve runs over an OpenAI-compatible API (/v1/completions, /v1/models) with a web page at /.
 
@@ -791,15 +723,11 @@ def serve(
         ) from None
     from minigpt.rundir import RunDir
     from minigpt.serve.models import load_models
-    from minigpt.serve.protocol import Limits
     from minigpt.serve.server import run_server
 
-    paths = ([run] if run is not None else []) + list(model or [])
+    cfg, run_on = ServeConfig(**given.of(ServeConfig)), EngineConfig(**given.of(EngineConfig))
+    paths = ([run] if run is not None else []) + list(cfg.models or [])
     if not paths:
         paths = [RunDir.latest().path]
         typer.echo(f"using {paths[0]}", err=True)
-    run_on = EngineConfig(**given.of(EngineConfig))
-    models = load_models(
-        paths, run_on.backend, run_on.device, run_on.dtype, max_rows=max_batch, max_waiting=queue
-    )
-    run_server(models, host, port, api_key or None, Limits(max_tokens=max_tokens, max_n=max_batch))
+    run_server(load_models(paths, run_on, cfg), cfg)

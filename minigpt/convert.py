@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from minigpt.chat.template import END, has_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError, UsageError
-from minigpt.exports import ConvertResult, record_export
+from minigpt.exports import ConvertResult, ImportConfig, record_export
 from minigpt.files import (
     atomic_write_bytes,
     atomic_write_json,
@@ -236,19 +236,16 @@ def _read_dir_tokenizer(src: Path) -> Tokenizer | None:
     return None
 
 
-def resolve_import_tokenizer(
-    src: Path, tokenizer: str | None, tokenizer_file: Path | None, gpt2: bool = True
-) -> Tokenizer:
+def resolve_import_tokenizer(src: Path, cfg: ImportConfig, gpt2: bool = True) -> Tokenizer:
     """The tokenizer a converted run gets: --tokenizer-file, --tokenizer, the minigpt tokenizer an older
     `to-hf` saved, the directory's own tokenizer files, else, for a GPT-2, r50k_base (GPT-2's) from
     TIKTOKEN_CACHE_DIR.
     """
     from minigpt.tokenizer import TiktokenTokenizer, tokenizer_kind
 
-    if tokenizer_file is not None:
-        if tokenizer is not None:
-            raise UsageError("give --tokenizer or --tokenizer-file, not both")
-        return TiktokenTokenizer.from_file(tokenizer_file)
+    tokenizer = cfg.tokenizer
+    if cfg.tokenizer_file is not None:
+        return TiktokenTokenizer.from_file(cfg.tokenizer_file)
     if tokenizer is not None:
         if tokenizer_kind(tokenizer) != "tiktoken":
             raise UsageError(
@@ -321,12 +318,7 @@ def _clear(out: Path, names: Iterable[str]) -> None:
 
 
 def from_hf(
-    src: Path,
-    out: Path,
-    *,
-    tokenizer: str | None = None,
-    tokenizer_file: Path | None = None,
-    overwrite: bool = False,
+    src: Path, out: Path, cfg: ImportConfig = ImportConfig(), *, overwrite: bool = False
 ) -> ConvertResult:
     """Write a minigpt run directory from a local Hugging Face GPT-2, Llama or Qwen3 directory
     (safetensors only).
@@ -339,7 +331,7 @@ def from_hf(
     config = config_from_hf(hf, src / HF_CONFIG)
     files = weight_files(src)
     plan = plan_import(_hf_shapes(files), config, src)
-    tok = resolve_import_tokenizer(src, tokenizer, tokenizer_file, hf["model_type"] == "gpt2")
+    tok = resolve_import_tokenizer(src, cfg, hf["model_type"] == "gpt2")
     if tok.vocab_size > config.vocab_size:
         raise MinigptError(
             f"the tokenizer ({tok.describe()}) is larger than the model's vocabulary ({config.vocab_size:,}): "

@@ -1,19 +1,41 @@
-"""The demo: train on Python's own reference documentation (shipped with every Python), generate, count."""
+"""The demo: train on Python's own reference documentation (shipped with every Python), generate, count; its
+settings (`DemoConfig`) are the options of `minigpt demo`."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from minigpt.errors import MinigptError
 from minigpt.files import atomic_write_bytes
+from minigpt.settings import check_bounds, setting
+from minigpt.trainconfig import parse_duration
 
 if TYPE_CHECKING:
     from minigpt.reporters import ProgressReporter
     from minigpt.train import TrainResult
 
 DEMO_PROMPT = "The "
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """How long the demo trains, where its run goes, and how much it generates."""
+
+    max_time: str = setting("2m", "Training time budget, e.g. 90s, 2m, 10m.")
+    out: Path = setting(Path("checkpoints/demo"), "Run directory for the demo model (replaced on each demo).")
+    tokens: int = setting(300, "Tokens to generate at the end.", min=1)
+    seed: int = setting(1337, "Seed for training and sampling.")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        parse_duration(self.max_time)  # a budget it cannot read is a usage error before anything runs
+
+    @property
+    def seconds(self) -> float:
+        return parse_duration(self.max_time)
 
 
 def demo_text() -> str:
@@ -36,20 +58,23 @@ def write_demo_text(path: Path) -> Path:
     return path
 
 
-def train_demo(out: Path, seconds: float, seed: int, reporter: ProgressReporter) -> TrainResult:
-    """Step 1: train the CPU recipe's model on the demo corpus for `seconds`, replacing `out`."""
+def train_demo(cfg: DemoConfig, reporter: ProgressReporter) -> TrainResult:
+    """Step 1: train the CPU recipe's model on the demo corpus for `cfg.max_time`, replacing `cfg.out`."""
     from minigpt.data import DataConfig
     from minigpt.dataconfig import default_cache_dir
     from minigpt.train import TrainConfig, train
 
     corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")
+    seconds = cfg.seconds
     print(f"== 1/3 training on Python's reference documentation ({corpus}) for {seconds:g}s", file=sys.stderr)
-    cfg = TrainConfig(max_time=seconds, seed=seed)
-    return train(cfg, DataConfig(paths=(corpus,)), out=out, overwrite=True, reporter=reporter)
+    settings = TrainConfig(max_time=seconds, seed=cfg.seed)
+    return train(settings, DataConfig(paths=(corpus,)), out=cfg.out, overwrite=True, reporter=reporter)
 
 
-def generate_demo_text(run: Path, tokens: int, seed: int, out: TextIO) -> None:
-    """Step 2: continue DEMO_PROMPT on the engine `minigpt generate` would pick, streamed to a terminal."""
+def generate_demo_text(cfg: DemoConfig, out: TextIO) -> None:
+    """Step 2: continue DEMO_PROMPT with `cfg.tokens` tokens of `cfg.out`'s model on the engine `minigpt
+    generate` would pick, streamed to a terminal."""
+    run = cfg.out
     from minigpt.decode import Generation, encode_prompt, write_text
     from minigpt.engines import choose_backend, load_engine
     from minigpt.rundir import RunDir
@@ -57,7 +82,7 @@ def generate_demo_text(run: Path, tokens: int, seed: int, out: TextIO) -> None:
     backend = choose_backend("auto", "auto", "auto", weights=RunDir(run).weights_path)
     engine, tokenizer = load_engine(run, backend)
     ids = encode_prompt(tokenizer, DEMO_PROMPT)
-    gen = Generation(engine, tokenizer, ids, max_new_tokens=tokens, temperature=0.8, seed=seed)
+    gen = Generation(engine, tokenizer, ids, max_new_tokens=cfg.tokens, temperature=0.8, seed=cfg.seed)
     write_text(gen, out, stream=out.isatty())
     if not out.isatty():
         out.write("\n")  # a terminal's text already ends with one; keep the table off the text in a file too

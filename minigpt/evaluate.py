@@ -15,6 +15,7 @@ from minigpt.chat.template import ChatTemplate
 from minigpt.data import bits_per_byte, eval_batches, read_text
 from minigpt.device import autocast_context
 from minigpt.errors import MinigptError
+from minigpt.evalconfig import EvalConfig
 from minigpt.memory import allocating
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer
@@ -99,14 +100,13 @@ def evaluate_files(
     paths: list[Path],
     device: torch.device,
     dtype: torch.dtype,
-    batch_size: int = 16,
-    max_windows: int | None = None,
-    encoding: str = "utf-8",
+    cfg: EvalConfig = EvalConfig(),
     errors: str = "strict",
     weights: ModelWeights[torch.Tensor] | None = None,
 ) -> EvalResult:
     """Score text files, or conversation JSONL files on the assistant's tokens only (as fine-tuning does:
-    each conversation is a window)."""
+    each conversation is a window), `cfg.batch_size` windows at a time (`cfg.dtype` is `dtype`'s name)."""
+    batch_size, max_windows = cfg.batch_size, cfg.max_windows
     chats = conversation_files(paths)
     if chats is not None:
         template = ChatTemplate(tokenizer)
@@ -114,7 +114,7 @@ def evaluate_files(
         split = ConversationSplit.of([c for f in chats for c in read_conversations(f, template, block, None)])
         batches = split.eval_batches(batch_size, _max_batches(max_windows, batch_size))
         return _score(model, batches, tokenizer.text_byte_lengths(), device, dtype, weights)
-    text = read_text(paths, encoding, errors)
+    text = read_text(paths, cfg.encoding, errors)
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
     with allocating(f"forward passes over {batch_size:,} windows of {model.config.block_size:,} tokens"):
         return evaluate_ids(
@@ -125,15 +125,12 @@ def evaluate_files(
 def evaluate_run(
     run: Path,
     paths: list[Path],
+    cfg: EvalConfig = EvalConfig(),
     device_name: str = "auto",
-    dtype_name: str = "float32",
-    batch_size: int = 16,
-    max_windows: int | None = None,
-    encoding: str = "utf-8",
     quantize: str = "none",
 ) -> EvalResult:
-    """Score a run directory's best weights on text files, with its linear layers in `quantize` form as
-    `minigpt generate --quantize` runs them."""
+    """Score a run directory's best weights on text files as `cfg` says, on `device_name`, with its linear
+    layers in `quantize` form as `minigpt generate --quantize` runs them."""
     from minigpt.device import resolve_device, resolve_dtype
     from minigpt.quantize import check_quantize, quantize_weights
     from minigpt.rundir import RunDir
@@ -141,8 +138,6 @@ def evaluate_run(
     device = resolve_device(device_name)
     check_quantize(quantize, device)
     model, tokenizer, _ = RunDir(run).load_model(str(device))
-    dtype = resolve_dtype(dtype_name, device)
+    dtype = resolve_dtype(cfg.dtype, device)
     weights = quantize_weights(model.weights(), quantize)
-    return evaluate_files(
-        model, tokenizer, paths, device, dtype, batch_size, max_windows, encoding, weights=weights
-    )
+    return evaluate_files(model, tokenizer, paths, device, dtype, cfg, weights=weights)

@@ -16,6 +16,7 @@ import torch
 from minigpt.chat.template import with_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.errors import UsageError
+from minigpt.exports import MergeConfig
 from minigpt.lora import ADDED, EMBEDDING, HEAD, LoRAConfig, file_sha256, resolve_targets
 from minigpt.model import GPT, build_model
 from minigpt.rundir import AdapterLink, RunDir
@@ -112,15 +113,16 @@ def describe(link: AdapterLink, shape: GPTConfig, total: int) -> str:
     )
 
 
-def merge_run(run: Path, out: Path, base: Path | None = None, overwrite: bool = False) -> Path:
-    """Write a LoRA run as a plain run: its base's weights with the adapter merged in (W + alpha/rank B A,
-    the new rows appended), its tokenizer, and its training record; `base` where the base run is now."""
-    adapter = RunDir(run, base=base)
+def merge_run(run: Path, cfg: MergeConfig, overwrite: bool = False) -> Path:
+    """Write a LoRA run as a plain run at `cfg.out`: its base's weights with the adapter merged in
+    (W + alpha/rank B A, the new rows appended), its tokenizer, and its training record; `cfg.base` where
+    the base run is now."""
+    adapter = RunDir(run, base=cfg.base)
     data = adapter.read_config()
     link = adapter.adapter_link(data)
     if link is None:
         raise UsageError(f"{run} is not a LoRA run (it has no adapter): it is a plain run already")
-    merged = RunDir(out)
+    merged = RunDir(cfg.out)
     if merged.path.resolve() in (adapter.path.resolve(), link.base.resolve()):
         raise UsageError("--out would replace the LoRA run or its base: choose another folder")
     merged.guard_new(overwrite)

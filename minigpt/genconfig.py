@@ -1,5 +1,6 @@
 """What `minigpt generate` draws from a model, which engine runs it (each field an option of `generate`,
-the engine's of `serve` too) and the prompt it continues, all checked before any model loads; no torch."""
+the engine's of `serve` too), the prompt it continues and how it shows the text, all checked before any model
+loads; no torch."""
 
 from __future__ import annotations
 
@@ -86,6 +87,21 @@ class GenerateConfig:
             "stop": list(self.stop or []),
             "seed": seed if self.seed is None else self.seed,
         }
+
+
+@dataclass(frozen=True)
+class GenerateIOConfig:
+    """Where `minigpt generate` reads its prompt, and how it shows what it generates."""
+
+    prompt_file: Path | None = setting(None, "Read the prompt from this UTF-8 file.")
+    stream: bool | None = setting(
+        None, "Print text as it is generated, whole characters at a time (default: when stdout is a terminal).",
+        flags=("--stream/--no-stream",),
+    )  # fmt: skip
+    explain: bool = setting(
+        False, "After generating, show for each new token which earlier tokens the last layer's heads weighted "
+        "most (on stderr).", flags=("--explain",),
+    )  # fmt: skip
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

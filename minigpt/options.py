@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
+from dataclasses import MISSING
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
@@ -29,7 +30,8 @@ def _reader(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _parameter(option: Option) -> inspect.Parameter:
-    """The typer parameter of an option: None when not given, so a config's own default applies."""
+    """The typer parameter of an option: None when not given, so a config's own default applies (one
+    whose field has no default is required)."""
     s = option.setting
     kind = Literal[s.choices] if s.choices else option.kind  # type: ignore[valid-type]
     info = typer.Option(
@@ -38,12 +40,17 @@ def _parameter(option: Option) -> inspect.Parameter:
         rich_help_panel=s.panel,
         parser=_reader(s.parse) if s.parse else None,
         metavar=s.metavar,
+        min=s.min,
+        max=s.max,
+        envvar=s.envvar,
+        show_envvar=s.envvar is not None,
     )
+    required = option.default is MISSING
     return inspect.Parameter(
         option.name,
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        default=None,
-        annotation=Annotated[kind | None, info],
+        default=... if required else None,  # typer: ... is required
+        annotation=Annotated[kind if required else kind | None, info],
     )
 
 

@@ -47,10 +47,14 @@ class Setting:
     shown: str | None = None  # the default as help states it, where the field's default does not say it
     by: Mapping[str, Mapping[str, Any]] | None = None  # defaults by case: {case: {field: value}}
     metavar: str | None = None  # what help shows for the value, where its type does not say it
+    min: float | None = None  # the smallest value it takes (checked as parsed, and by check_bounds)
+    max: float | None = None  # the largest value it takes
+    envvar: str | None = None  # an environment variable that gives it when the option is not given
 
 
 def setting(default: Any = None, help: str = "", **how: Any) -> Any:
-    """A dataclass field with `default` that is also a command line option (see `Setting` for `how`)."""
+    """A dataclass field with `default` that is also a command line option (see `Setting` for `how`);
+    a `default` of MISSING makes both required."""
     return field(default=default, metadata={_SETTING: Setting(help, **how)})
 
 
@@ -114,6 +118,10 @@ class Option:
         """This option stating another default (a command that fills it differently)."""
         return replace(self, setting=replace(self.setting, shown=shown, by=None))
 
+    def with_help(self, help: str) -> Option:
+        """This option with the help of one command that uses it (`--overwrite` replaces different things)."""
+        return replace(self, setting=replace(self.setting, help=help))
+
 
 def number(value: float) -> str:
     """8e-3 rather than 0.008 for small rates, 10000 rather than 10000.0."""
@@ -150,6 +158,20 @@ def check_choices(config: Any) -> None:
         value = getattr(config, o.name, None) if o.into is None else None
         if o.setting.choices and value is not None and value not in o.setting.choices:
             raise UsageError(f"unknown {o.name} {value!r}: choose {' or '.join(o.setting.choices)}")
+
+
+def check_bounds(config: Any) -> None:
+    """A one-line error unless every setting of `config` with bounds lies within them (or is None)."""
+    for o in options_of(type(config)):
+        value, low, high = getattr(config, o.name, None), o.setting.min, o.setting.max
+        if o.into is not None or value is None or (low is None and high is None):
+            continue
+        if high is None and value < low:
+            raise UsageError(f"{o.flag} must be at least {number(low)}, got {o.spell(value)}")
+        if low is None and value > high:
+            raise UsageError(f"{o.flag} must be at most {number(high)}, got {o.spell(value)}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise UsageError(f"{o.flag} must be from {number(low)} to {number(high)}, got {o.spell(value)}")
 
 
 def nested_names(config: type, name: str) -> tuple[str, ...]:

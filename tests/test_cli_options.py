@@ -1,5 +1,6 @@
-"""`train` and `params` keep every option, default, panel and choice they had before their options were
-generated from the configs: tests/fixtures/cli_options.json holds them as the hand-written CLI showed them."""
+"""Every command keeps every option, default, panel and choice it had before its options were generated from
+the configs: tests/fixtures/cli_options.json holds them as the hand-written CLI showed them (for the commands
+moved last, also whether each is required, its bounds, its environment variable and its help)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 
 from minigpt.cli import app
@@ -17,9 +19,12 @@ _DEFAULT = re.compile(r"\\\[default: (.*)\]$")
 
 
 def option_table(command: str) -> dict[str, dict[str, Any]]:
-    """Every parameter of `minigpt COMMAND` by its first name: all its names, the default its help states,
-    its help panel and its choices."""
-    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    """Every parameter of `minigpt COMMAND` ("convert from-hf" for a subcommand) by its first name: all its
+    names, the default its help states, its help panel and its choices; then whether it is required, its
+    bounds, its environment variable and its help."""
+    click_command = typer.main.get_command(app)
+    for name in command.split():
+        click_command = click_command.commands[name]  # type: ignore[attr-defined]
     table = {}
     for p in click_command.params:
         d = p.type_descriptor
@@ -29,6 +34,10 @@ def option_table(command: str) -> dict[str, dict[str, Any]]:
             "default": shown.group(1) if shown else None,
             "panel": getattr(p, "rich_help_panel", None),
             "choices": sorted(str(getattr(c, "value", c)) for c in d.choices or ()) if d.is_choice else [],
+            "required": p.required,
+            "range": [p.min, p.max],
+            "envvar": p.envvar,
+            "help": _DEFAULT.sub("", getattr(p, "help", None) or "").rstrip(),
         }
     return table
 
@@ -49,3 +58,12 @@ def test_params_keeps_every_option() -> None:
     pinned, now = json.loads(PINNED.read_text())["params"], option_table("params")
     assert set(pinned) <= set(now)
     assert all(now[name]["names"] == pinned[name]["names"] for name in pinned)
+
+
+MOVED = ("eval", "attention", "runs", "convert from-hf", "convert to-hf", "convert to-gguf", "convert merge",
+         "chat", "demo", "serve", "generate")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", MOVED)
+def test_commands_moved_to_configs_keep_every_option_as_they_were(command: str) -> None:
+    assert option_table(command) == json.loads(PINNED.read_text())[command]

@@ -4,7 +4,7 @@ dict); nothing else has to be written for a new option."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +15,17 @@ from typer.testing import CliRunner
 from minigpt.cli import _Group
 from minigpt.errors import UsageError
 from minigpt.options import command_line, with_options
-from minigpt.settings import NO_OPTIONS, OPT, RUN, Given, check_choices, nested, options_of, setting
+from minigpt.settings import (
+    NO_OPTIONS,
+    OPT,
+    RUN,
+    Given,
+    check_bounds,
+    check_choices,
+    nested,
+    options_of,
+    setting,
+)
 
 
 def _count(text: str) -> int:
@@ -143,3 +153,59 @@ def test_choices_hold_for_configs_built_in_code_and_names_stay_unique() -> None:
 
     with pytest.raises(AssertionError, match="rate"):
         with_options(options_of(Outer), options_of(Clash))
+
+
+@dataclass(frozen=True)
+class Bounded:
+    target: Path = setting(MISSING, "Where to.")  # no default: a required option
+    level: int = setting(5, "A level.", min=0, max=9)
+    floor: int | None = setting(None, "A floor.", min=1)
+    key: str | None = setting(None, "A key.", envvar="MINIGPT_TEST_KEY")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+
+def _bounded_app(seen: list[Bounded]) -> typer.Typer:
+    app = typer.Typer(cls=_Group)
+
+    @app.command()
+    @with_options(options_of(Bounded))
+    def run(given: Given = NO_OPTIONS) -> None:
+        seen.append(Bounded(**given.of(Bounded)))
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    return app
+
+
+def test_bounds_environment_variables_and_required_options() -> None:
+    help_text = CliRunner().invoke(_bounded_app([]), ["run", "--help"], env={"COLUMNS": "200"}).output
+    for shown in ("[0<=x<=9]", "[x>=1]", "[env var: MINIGPT_TEST_KEY]", "[required]", "[default: 5]"):
+        assert shown in help_text, shown
+    seen: list[Bounded] = []
+    app = _bounded_app(seen)
+    assert CliRunner().invoke(app, ["run", "--target", "t"], env={"MINIGPT_TEST_KEY": "k"}).exit_code == 0
+    assert CliRunner().invoke(app, ["run", "--target", "t", "--key", "given", "--level", "9"]).exit_code == 0
+    assert seen == [Bounded(Path("t"), key="k"), Bounded(Path("t"), level=9, key="given")]
+    for args, words in (
+        (["run", "--target", "t", "--level", "10"], "--level"),
+        (["run", "--target", "t", "--floor", "0"], "--floor"),
+        (["run"], "missing option '--target'"),
+    ):
+        result = CliRunner().invoke(app, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and words in lines[0], result.output
+
+
+def test_bounds_hold_for_configs_built_in_code_and_a_command_may_reword_the_help() -> None:
+    with pytest.raises(UsageError, match="--level must be from 0 to 9, got 10"):
+        Bounded(Path("t"), level=10)
+    with pytest.raises(UsageError, match="--floor must be at least 1, got 0"):
+        Bounded(Path("t"), floor=0)
+    assert Bounded(Path("t"), level=0, floor=None).level == 0
+    level = options_of(Bounded)[1]
+    assert level.with_help("Another level.").help_text() == "Another level. \\[default: 5]"
+    assert level.help_text() == "A level. \\[default: 5]"

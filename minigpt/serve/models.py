@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from minigpt.decode import Engine
 from minigpt.errors import MinigptError
+from minigpt.genconfig import EngineConfig
 from minigpt.rundir import RunDir
 from minigpt.serve.batcher import Batcher
+from minigpt.serve.config import ServeConfig
 from minigpt.serve.protocol import encode_checked
 from minigpt.tokenizer import Tokenizer
 
@@ -85,16 +87,11 @@ class ServedModel:
 
 
 def load_models(
-    paths: Sequence[Path],
-    backend: str,
-    device: str,
-    dtype: str,
-    *,
-    max_rows: int,
-    max_waiting: int,
-    admit_wait: float = ADMIT_WAIT,
+    paths: Sequence[Path], run_on: EngineConfig, cfg: ServeConfig, *, admit_wait: float = ADMIT_WAIT
 ) -> list[ServedModel]:
-    """Each run's engine (choose_backend's pick, as for `minigpt generate`) and batcher; ids: folder names."""
+    """Each run's engine (choose_backend's pick, as for `minigpt generate`) and batcher, taking `cfg`'s rows
+    and queue; ids: folder names."""
+    backend, device, dtype = run_on.backend, run_on.device, run_on.dtype
     from minigpt.engines import choose_backend, load_engine
 
     served: list[ServedModel] = []
@@ -108,7 +105,7 @@ def load_models(
             run.path, choose_backend(backend, device, dtype, weights=run.weights_path), device, dtype
         )
         batcher = Batcher(
-            engine, tokenizer, max_rows=max_rows, max_waiting=max_waiting, admit_wait=admit_wait
+            engine, tokenizer, max_rows=cfg.max_batch, max_waiting=cfg.queue, admit_wait=admit_wait
         )
         served.append(ServedModel(name, run, engine, tokenizer, batcher))
     return served

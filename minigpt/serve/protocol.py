@@ -6,7 +6,6 @@ import math
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -14,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from minigpt.decode import Sampling, encode_prompt
 from minigpt.errors import MinigptError
 from minigpt.serve.batcher import Job, Piece, TokenLogprob
+from minigpt.serve.config import Limits
 from minigpt.tokenizer import Tokenizer
 
 __all__ = [
@@ -151,14 +151,6 @@ class AttentionRequest(_Strict):
     model: str | None = None
     text: str = Field(min_length=1)
     position: int = -1
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for: tokens per choice and choices per request."""
-
-    max_tokens: int = 1024
-    max_n: int = 16
 
 
 def make_jobs(req: CompletionRequest, tokenizer: Tokenizer, block_size: int, limits: Limits) -> list[Job]:

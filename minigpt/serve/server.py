@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from minigpt.errors import MinigptError
+from minigpt.serve.config import ServeConfig
 from minigpt.serve.models import ServedModel
-from minigpt.serve.protocol import Limits
 
 __all__ = ["bind", "run_server"]
 
@@ -47,16 +47,15 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def run_server(
-    models: Sequence[ServedModel], host: str, port: int, api_key: str | None, limits: Limits
-) -> None:
-    """Serve until Ctrl-C (or SIGTERM); the address is printed on stderr once it is bound."""
+def run_server(models: Sequence[ServedModel], cfg: ServeConfig) -> None:
+    """Serve until Ctrl-C (or SIGTERM) on `cfg`'s address; the address is printed on stderr once it is bound."""
     import uvicorn
 
     from minigpt.serve.app import create_app
 
-    sock = bind(host, port)
-    app = create_app(models, limits, api_key)
+    host, api_key = cfg.host, cfg.api_key or None  # an empty MINIGPT_API_KEY asks for no key
+    sock = bind(host, cfg.port)
+    app = create_app(models, cfg.limits, api_key)
     for m in models:
         print(
             f"model {m.id!r}: {m.run} ({m.engine.name} engine, {m.engine.device}, {m.engine.dtype})",
