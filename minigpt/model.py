@@ -45,6 +45,7 @@ __all__ = [
     "block",
     "attention_mask",
     "head",
+    "head_loss",
     "build_model",
     "linear",
     "mlp",
@@ -255,10 +256,11 @@ class GPT(nn.Module):
         all_logits: bool = False,
         attention: list[torch.Tensor] | None = None,
         weights: ModelWeights[torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Return (logits, loss): training, prefill and single-token decoding all run through here.
 
-        With targets (B, T): logits (B, T, V) and the mean cross-entropy (targets of -1 are ignored).
+        With targets (B, T): (None, the mean cross-entropy; targets of -1 are ignored), from head_loss,
+        which never holds the logits whole.
         Without: logits of the last position only, (B, V), unless all_logits asks for (B, T, V).
         With a kv_cache, idx holds only the new tokens, placed after kv_cache.pos cached ones.
         With an `attention` list, every layer appends its attention probabilities (B, H, T, pos + T).
@@ -268,11 +270,7 @@ class GPT(nn.Module):
         dropout = self.config.dropout if self.training else 0.0
         x = transformer(w, idx, kv_cache, attention, dropout)
         if targets is not None:
-            logits = head(w, x)
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
-            return logits, loss
+            return None, head_loss(w, x, targets)
         return head(w, x if all_logits else x[:, -1, :]), None
 
 
@@ -567,6 +565,70 @@ def transformer(
     if cache is not None:
         cache.advance(T)
     return norm(w.ln_f, x)
+
+
+HEAD_LOSS_ELEMENTS = 1 << 22  # logits per chunk of rows in head_loss (16 MB in float32)
+
+
+def head_loss(w: ModelWeights[torch.Tensor], x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of the head's logits of hidden states x (B, T, C) against targets (B, T;
+    -1 is not predicted), F.cross_entropy's value, computed a chunk of rows at a time with its gradients
+    (_HeadLoss): the (B x T, V) logits, their softmax and their gradient, three times 200 MB for a batch
+    of 16 x 64 over GPT-2's 50,257 tokens, never exist whole."""
+    rows = x.reshape(-1, x.size(-1))
+    chunk = max(1, HEAD_LOSS_ELEMENTS // w.lm_head.size(0))
+    return _HeadLoss.apply(rows, w.lm_head, targets.reshape(-1), w.logit_cap, chunk)
+
+
+class _HeadLoss(torch.autograd.Function):
+    """Cross-entropy through the LM head, its gradients computed in the forward pass, chunk by chunk
+    (the softmax minus the one-hot target is the logits' gradient), so backward only scales them."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        cap: float | None,
+        chunk: int,
+    ) -> torch.Tensor:
+        wanted = targets >= 0
+        count = wanted.sum()
+        ctx.weight_dtype = weight.dtype  # type: ignore[attr-defined]
+        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        wide = torch.promote_types(weight.dtype, torch.float32)  # sums in float32 at least
+        gx = torch.zeros_like(x) if grads else None
+        gw = torch.zeros_like(weight, dtype=wide) if grads else None
+        total = torch.zeros((), dtype=wide, device=x.device)
+        for start in range(0, x.size(0), chunk):
+            xs, ts, ok = (
+                x[start : start + chunk],
+                targets[start : start + chunk],
+                wanted[start : start + chunk],
+            )
+            z = F.linear(xs, weight).to(wide)
+            capped = None if cap is None else torch.tanh(z / cap)
+            logits = z if capped is None else cap * capped
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, ts.clamp(min=0)[:, None]).squeeze(1)
+            total += torch.where(ok, lse - picked, 0.0).sum()
+            if grads:
+                g = torch.exp(logits - lse[:, None])  # softmax, minus the target's one-hot below
+                g.scatter_add_(1, ts.clamp(min=0)[:, None], -ok[:, None].to(g.dtype))
+                g *= ok[:, None]
+                if capped is not None:
+                    g *= 1 - capped * capped  # through cap * tanh(z / cap)
+                gx[start : start + chunk] = (g.to(weight.dtype) @ weight).to(x.dtype)
+                gw += (g.t().to(xs.dtype) @ xs).to(wide)
+        ctx.save_for_backward(gx, gw, count)
+        return total / count
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+        gx, gw, count = ctx.saved_tensors  # type: ignore[attr-defined]
+        scale = grad / count
+        return gx * scale.to(gx.dtype), (gw * scale).to(ctx.weight_dtype), None, None, None
 
 
 def head(w: ModelWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -189,13 +189,21 @@ def test_the_loss_gives_no_gradient_to_what_the_assistant_does_not_say(base_run:
         assert y[row, : len(want)].tolist() == want and (y[row, len(want) :] == -1).all()
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32))
-    logits, loss = model(x, y)
-    logits.retain_grad()
+    _, loss = model(x, y)  # the training loss (head_loss: -1 targets ignored, logits never whole)
     loss.backward()
+    trained = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits, _ = model(x, all_logits=True)  # the same loss through the whole logits, for their gradient
+    logits.retain_grad()
+    flat = logits.reshape(-1, logits.size(-1))
+    reference = torch.nn.functional.cross_entropy(flat, y.reshape(-1), ignore_index=-1)
+    reference.backward()
     grad = logits.grad.abs().sum(-1)
     assert (grad[y == -1] == 0).all()
     assert (grad[y >= 0] > 0).all()
-    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits[y >= 0], y[y >= 0]).item())
+    assert loss.item() == pytest.approx(reference.item())
+    for name, p in model.named_parameters():  # float32, two layers: sums in another order
+        torch.testing.assert_close(trained[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------- full fine-tuning

@@ -31,13 +31,51 @@ def test_forward_shapes() -> None:
     torch.manual_seed(0)
     model = GPT(TINY)
     idx = torch.randint(0, TINY.vocab_size, (3, 10))
-    logits, loss = model(idx, idx)
-    assert logits.shape == (3, 10, TINY.vocab_size) and loss is not None and loss.ndim == 0
+    none, loss = model(idx, idx)
+    assert none is None and loss is not None and loss.ndim == 0
+    full, _ = model(idx, all_logits=True)
+    assert full.shape == (3, 10, TINY.vocab_size)
     last, none = model(idx)
     assert last.shape == (3, TINY.vocab_size) and none is None
-    torch.testing.assert_close(last, logits[:, -1, :])
-    full, _ = model(idx, all_logits=True)
-    torch.testing.assert_close(full, logits)
+    torch.testing.assert_close(last, full[:, -1, :])
+
+
+@pytest.mark.parametrize("cap", [None, 3.0])
+@pytest.mark.parametrize("chunk_elements", [1 << 22, 3 * TINY.vocab_size])  # one chunk; chunks of 3 rows
+def test_loss_and_gradients_equal_cross_entropy_of_the_logits(
+    cap: float | None, chunk_elements: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss (head_loss, chunked, gradients from the forward pass) against F.cross_entropy of the whole
+    logits, in float64 so that only the order of the sums differs: value and every parameter's gradient,
+    with ignored (-1) targets scattered through the batch and none in one row."""
+    monkeypatch.setattr("minigpt.model.HEAD_LOSS_ELEMENTS", chunk_elements)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY.__dict__, "logit_cap": cap})).double()
+    idx = torch.randint(0, TINY.vocab_size, (3, 10))
+    targets = torch.randint(0, TINY.vocab_size, (3, 10))
+    targets[0, ::3] = -1
+    targets[2] = -1
+    _, loss = model(idx, targets)
+    loss.backward()
+    ours = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits, _ = model(idx, all_logits=True)
+    want = F.cross_entropy(logits.reshape(-1, TINY.vocab_size), targets.reshape(-1), ignore_index=-1)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_loss_without_gradients_and_with_nothing_to_predict() -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    idx = torch.randint(0, TINY.vocab_size, (2, 8))
+    with torch.no_grad():
+        _, loss = model(idx, idx)
+        logits, _ = model(idx, all_logits=True)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, TINY.vocab_size), idx.reshape(-1)))
+    assert torch.isnan(model(idx, torch.full_like(idx, -1))[1])  # as F.cross_entropy: 0 / 0
 
 
 def test_causality() -> None:
