@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,10 @@ STEP_FORWARDS = 3
 # under a time budget an evaluation takes at most this share of it: fewer batches of windows when they cost
 # more (a 50,257-token head, a wide model, a loaded machine), none when one batch costs more than that
 EVAL_SHARE = 0.1
+# a run stopped by a signal (Ctrl-C, a scheduler's SIGTERM) evaluates for at most this long before its save:
+# a full evaluation can take a minute (50 batches through a 50,257-token head on a small CPU), and whoever
+# stopped the run is waiting
+STOP_EVAL_SECONDS = 5.0
 
 
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
@@ -87,6 +91,7 @@ class Budget:
     origin: float = 0.0  # clock reading at which the run's elapsed time was 0
     eval_iters: int = 0  # batches an evaluation takes when time allows (the config's eval_iters)
     eval_cost: EvalCost = field(default_factory=EvalCost)
+    step_windows: int = 1  # windows one optimizer step trains on, per process
     save_seconds: float = 0.0  # what a checkpoint takes to write, estimated, then measured
 
     @classmethod
@@ -190,10 +195,13 @@ class Budget:
         self.save_seconds = save_seconds
         self.keep_reserve()
 
-    def eval_iters_now(self, state: TrainState, final: bool) -> int:
+    def eval_iters_now(self, state: TrainState, final: bool, stopping: bool = False) -> int:
         """Batches the evaluation due now may take; 0: skip it. Each takes the planned batches (so every
         evaluation of a command scores the same windows), a periodic one only if it can finish with the
-        final one's time still kept back, the final one fewer, or none, when the run is late."""
+        final one's time still kept back, the final one fewer, or none, when the run is late. The final one
+        of a run a signal stopped (`stopping`) takes only what fits in STOP_EVAL_SECONDS."""
+        if stopping:
+            return min(self.eval_iters_now(state, final), self._iters_when_stopping())
         if self.max_time is None or self.eval_cost.window_seconds <= 0:
             return self.eval_iters
         left = self.max_time - self.time_used(state) - self.save_seconds - EXIT_SECONDS
@@ -201,6 +209,14 @@ class Budget:
         if final:
             return self.eval_cost.iters_within(left, planned)
         return planned if self.eval_cost.seconds(planned) <= left - self.reserve else 0
+
+    def _iters_when_stopping(self) -> int:
+        """The batches that fit in STOP_EVAL_SECONDS by the measured cost of a window or, without one, by
+        the step time (a step costs STEP_FORWARDS forward passes of its windows); 0 before either is known."""
+        window = self.eval_cost.window_seconds or self.step_seconds / (STEP_FORWARDS * self.step_windows)
+        if window <= 0:
+            return 0
+        return replace(self.eval_cost, window_seconds=window).iters_within(STOP_EVAL_SECONDS, self.eval_iters)
 
     def shared(self) -> tuple[float, ...]:
         """What rank 0 measures and every rank must take, so that all decide alike (see `adopt`)."""

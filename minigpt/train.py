@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minigpt.budget import batch_at, lr_at
+from minigpt.budget import STOP_EVAL_SECONDS, batch_at, lr_at
 from minigpt.chat.data import ConversationData
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
@@ -126,7 +126,7 @@ def run_loop(
                 interrupted, reason = True, f"stopped by {signals.requested or 'a signal on another rank'}"
             if reason is None and state.step % run.cfg.eval_every == 0:
                 evaluate_and_save(run, reporter)
-        evaluate_and_save(run, reporter, final=True)
+        evaluate_and_save(run, reporter, final=True, stopping=interrupted)
     return reason, interrupted
 
 
@@ -168,19 +168,28 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
     return loss, lr
 
 
-def evaluate_and_save(run: TrainingRun, reporter: ProgressReporter, final: bool = False) -> None:
+def evaluate_and_save(
+    run: TrainingRun, reporter: ProgressReporter, final: bool = False, stopping: bool = False
+) -> None:
     """Evaluate, record it, and checkpoint (the best weights too when validation improved), with as many
-    batches as the time budget allows (see Budget.eval_iters_now). A periodic evaluation that does not fit
-    is skipped; a final one that does not fit still saves, and a run never evaluated keeps these weights.
-    What it took is measured for the next ones and for the time kept back for the final one."""
+    batches as the time budget allows (see Budget.eval_iters_now), or a few seconds' worth when a signal
+    stopped the run (`stopping`). A periodic evaluation that does not fit is skipped; a final one that does
+    not fit still saves, and a run never evaluated keeps these weights. What it took is measured for the
+    next ones and for the time kept back for the final one."""
     budget, state = run.budget, run.state
-    iters, started = budget.eval_iters_now(state, final), budget.clock()
+    iters, started = budget.eval_iters_now(state, final, stopping), budget.clock()
     record: dict[str, Any] | None = None
     if iters:
         record, improved = _evaluate(run, iters)
     elif final:
         improved = not math.isfinite(state.best_val_loss)  # never evaluated: these weights are the model
-        reporter.log(f"no time left for the final evaluation at step {state.step:,}: saved without it")
+        reporter.log(
+            f"stopped at step {state.step:,}: saved without a final evaluation (a stopped run evaluates for "
+            f"at most {STOP_EVAL_SECONDS:g} s, and this one's would take longer or is not timed yet; "
+            f"minigpt eval scores the run)"
+            if stopping
+            else f"no time left for the final evaluation at step {state.step:,}: saved without it"
+        )
     else:
         reporter.log(f"skipped the evaluation at step {state.step:,}: it would not finish within max_time")
         return

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, Budget
+from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, Budget, EvalCost
 from minigpt.chat.data import (
     ConversationData,
     ConversationSampler,
@@ -48,7 +48,7 @@ from minigpt.settings import options_of
 from minigpt.tokenizer import Tokenizer
 from minigpt.trainconfig import BUDGET_SETTINGS, TrainConfig
 from minigpt.trainstate import Trainables, TrainState, load_checkpoint
-from minigpt.trainstep import Runtime, eval_cost
+from minigpt.trainstep import Runtime, eval_cost, split_windows
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
@@ -416,16 +416,20 @@ def _reserve_time(run: TrainingRun) -> None:
     one, from a timed forward pass and a guess at the save, agreed with the other ranks along with the
     clock."""
     cfg, budget = run.cfg, run.budget
+    batch = cfg.batch_size * cfg.grad_accum
+    budget.step_windows = batch
     if budget.max_time is not None:
         budget.eval_cost = eval_cost(
             run.forward, run.model_config, run.dataset, cfg.batch_size, run.runtime, budget.clock
         )
         budget.save_seconds = 16 * count_params(run.model_config).exact_total / SAVE_BYTES_PER_SECOND
         budget.keep_reserve()
+    else:  # untimed: the evaluation's size only, for the one a signal cuts short (Budget.eval_iters_now)
+        windows = split_windows(run.model_config, run.dataset, run.runtime)
+        budget.eval_cost = EvalCost(0.0, cfg.batch_size, windows)
     _, (run.state.elapsed, *shared) = run.runtime.dist.agree_stop(False, budget.elapsed(), *budget.shared())
     budget.adopt(shared)
     # so that a first step that cannot finish within the budget (a big model on a loaded machine) is not begun
-    batch = cfg.batch_size * cfg.grad_accum
     budget.step_estimate = STEP_FORWARDS * budget.eval_cost.window_seconds * batch
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, FakeClock
 
-from minigpt.budget import EVAL_SHARE, EXIT_SECONDS, Budget, EvalCost
+from minigpt.budget import EVAL_SHARE, EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, EvalCost
 from minigpt.data import DataConfig, prepare_data
 from minigpt.model import GPT
 from minigpt.reporters import LineReporter
@@ -158,6 +158,24 @@ def test_eval_cost_and_the_budget_arithmetic() -> None:
     untimed = Budget(max_iters=10, eval_iters=50, eval_cost=cost)  # no time budget: always everything
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=False) == 50
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=True) == 50
+
+
+def test_a_stopped_run_evaluates_only_what_fits_in_a_few_seconds() -> None:
+    """After Ctrl-C the final evaluation takes the batches that fit in STOP_EVAL_SECONDS, costed by the
+    measured window or else by the step time; none before either is known."""
+    cost = EvalCost(window_seconds=0.0, batch_windows=4, split_windows=(1000, 1000))
+    untimed = Budget(max_iters=100, eval_iters=50, eval_cost=cost, step_windows=4)
+    assert untimed.eval_iters_now(TrainState(), final=True, stopping=True) == 0  # no step timed yet
+    untimed.observe_step(STEP_FORWARDS * 4 * 0.1)  # a window's forward pass: 0.1 s, so 8 windows a batch
+    assert untimed.eval_iters_now(TrainState(), final=True, stopping=True) == int(STOP_EVAL_SECONDS / 0.8)
+    assert untimed.eval_iters_now(TrainState(), final=True) == 50  # not stopped: all of them
+    timed = Budget(max_time=100.0, eval_iters=50, eval_cost=EvalCost(1.0, 4, (1000, 1000)), step_windows=4)
+    assert timed.eval_iters_now(TrainState(elapsed=10.0), final=True, stopping=True) == 0  # 8 s a batch
+    timed.eval_cost.window_seconds = STOP_EVAL_SECONDS / 24  # 3 batches fit, and the time budget allows 2
+    timed.save_seconds = 100.0 - 10.0 - EXIT_SECONDS - 2.5 * 8 * timed.eval_cost.window_seconds
+    assert timed.eval_iters_now(TrainState(elapsed=10.0), final=True, stopping=True) == 2
+    timed.save_seconds = 0.0
+    assert timed.eval_iters_now(TrainState(elapsed=10.0), final=True, stopping=True) == 3
 
 
 def test_a_commands_clock_starts_with_its_process() -> None:

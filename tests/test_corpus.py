@@ -725,3 +725,30 @@ def test_data_options_are_checked_in_one_line(runner, tmp_path: Path) -> None:
     ):
         result = runner.invoke(app, ["prepare", str(path), *args])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_stream_reads_its_windows_from_the_chunk_files(tmp_path: Path) -> None:
+    """Windows are read (not memory-mapped) across chunk boundaries; an id past the vocabulary and a chunk
+    shorter than its JSON says are one-line errors naming the file."""
+    from minigpt.corpus.store import ChunkIds
+    from minigpt.corpus.streams import TokenStream
+
+    ids = np.arange(30, dtype=np.uint16)
+    paths = [tmp_path / f"chunk-{i}.bin" for i in range(3)]
+    for i, path in enumerate(paths):
+        ids[10 * i : 10 * (i + 1)].tofile(path)
+    stream = TokenStream(np.dtype(np.uint16), vocab_size=30)
+    for path in paths:
+        stream.append(ChunkIds(path, np.dtype(np.uint16), 10), str(path))
+    for start, stop in ((0, 30), (3, 7), (8, 23), (19, 21), (29, 30), (5, 5)):
+        window = stream[start:stop]
+        assert window.flags.writeable and window.dtype == np.uint16
+        np.testing.assert_array_equal(window, ids[start:stop])
+    np.append(ids[:10], 30).astype(np.uint16).tofile(paths[0])  # a forged id
+    short = TokenStream(np.dtype(np.uint16), vocab_size=30)
+    short.append(ChunkIds(paths[0], np.dtype(np.uint16), 11), str(paths[0]))
+    with pytest.raises(MinigptError, match=r"chunk-0.bin holds token id 30, past the vocabulary"):
+        short[5:11]
+    ids[:5].tofile(paths[1])  # cut short after it was checked
+    with pytest.raises(MinigptError, match=r"chunk-1.bin ended early .* damaged; delete"):
+        stream[12:18]

@@ -20,7 +20,7 @@ from conftest import ROOT, FakeClock
 from rich.console import Console
 
 from minigpt.adamw import AdamW
-from minigpt.budget import Budget, lr_at
+from minigpt.budget import STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
 from minigpt.cli import app
 from minigpt.config import ARCHS, GPTConfig
 from minigpt.data import BatchSampler, DataConfig, prepare_data
@@ -371,6 +371,38 @@ def test_budget_with_a_fake_clock() -> None:
     assert later.progress(TrainState(elapsed=102.0)) == pytest.approx(0.4)
     assert later.describe() == "5 s of wall time from 1 min 40 s into the run"  # a bare 5 reads as this
     assert later.stop_reason(TrainState(elapsed=105.0)) == "reached max_time 5 s"
+
+
+def test_a_run_stopped_by_a_signal_evaluates_for_a_few_seconds_then_saves(
+    text_file: Path, tmp_path: Path
+) -> None:
+    """Steps of 3 s on a fake clock (a forward pass of a window: 3 / (3 x 4) s, 2 s for a batch of 4 windows
+    on each split), then Ctrl-C: the final evaluation takes the batches that fit in STOP_EVAL_SECONDS, not
+    the 50 asked for; a run stopped before a step was timed saves without one, and says so."""
+    clock, log = FakeClock(), io.StringIO()
+
+    def slow_steps_then_ctrl_c(step: int) -> None:
+        clock.now += 3.0
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cfg = tiny_cfg(eval_iters=50, eval_every=100, max_iters=None, max_tokens=10**9)
+    result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", clock=clock,
+                   on_step=slow_steps_then_ctrl_c, reporter=LineReporter(log))  # fmt: skip
+    batch_seconds = 2 * cfg.batch_size * 3.0 / (STEP_FORWARDS * cfg.batch_size)  # both splits
+    (final,) = [r for r in result.metrics if r["kind"] == "eval"]
+    assert result.interrupted and final["step"] == 3
+    assert final["eval_iters"] == int(STOP_EVAL_SECONDS / batch_seconds) == 2
+    assert RunDir(result.out).weights_path.is_file()
+
+    def ctrl_c_at_once(step: int) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "early", clock=clock,
+                   on_step=ctrl_c_at_once, reporter=LineReporter(log))  # fmt: skip
+    assert result.interrupted and not [r for r in result.metrics if r["kind"] == "eval"]
+    assert "stopped at step 1: saved without a final evaluation" in log.getvalue()
+    assert RunDir(result.out).weights_path.is_file()
 
 
 def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_path: Path) -> None:

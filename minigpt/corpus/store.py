@@ -68,9 +68,41 @@ class Chunk:
     tokens: int
     text_bytes: int
 
-    def ids(self, dtype: np.dtype) -> np.ndarray:
-        """The chunk's ids, memory-mapped (nothing is read until used)."""
-        return np.memmap(self.bin_path, dtype=dtype, mode="r", shape=(self.tokens,))
+    def ids(self, dtype: np.dtype) -> ChunkIds:
+        """The chunk's ids, read from disk a slice at a time."""
+        return ChunkIds(self.bin_path, np.dtype(dtype), self.tokens)
+
+
+class ChunkIds:
+    """A chunk's ids as a read-only array that reads each slice from the file when it is taken.
+
+    Reads, not a memory map: pages a process maps count in its resident memory, and random training
+    windows over a memory-mapped store of gigabytes brought a 1 GB corpus's train command to 1.4 GB
+    resident (for a 550 MB heap); read with pread, the same pages stay in the kernel's page cache only.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype, tokens: int) -> None:
+        self.path, self.dtype, self.tokens = path, dtype, tokens
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        start, stop, step = key.indices(self.tokens)
+        if step != 1:
+            raise TypeError("chunk ids are read by contiguous slices")
+        out = np.empty(max(stop - start, 0), dtype=self.dtype)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [memoryview(out).cast("B")], start * self.dtype.itemsize) if len(out) else 0
+        finally:
+            os.close(fd)
+        if got != out.nbytes:
+            raise MinigptError(
+                f"{self.path} ended early (its JSON promised {self.tokens:,} tokens): the token store is "
+                f"damaged; delete {self.path.parent} and run again"
+            )
+        return out
 
 
 class Entry:

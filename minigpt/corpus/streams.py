@@ -1,7 +1,7 @@
 """Token streams over store chunks: the validation tokens, and the training stream that grows as chunks land.
 
-A stream is a list of memory-mapped pieces read as one array: len() and slices, which is all the batch
-sampler and the evaluation need. Nothing is read from disk until a window is, and every slice read is
+A stream is a list of pieces (store chunks, read a slice at a time) seen as one array: len() and slices, which
+is all the batch sampler and the evaluation need. Nothing is read from disk until a window is, and every slice read is
 checked to hold only ids of the vocabulary (the store is not trusted; see minigpt.corpus.store).
 
 Availability schedule: while a run started before its corpus was fully tokenized, batch b (counted from the
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.corpus.ingest import Ingest
-from minigpt.corpus.store import Chunk
+from minigpt.corpus.store import Chunk, ChunkIds
 from minigpt.errors import MinigptError
 
 # the training pool grows this many times faster than batches consume tokens: each token of the pool is
@@ -36,11 +36,11 @@ class TokenStream:
     def __init__(self, dtype: np.dtype, vocab_size: int) -> None:
         self.dtype = np.dtype(dtype)
         self.vocab_size = vocab_size
-        self.pieces: list[np.ndarray] = []
+        self.pieces: list[ChunkIds] = []
         self.paths: list[str] = []  # each piece's file, for messages
         self.starts: list[int] = [0]  # where each piece starts; the last entry is the total
 
-    def append(self, ids: np.ndarray, path: str) -> None:
+    def append(self, ids: ChunkIds, path: str) -> None:
         if len(ids):
             self.pieces.append(ids)
             self.paths.append(path)
@@ -73,7 +73,7 @@ class TokenStream:
                 )
             out.append(ids)
             start, i = end, i + 1
-        return out[0].copy() if len(out) == 1 else np.concatenate(out)
+        return out[0] if len(out) == 1 else np.concatenate(out)  # each chunk's read is a fresh array
 
 
 class GrowingStream(TokenStream):
