@@ -577,7 +577,9 @@ def head_loss(w: ModelWeights[torch.Tensor], x: torch.Tensor, targets: torch.Ten
     of 16 x 64 over GPT-2's 50,257 tokens, never exist whole."""
     rows = x.reshape(-1, x.size(-1))
     chunk = max(1, HEAD_LOSS_ELEMENTS // w.lm_head.size(0))
-    return _HeadLoss.apply(rows, w.lm_head, targets.reshape(-1), w.logit_cap, chunk)
+    # forward() runs with grad mode off, so whether gradients are wanted (not in an evaluation) is read here
+    grads = torch.is_grad_enabled() and (rows.requires_grad or w.lm_head.requires_grad)
+    return _HeadLoss.apply(rows, w.lm_head, targets.reshape(-1), w.logit_cap, chunk, grads)
 
 
 class _HeadLoss(torch.autograd.Function):
@@ -592,11 +594,11 @@ class _HeadLoss(torch.autograd.Function):
         targets: torch.Tensor,
         cap: float | None,
         chunk: int,
+        grads: bool,
     ) -> torch.Tensor:
         wanted = targets >= 0
         count = wanted.sum()
         ctx.weight_dtype = weight.dtype  # type: ignore[attr-defined]
-        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         wide = torch.promote_types(weight.dtype, torch.float32)  # sums in float32 at least
         gx = torch.zeros_like(x) if grads else None
         gw = torch.zeros_like(weight, dtype=wide) if grads else None
@@ -628,7 +630,7 @@ class _HeadLoss(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         gx, gw, count = ctx.saved_tensors  # type: ignore[attr-defined]
         scale = grad / count
-        return gx * scale.to(gx.dtype), (gw * scale).to(ctx.weight_dtype), None, None, None
+        return gx * scale.to(gx.dtype), (gw * scale).to(ctx.weight_dtype), None, None, None, None
 
 
 def head(w: ModelWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,33 @@ def test_loss_without_gradients_and_with_nothing_to_predict() -> None:
     assert torch.isnan(model(idx, torch.full_like(idx, -1))[1])  # as F.cross_entropy: 0 / 0
 
 
+def test_an_evaluation_computes_no_head_gradients() -> None:
+    """Under no_grad the head loss multiplies by the head once (the logits); with gradients, twice more (the
+    gradients of the hidden states and of the head, computed in the forward pass)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HeadProducts(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            shapes = [a.shape for a in args if isinstance(a, torch.Tensor)]
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and any(
+                TINY.vocab_size in shape for shape in shapes
+            ):
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    idx = torch.randint(0, TINY.vocab_size, (2, 8))
+    for grad_mode, products in ((False, 1), (True, 3)):
+        with torch.set_grad_enabled(grad_mode), HeadProducts() as counted:
+            _, loss = model(idx, idx)
+        assert counted.count == products and loss.requires_grad == grad_mode
+
+
 def test_causality() -> None:
     torch.manual_seed(0)
     model = GPT(TINY).eval()
