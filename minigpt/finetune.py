@@ -44,8 +44,8 @@ def plan_fine_tune(
             f"then train adapters on that"
         )
     alpha = cfg.lora_alpha if cfg.lora_alpha is not None else 2.0 * cfg.lora_rank
-    targets = resolve_targets(cfg.lora_targets, shape)
-    lora = LoRAConfig(cfg.lora_rank, alpha, targets, shape.vocab_size - base.vocab_size)
+    targets, whole = resolve_targets(cfg.lora_targets, shape)
+    lora = LoRAConfig(cfg.lora_rank, alpha, targets, shape.vocab_size - base.vocab_size, whole)
     if lora.new_rows and base.value_embeds:
         raise UsageError(
             f"{source} has value embeddings (--value-embeds), a row per token that LoRA cannot add for the "
@@ -107,8 +107,10 @@ def describe(link: AdapterLink, shape: GPTConfig, total: int) -> str:
 
     trained = trainable_count(shape, link.lora)
     rows = f" and {link.lora.new_rows} new token rows" if link.lora.new_rows else ""
+    whole = f"; {', '.join(link.lora.whole)} trained whole" if link.lora.whole else ""
     return (
-        f"LoRA rank {link.lora.rank} (alpha {link.lora.alpha:g}) on {', '.join(link.lora.targets)}{rows}: "
+        f"LoRA rank {link.lora.rank} (alpha {link.lora.alpha:g}) on {', '.join(link.lora.targets) or 'no layer'}"
+        f"{rows}{whole}: "
         f"{trained:,} of {total:,} parameters trained ({trained / total:.1%}), base {link.base} frozen"
     )
 

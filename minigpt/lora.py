@@ -38,42 +38,55 @@ LAYERS = {
     "down": "mlp.c_proj",
 }
 GROUPS = {"attn": ("qkv", "out"), "mlp": ("up", "gate", "down"), "all": tuple(LAYERS)}
-TARGET_CHOICES = ", ".join([*LAYERS, *GROUPS])
 ADDED = "added"  # the suffix of new embedding and head rows: transformer.wte.added, lm_head.added
 EMBEDDING = "transformer.wte"
 HEAD = "lm_head"
+# matrices a LoRA run may train whole beside its adapters (PEFT's "modules to save"), saved in the adapter
+# file: they map tokens to the hidden space and back, which a low-rank update of the blocks reaches only
+# through its rank (upper-casing is a mapping of 26 letters to 26 others); small where the vocabulary is
+WHOLE = {"embedding": f"{EMBEDDING}.weight", "head": f"{HEAD}.weight"}
+TARGET_CHOICES = ", ".join([*LAYERS, *GROUPS, *WHOLE])
 
 
-def resolve_targets(spec: str | Sequence[str], config: GPTConfig) -> tuple[str, ...]:
-    """The block-relative layer names ("attn.c_attn", ...) that comma-separated `spec` picks, in block
-    order; a SwiGLU gate only where the model has one."""
+def resolve_targets(spec: str | Sequence[str], config: GPTConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What comma-separated `spec` picks: the block-relative layers to adapt ("attn.c_attn", ...), in block
+    order, a SwiGLU gate only where the model has one; and the matrices to train whole (WHOLE: a tied
+    head is the embedding)."""
     words = [w.strip() for w in (spec.split(",") if isinstance(spec, str) else spec) if w.strip()]
     if not words:
         raise UsageError(f"--lora-targets is empty: choose from {TARGET_CHOICES}")
     picked: set[str] = set()
     for word in words:
-        if word not in LAYERS and word not in GROUPS:
+        if word not in LAYERS and word not in GROUPS and word not in WHOLE:
             raise UsageError(f"unknown --lora-targets {word!r}: choose from {TARGET_CHOICES}")
         if word == "gate" and config.mlp != "swiglu":
             raise UsageError(f"--lora-targets gate: this model's MLP ({config.mlp}) has no gate matrix")
         picked.update(GROUPS.get(word, (word,)))
     if config.mlp != "swiglu":
         picked.discard("gate")
-    return tuple(LAYERS[k] for k in LAYERS if k in picked)
+    whole = {WHOLE["embedding" if config.tie_embeddings else k] for k in WHOLE if k in picked}
+    return tuple(LAYERS[k] for k in LAYERS if k in picked), tuple(v for v in WHOLE.values() if v in whole)
 
 
 @dataclass(frozen=True)
 class LoRAConfig:
     """The adapter's shape: rank, alpha (the update is scaled by alpha / rank), the adapted layers of
-    every block, and how many new token rows it adds to the embedding (and an untied head)."""
+    every block, how many new token rows it adds to the embedding (and an untied head), and the matrices
+    it trains whole (WHOLE's names)."""
 
     rank: int
     alpha: float
     targets: tuple[str, ...]
     new_rows: int = 0
+    whole: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "targets", tuple(self.targets))
+        if not isinstance(self.whole, list | tuple) or any(w not in WHOLE.values() for w in self.whole):
+            raise MinigptError(
+                f"LoRA's whole matrices must be some of {', '.join(WHOLE.values())}, got {self.whole!r}"
+            )
+        object.__setattr__(self, "whole", tuple(self.whole))
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 4096:
             raise UsageError(f"--lora-rank must be an integer from 1 to 4096, got {self.rank!r}")
         if (
@@ -83,7 +96,7 @@ class LoRAConfig:
         ):
             raise UsageError(f"--lora-alpha must be a positive number, got {self.alpha!r}")
         known = set(LAYERS.values())
-        if not self.targets or any(t not in known for t in self.targets):
+        if not (self.targets or self.whole) or any(t not in known for t in self.targets):
             raise MinigptError(f"LoRA targets must be some of {', '.join(known)}, got {list(self.targets)}")
         if (
             isinstance(self.new_rows, bool)
@@ -97,7 +110,7 @@ class LoRAConfig:
         return self.alpha / self.rank
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "targets": list(self.targets)}
+        return {**asdict(self), "targets": list(self.targets), "whole": list(self.whole)}
 
     @classmethod
     def from_json(cls, data: Any, source: str | Path) -> LoRAConfig:
@@ -125,6 +138,8 @@ def adapter_shapes(config: GPTConfig, lora: LoRAConfig) -> dict[str, tuple[int, 
             out, inp = base[f"transformer.h.{i}.{target}.weight"]
             shapes[f"transformer.h.{i}.{target}.lora_A"] = (lora.rank, inp)
             shapes[f"transformer.h.{i}.{target}.lora_B"] = (out, lora.rank)
+    for name in lora.whole:
+        shapes[name] = base[name]
     if lora.new_rows:
         shapes[f"{EMBEDDING}.{ADDED}"] = (lora.new_rows, config.n_embd)
         if not config.tie_embeddings:
@@ -157,8 +172,9 @@ def join_added_rows(tensors: Mapping[str, A], cat: Callable[[list[A]], A]) -> di
 def merge(
     base: Mapping[str, A], adapter: Mapping[str, A], lora: LoRAConfig, cat: Callable[[list[A]], A]
 ) -> dict[str, A]:
-    """The adapted model's plain weights: W + (alpha / rank) B A for each adapted layer, new rows appended."""
-    merged = dict(base)
+    """The adapted model's plain weights: W + (alpha / rank) B A for each adapted layer, the matrices trained
+    whole in place of the base's, new rows appended."""
+    merged = {**base, **{name: adapter[name] for name in lora.whole}}
     suffix = ".lora_A"
     for name in (k for k in adapter if k.endswith(suffix)):
         layer = name[: -len(suffix)]

@@ -145,9 +145,10 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token (+ learned position) embeddings, n_layer pre-norm blocks, final norm, LM head.
 
-    With `lora`, the base weights are frozen and each targeted linear layer of every block holds a trainable
-    `lora_A` and `lora_B` beside its weight (minigpt.lora), the embedding (and an untied head) a trainable
-    `added` block of the rows past the base vocabulary: `config` is the adapted model's shape.
+    With `lora`, the base weights are frozen (but for those it trains whole) and each targeted linear layer of
+    every block holds a trainable `lora_A` and `lora_B` beside its weight (minigpt.lora), the embedding (and
+    an untied head) a trainable `added` block of the rows past the base vocabulary: `config` is the adapted
+    model's shape.
     """
 
     def __init__(self, config: GPTConfig, lora: LoRAConfig | None = None) -> None:
@@ -177,6 +178,8 @@ class GPT(nn.Module):
     def _add_adapters(self, lora: LoRAConfig) -> None:
         """Freeze the base weights and give the targeted layers (and the new rows) trainable parameters."""
         self.requires_grad_(False)
+        for name in lora.whole:
+            self.get_parameter(name).requires_grad_(True)
         for block_module in self.transformer.h:
             for target in lora.targets:
                 layer = block_module.get_submodule(target)
@@ -309,7 +312,8 @@ def model_tensors(model: GPT) -> dict[str, torch.Tensor]:
     """What a checkpoint of the model holds: its state dict with GPT-2 names, the tied head left out (it is
     wte); for a model with LoRA adapters, the adapter's tensors only (the base stays in its own run)."""
     if model.lora is not None:
-        return {n: p for n, p in model.named_parameters() if is_adapter_tensor(n)}
+        whole = model.lora.whole
+        return {n: p for n, p in model.named_parameters() if is_adapter_tensor(n) or n in whole}
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight", None)

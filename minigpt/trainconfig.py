@@ -131,8 +131,9 @@ class TrainConfig:
         None, "LoRA's scale: updates are multiplied by alpha / rank.", panel=FINETUNE, shown="2 x lora-rank"
     )
     lora_targets: str = setting(
-        "all", f"Layers of every block to adapt, comma-separated: {TARGET_CHOICES}.", panel=FINETUNE
-    )
+        "all", f"Layers of every block to adapt, and embedding or head to train whole, comma-separated: "
+        f"{TARGET_CHOICES}.", panel=FINETUNE,
+    )  # fmt: skip
     # budget: the first one reached stops the run
     max_iters: int | None = setting(
         None, "Stop at this optimizer step (counted over the whole run).", panel=BUDGET,

@@ -24,7 +24,7 @@ from minigpt.engines import load_engine
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
 from minigpt.finetune import full_model, plan_fine_tune
-from minigpt.lora import LoRAConfig, merge, resolve_targets, trainable_count
+from minigpt.lora import LoRAConfig, adapter_shapes, merge, resolve_targets, trainable_count
 from minigpt.model import GPT, build_model, model_tensors
 from minigpt.optimizers import make_optimizer
 from minigpt.reporters import LineReporter
@@ -284,22 +284,24 @@ def test_hf_imported_models_get_rows_past_their_padded_vocabulary(tmp_path: Path
 # ---------------------------------------------------------------------------------------------- LoRA
 
 
+@pytest.mark.parametrize("targets", ["all", "all,embedding,head", "head"])
 @pytest.mark.parametrize("tie", [True, False])
-def test_merged_weights_equal_the_adapted_forward(tie: bool) -> None:
+def test_merged_weights_equal_the_adapted_forward(tie: bool, targets: str) -> None:
     torch.manual_seed(0)
     shape = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, tie_embeddings=tie,
                       mlp="swiglu", pos="rope", norm="rmsnorm")  # fmt: skip
     base = GPT(replace(shape, vocab_size=36))
-    lora = LoRAConfig(4, 8.0, resolve_targets("all", shape), new_rows=4)
+    layers, whole = resolve_targets(targets, shape)
+    lora = LoRAConfig(4, 8.0, layers, new_rows=4, whole=whole)
     adapted = GPT(shape, lora)
     adapted.load_state_dict(model_tensors(base), strict=False)
-    with torch.no_grad():  # an adapter as training leaves it: every factor non-zero
+    with torch.no_grad():  # an adapter as training leaves it: every factor non-zero, whole matrices changed
         for p in adapted.parameters():
             if p.requires_grad:
-                p.normal_(0, 0.2)
-    assert all(
-        not p.requires_grad for n, p in adapted.named_parameters() if ".lora_" not in n and "added" not in n
-    )
+                p.add_(torch.randn_like(p), alpha=0.2)
+    trained = {n for n, p in adapted.named_parameters() if p.requires_grad}
+    assert trained == set(model_tensors(adapted)) == set(adapter_shapes(shape, lora))
+    assert {n for n in trained if ".lora_" not in n and "added" not in n} == set(whole)
     merged = build_model(
         shape, merge(model_tensors(base), model_tensors(adapted), lora, torch.cat), Path("x")
     )
@@ -311,13 +313,30 @@ def test_merged_weights_equal_the_adapted_forward(tie: bool) -> None:
 
 def test_lora_targets_and_the_trainable_count() -> None:
     shape = GPTConfig(vocab_size=100, block_size=16, n_layer=3, n_head=2, n_embd=32, mlp="gelu")
-    assert resolve_targets("all", shape) == ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-    assert resolve_targets("qkv,down", shape) == ("attn.c_attn", "mlp.c_proj")
+    everything = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    assert resolve_targets("all", shape) == (everything, ())
+    assert resolve_targets("qkv,down", shape) == (("attn.c_attn", "mlp.c_proj"), ())
+    untied = replace(shape, tie_embeddings=False)
+    assert resolve_targets("all,head", untied) == (everything, ("lm_head.weight",))
+    assert resolve_targets("head,embedding", untied) == ((), ("transformer.wte.weight", "lm_head.weight"))
+    assert resolve_targets("head", shape) == ((), ("transformer.wte.weight",))  # a tied head is the embedding
     with pytest.raises(UsageError, match="no gate"):
         resolve_targets("gate", shape)
     with pytest.raises(UsageError, match="choose from"):
         resolve_targets("q_proj", shape)
-    lora = LoRAConfig(2, 4.0, resolve_targets("attn", shape), new_rows=3)
+    layers, whole = resolve_targets("attn,head", untied)
+    with_head = LoRAConfig(2, 4.0, layers, new_rows=3, whole=whole)
+    assert trainable_count(untied, with_head) == 3 * 2 * (32 + 96 + 32 + 32) + 3 * 32 * 2 + 97 * 32
+    assert sum(p.numel() for p in GPT(untied, with_head).parameters() if p.requires_grad) == trainable_count(
+        untied, with_head
+    )
+    assert LoRAConfig.from_json(with_head.to_json(), "x") == with_head
+    old = with_head.to_json()
+    del old["whole"]  # an adapter saved before whole matrices existed
+    assert LoRAConfig.from_json(old, "x").whole == ()
+    with pytest.raises(MinigptError, match="damaged LoRA settings"):
+        LoRAConfig.from_json({**with_head.to_json(), "whole": ["transformer.h.0.attn.c_attn.weight"]}, "x")
+    lora = LoRAConfig(2, 4.0, resolve_targets("attn", shape)[0], new_rows=3)
     model = GPT(shape, lora)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trained == trainable_count(shape, lora) == 3 * 2 * (32 + 96 + 32 + 32) + 3 * 32
@@ -385,7 +404,7 @@ def test_an_adapter_is_refused_on_another_base(lora_run: Path, base_run: Path, t
 
 def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, tmp_path: Path) -> None:
     data = chat_data(chat_file, tmp_path)
-    cfg = ft(max_iters=8, lora_rank=4, lora_targets="attn,down")
+    cfg = ft(max_iters=8, lora_rank=4, lora_targets="attn,down,head")
     straight = train(cfg, data, out=tmp_path / "straight", init_from=base_run)
 
     def stop_at_4(step: int) -> None:
@@ -399,7 +418,13 @@ def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, 
     a, _ = load_tensors(tmp_path / "straight" / RunDir.STATE)
     b, _ = load_tensors(tmp_path / "split" / RunDir.STATE)
     assert a.keys() == b.keys()
-    assert all(k.startswith(("model/transformer.h.", "model/transformer.wte.added", "model/lm_head.added"))
+    head = (
+        "model/transformer.wte.weight"
+        if RunDir(base_run).model_config().tie_embeddings
+        else "model/lm_head.weight"
+    )
+    assert head in a and f"optim/{head.removeprefix('model/')}/exp_avg" in a  # the head, trained whole
+    assert all(k.startswith(("model/transformer.h.", "model/transformer.wte.added", "model/lm_head.added", head))
                for k in a if k.startswith("model/"))  # fmt: skip
     for key in a:
         if key.startswith(("model/", "optim/")):
