@@ -639,7 +639,7 @@ def test_prepare_under_two_process_torchrun_splits_the_files(tmp_path: Path, bpe
     assert len(by_rank["0"] | by_rank["1"]) == 5
     assert {Path(w.split(" file ", 1)[1]) for w in by_rank["0"] | by_rank["1"]} == set(files)
     results = {line.split(" prepared ")[1] for line in lines if " prepared " in line}
-    assert len(results) == 1  # both processes finished with the whole corpus
+    assert len(results) == 1, out.stdout + out.stderr  # both processes finished with the whole corpus
     seen: list[Path] = []
     real = ingest.tokenize_file
     try:
