@@ -59,7 +59,7 @@ TOKENIZER_FORMAT = 2  # bump when the same text and settings would train another
 
 @dataclass
 class Dataset:
-    """Token ids of the training and validation text, memory-mapped from the token store.
+    """Token ids of the training and validation text, read from the token store a window at a time.
 
     `train` may still be growing when a run starts before tokenizing ends (see minigpt.corpus.streams):
     the batch sampler then waits, where it must, for the chunks its batch draws from.
