@@ -50,6 +50,7 @@ __all__ = [
     "Dataset",
     "bits_per_byte",
     "eval_batches",
+    "eval_rows",
     "prepare_data",
     "text_size",
 ]
@@ -512,6 +513,20 @@ class BatchSampler:
         self.ramp = ramp is not None and ramp.numel() == 1 and bool(ramp.item())
 
 
+def eval_rows(
+    count: int, batch_size: int, max_batches: int | None, rank: int = 0, world_size: int = 1
+) -> Sequence[int]:
+    """This rank's share of the rows (windows, conversations) an evaluation takes: all `count` of them, or
+    max_batches x batch_size x world_size evenly spaced. Never all of them in memory: a 10 GB corpus's
+    training split has ~60M windows, and an array of them was 0.5 GB where an evaluation takes a few hundred.
+    """
+    rows: Sequence[int] = range(count)
+    if max_batches is not None and max_batches * batch_size * world_size < count:
+        wanted = max_batches * batch_size * world_size
+        rows = np.unique(np.linspace(0, count - 1, wanted).round().astype(np.int64)).tolist()
+    return rows[rank::world_size]
+
+
 def eval_batches(
     tokens: np.ndarray,
     block_size: int,
@@ -526,13 +541,7 @@ def eval_batches(
     rank); ranks share windows out. `chunk` windows go in each yielded batch (default batch_size): which
     windows are evaluated does not depend on it, only how many run in one forward pass.
     """
-    windows = (len(tokens) - 1) // block_size
-    starts = np.arange(windows, dtype=np.int64) * block_size
-    if max_batches is not None:
-        wanted = max_batches * batch_size * world_size
-        if wanted < windows:
-            starts = starts[np.unique(np.linspace(0, windows - 1, wanted).round().astype(np.int64))]
-    mine = starts[rank::world_size].tolist()
+    mine = eval_rows((len(tokens) - 1) // block_size, batch_size, max_batches, rank, world_size)
     step = chunk or batch_size
     for i in range(0, len(mine), step):
-        yield _window_batch(tokens, mine[i : i + step], block_size)
+        yield _window_batch(tokens, [w * block_size for w in mine[i : i + step]], block_size)

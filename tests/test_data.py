@@ -20,7 +20,7 @@ import minigpt.corpus.ingest as ingest
 import minigpt.corpus.readers as readers
 import minigpt.data as data
 from minigpt.corpus.store import token_dtype
-from minigpt.data import BatchSampler, DataConfig, bits_per_byte, eval_batches, prepare_data
+from minigpt.data import BatchSampler, DataConfig, bits_per_byte, eval_batches, eval_rows, prepare_data
 from minigpt.errors import MinigptError, UsageError
 from minigpt.tokenizer import BPETokenizer, CharTokenizer, build_tokenizer
 
@@ -553,6 +553,26 @@ def test_eval_batches_cover_windows_once() -> None:
     chunked = list(eval_batches(tokens, 10, 4, max_batches=2, chunk=5))
     assert [len(x) for x, _ in chunked] == [5, 3]
     assert torch.equal(torch.cat([x for x, _ in chunked]), torch.cat([x for x, _ in few]))
+
+
+class _Huge:
+    """A token sequence of a trillion ids, none of them stored: slices are zeros."""
+
+    def __len__(self) -> int:
+        return 10**12
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return np.zeros(key.stop - key.start, dtype=np.uint16)
+
+
+def test_eval_batches_take_memory_for_the_windows_they_evaluate_only() -> None:
+    # a subset of a huge split (an evaluation's train loss on a 10 GB corpus): the window list of the
+    # whole split would be 125 GB here, so building it fails; only the evaluated windows are listed
+    batches = list(eval_batches(_Huge(), 64, 4, max_batches=3, rank=1, world_size=2))
+    assert [tuple(x.shape) for x, _ in batches] == [(4, 64)] * 3
+    rows = eval_rows((10**12 - 1) // 64, 4, 3, rank=1, world_size=2)
+    assert len(rows) == 12 and rows[-1] == (10**12 - 1) // 64 - 1
+    assert len(eval_rows(10**12, 4, None)) == 10**12  # all of them: a range, not a list
 
 
 def test_bits_per_byte() -> None:

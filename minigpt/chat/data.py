@@ -21,7 +21,7 @@ import numpy as np
 
 from minigpt.chat.template import ROLES, ChatTemplate, Message, with_chat_tokens
 from minigpt.corpus.inputs import stamp_source
-from minigpt.data import BatchSampler, DataConfig, _input_record
+from minigpt.data import BatchSampler, DataConfig, _input_record, eval_rows
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import open_regular, regular_file
 from minigpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_kind
@@ -263,11 +263,7 @@ class ConversationSplit:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Fixed batches for evaluation: every conversation, or an evenly spaced max_batches x batch_size of
         them (per rank), shared out between ranks; `chunk` per batch (default batch_size)."""
-        rows = np.arange(self.conversations)
-        if max_batches is not None and max_batches * batch_size * world_size < len(rows):
-            wanted = max_batches * batch_size * world_size
-            rows = np.unique(np.linspace(0, len(rows) - 1, wanted).round().astype(np.int64))
-        mine = rows[rank::world_size].tolist()
+        mine = eval_rows(self.conversations, batch_size, max_batches, rank, world_size)
         step = chunk or batch_size
         for i in range(0, len(mine), step):
             yield self.batch(mine[i : i + step])
