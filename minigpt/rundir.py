@@ -344,18 +344,23 @@ class RunDir:
         save_weights: bool = True,
         weights_metadata: dict[str, str] | None = None,
     ) -> None:
-        """Write (or refresh) config.json, the tokenizer files, the model card and, optionally, the best
-        weights (with `weights_metadata` in their header). The weights and config.json land together: both
-        are written in full, then renamed into place one right after the other."""
+        """Write (or refresh) config.json, the model card and, optionally, the best weights (with
+        `weights_metadata` in their header) and the tokenizer files. The weights and config.json land
+        together: both are written in full, then renamed into place one right after the other.
+
+        The tokenizer files come with the weights, not before: a run without weights loads nowhere, and
+        GPT-2's tokenizer.json takes a second or two to build (its 50,000 merges) that a run's first step
+        would otherwise wait for."""
         from minigpt.hftokenizer import tokenizer_config, tokenizer_json
         from minigpt.model import model_tensors
 
         make_dir(self.path)
         remove_stale_temps(self.path)
-        atomic_write_json(self.tokenizer_path, tokenizer_json(tokenizer))
-        atomic_write_json(
-            self.path / self.TOKENIZER_CONFIG, tokenizer_config(tokenizer, model.config.block_size)
-        )
+        if save_weights:
+            atomic_write_json(self.tokenizer_path, tokenizer_json(tokenizer))
+            atomic_write_json(
+                self.path / self.TOKENIZER_CONFIG, tokenizer_config(tokenizer, model.config.block_size)
+            )
         config = {
             "format": FORMAT,
             "minigpt_version": __version__,
