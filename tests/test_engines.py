@@ -22,12 +22,14 @@ from minigpt import engines
 from minigpt.config import GPTConfig
 from minigpt.decode import Generation, Sampling, decode, generate, generate_uncached
 from minigpt.engines import choose_backend, load_engine
+from minigpt.engines import numpy as numpy_engine
 from minigpt.engines.numpy import NumpyEngine
 from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model import GPT, model_tensors
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
+from minigpt.weights import for_decoding, map_linears, weights_by_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,6 +209,31 @@ def test_a_layout_chosen_at_load_gives_the_same_logits(name: str) -> None:
             np.testing.assert_allclose(logp, expected, atol=1e-4, err_msg=label)
     # the file's tensors are what they were: the layouts are the engine's copies
     assert all(np.array_equal(v, model_tensors(model)[k].numpy()) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("name", ["gpt2", "modern"])  # a tied head (the embedding table) and an untied one
+@pytest.mark.parametrize("layout", ["output-major", "input-major"])
+def test_the_numpy_engine_holds_its_matrices_in_one_buffer(name: str, layout: str) -> None:
+    config = LAYOUT_CONFIGS[name]
+    tensors = {k: v.detach().numpy() for k, v in model_tensors(tiny_model(1, config, scale=3.0)).items()}
+    engine = NumpyEngine(config, tensors, layout=layout)
+    matrices: list[np.ndarray] = []
+    map_linears((engine.weights, engine._head), lambda lin: matrices.append(lin.weight) or lin)
+    assert len({id(m.base) for m in matrices}) == 1 and matrices[0].base is not None
+    assert all(m.ctypes.data % 64 == 0 and m.flags.c_contiguous for m in matrices)
+    if config.tie_embeddings and layout == "output-major":  # one copy serves the lookups and the head
+        assert engine.weights.wte is engine._head.weight
+    # the same values as the tree before packing: the logits of the engine's functions over each agree
+    fused = for_decoding(weights_by_name(config, tensors), np.concatenate)
+    tree = fused if layout == "output-major" else for_decoding(fused, np.concatenate, numpy_engine.transposed)
+    ids = np.arange(12).reshape(2, 6) % config.vocab_size
+    before = numpy_engine.head(
+        tree, numpy_engine._head(tree, layout == "input-major"), numpy_engine.transformer(tree, ids, None)
+    )
+    after = numpy_engine.head(
+        engine.weights, engine._head, numpy_engine.transformer(engine.weights, ids, None)
+    )
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
 
 
 def test_the_layout_and_threads_come_from_the_engine_loading_a_run(tmp_path: Path, monkeypatch) -> None:
