@@ -88,6 +88,7 @@ class RunDir:
     def __init__(self, path: Path | str, base: Path | None = None) -> None:
         self.path = Path(path)
         self.base_override = base  # a LoRA run's base run, when not where config.json says
+        self._tokenizer_written: tuple[Tokenizer, int] | None = None  # (tokenizer, block_size) last saved
 
     def __str__(self) -> str:
         return str(self.path)
@@ -356,11 +357,12 @@ class RunDir:
 
         make_dir(self.path)
         remove_stale_temps(self.path)
-        if save_weights:
+        if save_weights and not self._tokenizer_files_hold(tokenizer, model.config.block_size):
             atomic_write_json(self.tokenizer_path, tokenizer_json(tokenizer))
             atomic_write_json(
                 self.path / self.TOKENIZER_CONFIG, tokenizer_config(tokenizer, model.config.block_size)
             )
+            self._tokenizer_written = (tokenizer, model.config.block_size)
         config = {
             "format": FORMAT,
             "minigpt_version": __version__,
@@ -378,6 +380,16 @@ class RunDir:
                 write_tensors(temps[0], model_tensors(model), metadata=metadata)
             temps[-1].write_bytes(json_bytes(config))
         self._write_card(config, model, tokenizer)
+
+    def _tokenizer_files_hold(self, tokenizer: Tokenizer, block_size: int) -> bool:
+        """Whether this object wrote these tokenizer files for this tokenizer (tokenizers are immutable)
+        and they are still there: a run's later checkpoints skip rebuilding the same bytes (0.4 s a save
+        for GPT-2's 50,000 merges)."""
+        written = self._tokenizer_written
+        if written is None or written[0] is not tokenizer or written[1] != block_size:
+            return False
+        files = [self.path / name for name in (self.TOKENIZER, self.TOKENIZER_CONFIG)]
+        return all(f.is_file() and not f.is_symlink() for f in files)
 
     def _write_card(self, config: dict[str, Any], model: GPT, tokenizer: Tokenizer) -> None:
         """README.md, the model card (minigpt.modelcard.write_card: a user's own README.md stays)."""

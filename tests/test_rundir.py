@@ -168,3 +168,29 @@ def test_the_config_is_checked_against_the_header_alone(run: RunDir, monkeypatch
     (run.path / "cfg-only").mkdir()
     (run.path / "cfg-only" / "config.json").write_bytes(run.config_path.read_bytes())
     assert RunDir(run.path / "cfg-only").model_config().n_embd == 32  # no weights yet: nothing to compare
+
+
+def test_a_run_writes_its_tokenizer_files_once_unless_they_change_or_vanish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from minigpt import hftokenizer
+    from minigpt.config import GPTConfig
+    from minigpt.model import GPT
+    from minigpt.tokenizer import CharTokenizer
+
+    built: list[int] = []
+    real = hftokenizer.tokenizer_json
+    monkeypatch.setattr(hftokenizer, "tokenizer_json", lambda tok: built.append(tok.vocab_size) or real(tok))
+    tok = CharTokenizer.from_text("hello world")
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size + 1, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    run = RunDir(tmp_path / "run")
+    for _ in range(3):  # a run's checkpoints: the same tokenizer, built and written once
+        run.save(model, tok, {})
+    assert built == [tok.vocab_size]
+    (run.path / RunDir.TOKENIZER).unlink()  # gone: written again
+    run.save(model, tok, {})
+    chat = tok.with_specials(["<|end|>"], tok.vocab_size)  # another tokenizer: written again
+    run.save(model, chat, {})
+    RunDir(run.path).save(model, chat, {})  # another writer cannot know what is there
+    assert built == [tok.vocab_size] * 2 + [chat.vocab_size] * 2
+    assert json.loads((run.path / RunDir.TOKENIZER).read_text())["added_tokens"][-1]["content"] == "<|end|>"
