@@ -255,5 +255,18 @@ def batch_at(cfg: TrainConfig, progress: float) -> int:
     assert cfg.batch_size is not None, "batch_at needs a resolved config (with_recipe)"
     if cfg.batch_ramp <= 0 or progress >= cfg.batch_ramp:
         return cfg.batch_size
-    start = max(1, cfg.batch_size // 4)
-    return start + math.floor((cfg.batch_size - start) * progress / cfg.batch_ramp)
+    return _ramp(cfg.batch_size, cfg.batch_ramp, progress)
+
+
+def window_at(cfg: TrainConfig, block_size: int, progress: float) -> int:
+    """Tokens per training window at this point of the budget: a quarter of block_size growing linearly
+    to all of it over the first `seq_ramp` of the budget (block_size throughout when it is 0). Early steps
+    learn what short contexts teach at a fraction of a long window's cost (attention's grows with its square)."""
+    return _ramp(block_size, cfg.seq_ramp, progress)
+
+
+def _ramp(full: int, fraction: float, progress: float) -> int:
+    if fraction <= 0 or progress >= fraction:
+        return full
+    start = max(1, full // 4)
+    return start + math.floor((full - start) * progress / fraction)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minigpt.budget import STOP_EVAL_SECONDS, batch_at, lr_at
+from minigpt.budget import STOP_EVAL_SECONDS, batch_at, lr_at, window_at
 from minigpt.chat.data import ConversationData
 from minigpt.data import BatchSampler, DataConfig, bits_per_byte
 from minigpt.distributed import DistContext
@@ -145,6 +145,7 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
     lr = lr_at(cfg, state.step, progress, warmup)
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
     sampler.batch_size = batch = batch_at(cfg, progress)
+    sampler.block_size = window = window_at(cfg, run.model_config.block_size, progress)
     with labelled(run.step_allocation):
         loss = train_step(
             run.step_forward,
@@ -164,7 +165,7 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
             f"the last good checkpoint in {run.rundir} is untouched"
         )
     state.step += 1
-    state.tokens += run.tokens_per_step * batch // cfg.batch_size
+    state.tokens += run.tokens_per_step * batch * window // (cfg.batch_size * run.model_config.block_size)
     return loss, lr
 
 

@@ -86,6 +86,10 @@ class TrainConfig:
         0.0, "Grow the batch from a quarter of --batch-size to all of it, linearly over this fraction of the "
         "budget (0: the whole batch from the start).", panel=OPT,
     )  # fmt: skip
+    seq_ramp: float = setting(
+        0.0, "Grow the training windows from a quarter of --block-size to all of it, linearly over this "
+        "fraction of the budget (0: whole windows from the start; text only).", panel=OPT,
+    )  # fmt: skip
     lr: float | None = setting(None, "Peak learning rate.", panel=OPT, by=RECIPES)
     min_lr: float | None = setting(
         None, "Learning rate at the end of the decay.", panel=OPT, shown=_MIN_LR_DEFAULT
@@ -191,8 +195,9 @@ class TrainConfig:
             raise UsageError("warmup, weight_decay and grad_clip must not be negative (0 turns them off)")
         if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise UsageError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
-        if not 0 <= self.batch_ramp <= 1:
-            raise UsageError(f"batch_ramp is a fraction of the budget in [0, 1], got {self.batch_ramp}")
+        for name in ("batch_ramp", "seq_ramp"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise UsageError(f"{name} is a fraction of the budget in [0, 1], got {getattr(self, name)}")
         if not 0 < self.cooldown <= 1:
             raise UsageError(f"cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
         if self.lora_rank is not None and not 1 <= self.lora_rank <= 4096:

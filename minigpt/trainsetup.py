@@ -303,6 +303,8 @@ def _set_up_with(
 ) -> TrainingRun:
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
     if isinstance(dataset, ConversationData):
+        if cfg.seq_ramp:
+            raise UsageError("--seq-ramp grows windows of text; conversations train whole: drop --seq-ramp")
         make_sampler = ConversationSampler
     sampler = make_sampler(
         dataset.train,

@@ -223,7 +223,7 @@ def test_muon_under_two_processes_then_resume_on_one(text_file: Path, tmp_path: 
     two = tmp_path / "two"
     cmd = [sys.executable, "-m", "minigpt", "train", str(text_file), *TINY, "--max-iters", "2", "--optimizer",
            "muon", "--normuon", "--orthogonalizer", "polar-express", "--value-embeds", "--skips", "--logit-cap",
-           "20", "--zero-init", "--batch-ramp", "0.5", "--out", str(two), "--nproc", "2"]  # fmt: skip
+           "20", "--zero-init", "--batch-ramp", "0.5", "--seq-ramp", "0.5", "--out", str(two), "--nproc", "2"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tensors, _ = load_tensors(two / RunDir.STATE)
@@ -242,6 +242,7 @@ def test_muon_under_two_processes_then_resume_on_one(text_file: Path, tmp_path: 
         True,
         0.5,
     )
+    assert saved["train"]["seq_ramp"] == 0.5
 
 
 @linux_only

@@ -254,6 +254,10 @@ def test_value_embeddings_grow_with_the_chat_tokens_and_lora_refuses_them(
         ft(max_iters=2), chat_data(chat_file, tmp_path), out=tmp_path / "ft", init_from=tmp_path / "base"
     )
     assert result.state.step == 2 and RunDir(tmp_path / "ft").model_config().value_embeds
+    with pytest.raises(UsageError, match="conversations train whole: drop --seq-ramp"):
+        train(ft(max_iters=2, seq_ramp=0.5), chat_data(chat_file, tmp_path), out=tmp_path / "ft2",
+              init_from=tmp_path / "base")  # fmt: skip
+    assert not (tmp_path / "ft2" / RunDir.WEIGHTS).exists()
 
 
 def test_hf_imported_models_get_rows_past_their_padded_vocabulary(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from test_architecture import config
 from test_decode import ENGINES, GREEDY, tiny_model
 
 from minigpt import model as tm
-from minigpt.budget import batch_at
+from minigpt.budget import batch_at, window_at
 from minigpt.config import GPTConfig
 from minigpt.decode import decode
 from minigpt.engines.numpy import NumpyEngine
@@ -345,3 +345,43 @@ def test_a_ramped_run_draws_and_counts_the_ramped_batches(tmp_path) -> None:
     assert result.state.tokens == sum(batches) * 32  # tiny's block_size
     steps = [r for r in result.metrics if r["kind"] == "train"]
     assert [r["tokens"] for r in steps] == [sum(batches[: i + 1]) * 32 for i in range(8)]
+
+
+def test_the_windows_ramp_from_a_quarter_to_the_whole_block() -> None:
+    cfg = TrainConfig(seq_ramp=0.5)
+    assert [window_at(cfg, 128, p) for p in (0.0, 0.125, 0.25, 0.49, 0.5, 0.9)] == [32, 56, 80, 126, 128, 128]
+    assert window_at(TrainConfig(), 128, 0.0) == 128
+    assert window_at(TrainConfig(seq_ramp=1.0), 2, 0.0) == 1
+    for bad in (-0.1, 1.5):
+        with pytest.raises(UsageError, match="seq_ramp is a fraction"):
+            TrainConfig(seq_ramp=bad)
+
+
+def test_a_run_with_growing_windows_draws_and_counts_them(tmp_path, monkeypatch) -> None:
+    from minigpt.data import BatchSampler, DataConfig
+    from minigpt.train import train
+
+    drawn: list[tuple[int, ...]] = []
+    real = BatchSampler.next_batch
+
+    def spy(self: BatchSampler) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = real(self)
+        drawn.append(tuple(x.shape))
+        return x, y
+
+    monkeypatch.setattr(BatchSampler, "next_batch", spy)
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    cfg = TrainConfig(
+        preset="tiny", batch_size=4, seq_ramp=0.5, max_iters=8, eval_iters=1, eval_every=8, log_every=1,
+        warmup=0, device="cpu", dtype="float32",
+    )  # fmt: skip
+    result = train(
+        cfg, DataConfig(paths=(text,), tokenizer="char", cache_dir=tmp_path / "cache"), out=tmp_path / "r"
+    )
+    windows = [window_at(cfg, 32, step / 8) for step in range(8)]  # tiny's block_size: 32
+    assert windows == [8, 14, 20, 26, 32, 32, 32, 32]
+    assert drawn == [(4, w) for w in windows]
+    assert result.state.tokens == sum(windows) * 4
+    steps = [r for r in result.metrics if r["kind"] == "train"]
+    assert [r["tokens"] for r in steps] == [sum(windows[: i + 1]) * 4 for i in range(8)]

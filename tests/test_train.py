@@ -138,6 +138,7 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
             orthogonalizer="polar-express",
             normuon=True,
             batch_ramp=0.5,
+            seq_ramp=0.5,
         ),
         dict(arch="gpt2", optimizer="adamw", attn_score="dot"),
         dict(arch="gpt2", optimizer="adamw", attn_score="general"),
