@@ -37,8 +37,8 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 # the CPU default before issue 28, every setting pinned: nano (2 layers, 4 heads, 128 wide, block 64), batch
 # 16, lr 8e-3, wsd, --arch modern, Muon at 0.02 with torch.optim.Muon's arithmetic (bf16 iterations)
 BEFORE = (
-    "--preset nano --arch modern --optimizer muon --batch-size 16 --lr 8e-3 --schedule wsd --muon-lr 0.02 "
-    "--muon-dtype bfloat16"
+    "--preset nano --block-size 64 --arch modern --optimizer muon --batch-size 16 --lr 8e-3 --schedule wsd "
+    "--muon-lr 0.02 --muon-dtype bfloat16"
 ).split()
 # each lever row is the default plus one change: its flags, and the same change to TrainConfig (for --step-cost)
 LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -51,6 +51,8 @@ LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
     "+ muon lr 0.03": ("--muon-lr 0.03", dict(muon_lr=0.03)),
     "+ batch ramp 0.3": ("--batch-ramp 0.3", dict(batch_ramp=0.3)),
     "+ compile": ("--compile", dict(compile=True)),
+    "block 64 (the default before round 3)": ("--block-size 64", dict(overrides=dict(block_size=64))),
+    "+ seq ramp 0.8": ("--seq-ramp 0.8", dict(seq_ramp=0.8)),
 }
 ROWS: dict[str, list[str]] = {
     "the default": [],
