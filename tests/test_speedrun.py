@@ -327,26 +327,6 @@ def test_the_batch_ramps_from_a_quarter_to_the_whole_batch() -> None:
             TrainConfig(batch_ramp=bad)
 
 
-def test_a_ramped_run_draws_and_counts_the_ramped_batches(tmp_path) -> None:
-    from minigpt.data import DataConfig
-    from minigpt.train import train
-
-    text = tmp_path / "t.txt"
-    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    cfg = TrainConfig(
-        preset="tiny", batch_size=8, batch_ramp=0.5, max_iters=8, eval_iters=1, eval_every=8, log_every=1,
-        warmup=0, device="cpu", dtype="float32",
-    )  # fmt: skip
-    result = train(
-        cfg, DataConfig(paths=(text,), tokenizer="char", cache_dir=tmp_path / "cache"), out=tmp_path / "r"
-    )
-    batches = [batch_at(cfg, step / 8) for step in range(8)]
-    assert batches == [2, 3, 5, 6, 8, 8, 8, 8]
-    assert result.state.tokens == sum(batches) * 32  # tiny's block_size
-    steps = [r for r in result.metrics if r["kind"] == "train"]
-    assert [r["tokens"] for r in steps] == [sum(batches[: i + 1]) * 32 for i in range(8)]
-
-
 def test_the_windows_ramp_from_a_quarter_to_the_whole_block() -> None:
     cfg = TrainConfig(seq_ramp=0.5)
     assert [window_at(cfg, 128, p) for p in (0.0, 0.125, 0.25, 0.49, 0.5, 0.9)] == [32, 56, 80, 126, 128, 128]
@@ -357,7 +337,17 @@ def test_the_windows_ramp_from_a_quarter_to_the_whole_block() -> None:
             TrainConfig(seq_ramp=bad)
 
 
-def test_a_run_with_growing_windows_draws_and_counts_them(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "ramp, batches, windows",
+    [
+        (dict(batch_ramp=0.5), [2, 3, 5, 6, 8, 8, 8, 8], [32] * 8),  # tiny's block_size: 32
+        (dict(seq_ramp=0.5), [8] * 8, [8, 14, 20, 26, 32, 32, 32, 32]),
+    ],
+    ids=["batch", "windows"],
+)
+def test_a_ramped_run_draws_and_counts_what_the_ramp_says(
+    tmp_path, monkeypatch, ramp: dict[str, float], batches: list[int], windows: list[int]
+) -> None:
     from minigpt.data import BatchSampler, DataConfig
     from minigpt.train import train
 
@@ -373,15 +363,16 @@ def test_a_run_with_growing_windows_draws_and_counts_them(tmp_path, monkeypatch)
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     cfg = TrainConfig(
-        preset="tiny", batch_size=4, seq_ramp=0.5, max_iters=8, eval_iters=1, eval_every=8, log_every=1,
-        warmup=0, device="cpu", dtype="float32",
+        preset="tiny", batch_size=8, max_iters=8, eval_iters=1, eval_every=8, log_every=1, warmup=0,
+        device="cpu", dtype="float32", **ramp,
     )  # fmt: skip
     result = train(
         cfg, DataConfig(paths=(text,), tokenizer="char", cache_dir=tmp_path / "cache"), out=tmp_path / "r"
     )
-    windows = [window_at(cfg, 32, step / 8) for step in range(8)]  # tiny's block_size: 32
-    assert windows == [8, 14, 20, 26, 32, 32, 32, 32]
-    assert drawn == [(4, w) for w in windows]
-    assert result.state.tokens == sum(windows) * 4
+    assert [batch_at(cfg, step / 8) for step in range(8)] == batches
+    assert [window_at(cfg, 32, step / 8) for step in range(8)] == windows
+    assert drawn == list(zip(batches, windows, strict=True))
+    sizes = [b * w for b, w in zip(batches, windows, strict=True)]
+    assert result.state.tokens == sum(sizes)
     steps = [r for r in result.metrics if r["kind"] == "train"]
-    assert [r["tokens"] for r in steps] == [sum(windows[: i + 1]) * 4 for i in range(8)]
+    assert [r["tokens"] for r in steps] == [sum(sizes[: i + 1]) for i in range(8)]
