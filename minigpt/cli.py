@@ -244,12 +244,8 @@ def train(
     `minigpt train --init-from checkpoints/input chat.jsonl --lora-rank 8`, then `minigpt chat RUN`.
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
-    import os
-
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Benchmarks")
-    launch = LaunchConfig(**given.of(LaunchConfig))
-    if launch.processes > 1 and "WORLD_SIZE" in os.environ:
-        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
+    _quiet_openmp()
+    launch = _launch(given)
     from minigpt.panel import TrainingPanel
     from minigpt.train import check_launch, plan_run
     from minigpt.train import train as run_training
@@ -304,11 +300,7 @@ def prepare(
     """Tokenize a corpus ahead of training, with `train`'s data options: `train` then reuses it and starts at
     once. Under torchrun (`--nproc N`, or several machines) the processes split the files between them.
     """
-    import os
-
-    launch = LaunchConfig(**given.of(LaunchConfig))
-    if launch.processes > 1 and "WORLD_SIZE" in os.environ:
-        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
+    launch = _launch(given)
     data = DataConfig(paths=tuple(files), **given.of(DataConfig))
     if launch.processes > 1:
         from minigpt.distributed import launch_local
@@ -532,22 +524,19 @@ def generate(
     Examples: `minigpt generate "ROMEO:"`, `minigpt generate -n 500 -t 0.9 --top-p 0.95 --seed 1 "Once"`,
     `cat prompt.txt | minigpt generate - --stop $'\\n\\n' > out.txt` (in bash, $'...' makes \\n a newline).
     """
-    import os
     import secrets
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Generate")
+    _quiet_openmp()
     from minigpt.decode import Generation, encode_prompt
-    from minigpt.rundir import RunDir
+    from minigpt.engines import generation_engine
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
     shown = GenerateIOConfig(**given.of(GenerateIOConfig))
     if as_json and shown.stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
     text = read_prompt(prompt, shown.prompt_file)
-    if model is None:
-        model = RunDir.latest().path
-        typer.echo(f"using {model}", err=True)
-    engine, tokenizer = _generation_engine(model, run_on, shown.explain, settings.num_samples)
+    model = _run_or_latest(model)
+    engine, tokenizer = generation_engine(model, run_on, shown.explain, settings.num_samples)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
         typer.echo(
@@ -569,25 +558,33 @@ def generate(
     typer.echo(gen.summary(), err=True)
 
 
-def _generation_engine(model: Path, run_on: EngineConfig, explain: bool, num_samples: int) -> tuple[Any, Any]:
-    """The engine and tokenizer `generate` decodes with, the memory its samples need checked."""
+def _launch(given: Given) -> LaunchConfig:
+    """The launch options, refusing --nproc inside a torchrun launch."""
+    import os
 
-    from minigpt.engines import choose_backend, load_engine
-    from minigpt.memory import check_fits, inference_bytes
+    launch = LaunchConfig(**given.of(LaunchConfig))
+    if launch.processes > 1 and "WORLD_SIZE" in os.environ:
+        raise MinigptError("--nproc starts torchrun itself; drop it under torchrun", exit_code=2)
+    return launch
+
+
+def _quiet_openmp() -> None:
+    """Before torch loads OpenMP: its threads sleep soon after a parallel region instead of spinning on
+    the cores the next step needs (README: "Benchmarks", "Generate"); the environment's setting stands."""
+    import os
+
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+
+def _run_or_latest(run: Path | None) -> Path:
+    """The run named, else the newest under checkpoints/ (said on stderr)."""
+    if run is not None:
+        return run
     from minigpt.rundir import RunDir
 
-    if explain and run_on.quantize != "none":
-        raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
-    engine_name = choose_backend(
-        run_on.backend, run_on.device, run_on.dtype, explain=explain, weights=RunDir(model).weights_path,
-        quantize=run_on.quantize,
-    )  # fmt: skip
-    # threads: the engine times its steps on each count (README: "Generate"); the environment fixes them
-    engine, tokenizer = load_engine(model, engine_name, run_on.device, run_on.dtype, run_on.quantize)
-    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
-        needed = inference_bytes(RunDir(model).model_config(), num_samples)
-        check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")
-    return engine, tokenizer
+    latest = RunDir.latest().path
+    typer.echo(f"using {latest}", err=True)
+    return latest
 
 
 @contextlib.contextmanager
@@ -643,24 +640,21 @@ def chat(
     /save FILE, /help. Piped: each line of standard input is a conversation (a JSON record as in the
     training data, or a line of text as the user's message), answered on one line of its own.
     """
-    import os
     import secrets
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads OpenMP (README: "Generate")
+    _quiet_openmp()
     from minigpt.chat.session import ChatSession
     from minigpt.chat.terminal import interactive, piped
-    from minigpt.rundir import RunDir
+    from minigpt.engines import generation_engine
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
     system = ChatConfig(**given.of(ChatConfig)).system
-    if run is None:
-        run = RunDir.latest().path
-        typer.echo(f"using {run}", err=True)
+    run = _run_or_latest(run)
     seed = settings.seed
     if seed is None and settings.temperature > 0:
         seed = secrets.randbits(31)
         typer.echo(f"seed {seed}", err=True)
-    engine, tokenizer = _generation_engine(run, run_on, explain=False, num_samples=1)
+    engine, tokenizer = generation_engine(run, run_on, explain=False, num_samples=1)
     session = ChatSession(engine, tokenizer, settings, system, seed=seed or 0)
     with _writing_stdout():
         if sys.stdin.isatty():
@@ -710,9 +704,7 @@ def serve(
     Examples: `minigpt serve`, `minigpt serve checkpoints/a --model checkpoints/b --port 8080`,
     then `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
     """
-    import os
-
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as generate sets it, before torch loads
+    _quiet_openmp()
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -721,13 +713,9 @@ def serve(
             "minigpt serve needs FastAPI and uvicorn: pip install 'minigpt[serve]' "
             "(pip install -e '.[serve]' in a checkout)"
         ) from None
-    from minigpt.rundir import RunDir
     from minigpt.serve.models import load_models
     from minigpt.serve.server import run_server
 
     cfg, run_on = ServeConfig(**given.of(ServeConfig)), EngineConfig(**given.of(EngineConfig))
-    paths = ([run] if run is not None else []) + list(cfg.models or [])
-    if not paths:
-        paths = [RunDir.latest().path]
-        typer.echo(f"using {paths[0]}", err=True)
+    paths = ([run] if run is not None else []) + list(cfg.models or []) or [_run_or_latest(None)]
     run_server(load_models(paths, run_on, cfg), cfg)

@@ -17,9 +17,12 @@ from minigpt.rundir import RunDir
 
 if TYPE_CHECKING:
     from minigpt.decode import Engine
+    from minigpt.genconfig import EngineConfig
     from minigpt.tokenizer import Tokenizer
 
-__all__ = ["BACKENDS", "NUMPY_DTYPES", "accelerator_visible", "choose_backend", "load_engine"]
+__all__ = [
+    "BACKENDS", "NUMPY_DTYPES", "accelerator_visible", "choose_backend", "generation_engine", "load_engine",
+]  # fmt: skip
 
 BACKENDS = ("auto", "torch", "numpy")
 NUMPY_DTYPES = ("F32", "F16", "F64")  # safetensors dtypes NumPy can hold; bf16 needs torch
@@ -119,3 +122,29 @@ def load_engine(
     return NumpyEngine(
         config, run.load_weights(config, framework="np"), layout="auto", threads=threads
     ), tokenizer
+
+
+def generation_engine(
+    run_dir: Path, run_on: EngineConfig, explain: bool = False, num_samples: int = 1
+) -> tuple[Engine, Tokenizer]:
+    """The engine and tokenizer `generate` and `chat` decode with: the backend `choose_backend` picks for
+    `run_on` (--explain needs torch's model), loaded with `load_engine`, and the memory `num_samples`
+    rows of KV cache need checked before any is allocated."""
+    from minigpt.memory import check_fits, inference_bytes
+
+    if explain and run_on.quantize != "none":
+        raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
+    run = RunDir(run_dir)
+    backend = choose_backend(
+        run_on.backend, run_on.device, run_on.dtype, explain=explain, weights=run.weights_path,
+        quantize=run_on.quantize,
+    )  # fmt: skip
+    # threads: the engine times its steps on each count (README: "Generate"); the environment fixes them
+    engine, tokenizer = load_engine(run_dir, backend, run_on.device, run_on.dtype, run_on.quantize)
+    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
+        check_fits(
+            inference_bytes(run.model_config(), num_samples),
+            f"{num_samples:,} samples",
+            "lower --num-samples",
+        )
+    return engine, tokenizer
