@@ -817,6 +817,12 @@ ATTACKS = [
     ),
     Attack("train --logit-cap 0", train_with("--logit-cap", "0"), "logit_cap must be a positive number"),
     Attack("train --batch-ramp 2", train_with("--batch-ramp", "2"), "batch_ramp is a fraction of the budget"),
+    Attack("train --seq-ramp -1", train_with("--seq-ramp", "-1"), "seq_ramp is a fraction of the budget"),
+    Attack(
+        "config.json with seq_ramp 3 (resume)",
+        trained_then(edit_config(lambda c: c["train"].update(seq_ramp=3))),
+        "seq_ramp is a fraction of the budget in [0, 1], got 3",
+    ),
     Attack("train --skips --n-layer 1", train_with("--skips", "--n-layer", "1"), "(drop --skips)"),
     Attack(
         "convert to-hf of a model with value embeddings and skips",
