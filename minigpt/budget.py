@@ -253,8 +253,6 @@ def batch_at(cfg: TrainConfig, progress: float) -> int:
     """Sequences per micro-batch at this point of the budget: a quarter of batch_size growing linearly to
     all of it over the first `batch_ramp` of the budget (batch_size throughout when it is 0)."""
     assert cfg.batch_size is not None, "batch_at needs a resolved config (with_recipe)"
-    if cfg.batch_ramp <= 0 or progress >= cfg.batch_ramp:
-        return cfg.batch_size
     return _ramp(cfg.batch_size, cfg.batch_ramp, progress)
 
 
@@ -266,6 +264,7 @@ def window_at(cfg: TrainConfig, block_size: int, progress: float) -> int:
 
 
 def _ramp(full: int, fraction: float, progress: float) -> int:
+    """A quarter of `full` (at least 1) growing linearly to all of it over the first `fraction` of the budget."""
     if fraction <= 0 or progress >= fraction:
         return full
     start = max(1, full // 4)
