@@ -16,7 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast wins for training from about this
 # width on and loses below it, where casts cost more than the small matmuls save (bench/bench_train.py
 # measures both). Without them bf16 is emulated: a bf16 matrix product ran at 0.3-3 GFLOP/s on an AVX2
-# EPYC (Zen 3) against 160 in float32, and a 192-wide training step took 2.7 s instead of about 0.1.
+# EPYC (Zen 3) against 160 in float32, and a 192-wide training step took 2.7 s (README: round 3).
 CPU_BF16_MIN_WIDTH = 192
 
 
