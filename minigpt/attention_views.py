@@ -9,7 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minigpt.attention import HeadFocus, Inspection, attention_maps, explain_last, token_label, top_attended
+from minigpt.attention import (
+    HeadFocus,
+    Inspection,
+    attention_maps,
+    explain_last,
+    inspect_text,
+    token_label,
+    top_attended,
+)
+from minigpt.attentionconfig import AttentionConfig
 from minigpt.errors import MinigptError
 
 if TYPE_CHECKING:
@@ -79,6 +88,31 @@ def inspection_views(seen: Inspection, model: str, width: int, top: int) -> list
                   f"attends to{note}", width, window=window)
         for h in seen.heads
     ]  # fmt: skip
+
+
+def show_attention(run: Path, text: str, cfg: AttentionConfig, as_json: bool) -> None:
+    """`minigpt attention`: what run's heads weight over `text`, as views on stdout (or one JSON line), a
+    PNG with cfg.png; notes on stderr."""
+    import json
+
+    from minigpt.engines import load_engine
+
+    engine, tokenizer = load_engine(run, "torch", "cpu", "float32")
+    seen = inspect_text(engine.model, tokenizer, text, cfg)
+    if seen.dropped:
+        print(
+            f"note: the text is {len(seen.ids) + seen.dropped} tokens, more than the model's block_size "
+            f"{engine.block_size}: keeping the last {engine.block_size}",
+            file=sys.stderr,
+        )
+    if as_json:
+        # one compact line: T x T weights indented one number per line would run to millions of lines
+        sys.stdout.write(json.dumps(seen.to_json(str(run)), separators=(",", ":")) + "\n")
+    else:
+        print_inspection(seen, str(run), cfg.top)
+    if cfg.png is not None:
+        write_inspection_png(cfg.png, engine.model, seen)
+        print(f"wrote {cfg.png}", file=sys.stderr)
 
 
 def print_inspection(seen: Inspection, model: str, top: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from minigpt.options import command_line, with_options
 from minigpt.rundir import DEFAULT_ROOT
 from minigpt.serve.config import ServeConfig
 from minigpt.settings import NO_OPTIONS, Given, Option, options_of
-from minigpt.trainconfig import BUDGET_SETTINGS, DEFAULT_MAX_ITERS, LaunchConfig, TrainConfig
+from minigpt.trainconfig import BUDGET_SETTINGS, LaunchConfig, TrainConfig
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
@@ -247,33 +246,13 @@ def train(
     _quiet_openmp()
     launch = _launch(given)
     from minigpt.panel import TrainingPanel
-    from minigpt.train import check_launch, plan_run
+    from minigpt.train import check_launch, command_arguments, plan_run
     from minigpt.train import train as run_training
 
-    if launch.resume is not None:
-        changed = given.flags(skip=(*BUDGET_SETTINGS, *LaunchConfig.WITH_RESUME))
-        if changed:
-            raise MinigptError(
-                f"--resume continues a run with its saved settings; only budget options and the text's new "
-                f"place may change (got {', '.join(changed)})",
-                exit_code=2,
-            )
-        moved = DataConfig(paths=tuple(files), tokenizer="char") if files else None  # only its paths count
-        run_args: dict[str, Any] = dict(
-            cfg=TrainConfig(**given.of(TrainConfig)), data=moved, resume=launch.resume,
-            allow_data_change=launch.allow_data_change,
-        )  # fmt: skip
-    else:
-        if not files:
-            raise MinigptError(
-                "give a text file to train on (or --resume DIR): minigpt train FILE", exit_code=2
-            )
-        cfg = TrainConfig(**given.of(TrainConfig))
-        cfg = cfg if cfg.has_budget else cfg.with_budget({"max_iters": DEFAULT_MAX_ITERS})
-        data = DataConfig(paths=tuple(files), **given.of(DataConfig))
-        run_args = dict(
-            cfg=cfg, data=data, out=launch.out, init_from=launch.init_from, overwrite=launch.overwrite
-        )
+    resumed = launch.resume is not None
+    changed = given.flags(skip=(*BUDGET_SETTINGS, *LaunchConfig.WITH_RESUME)) if resumed else []
+    cfg = TrainConfig(**given.of(TrainConfig))
+    run_args = command_arguments(files, cfg, given.of(DataConfig), launch, changed)
     if launch.processes > 1:
         from minigpt.distributed import launch_local
 
@@ -361,31 +340,9 @@ def attention(
     Examples: `minigpt attention "To be, or not to be"`,
     `minigpt attention "Hello" --layer 0 --head 1 --png head.png`.
     """
-    from minigpt.attention import inspect_text
-    from minigpt.attention_views import print_inspection, write_inspection_png
-    from minigpt.engines import load_engine
-    from minigpt.rundir import RunDir
+    from minigpt.attention_views import show_attention
 
-    cfg = AttentionConfig(**given.of(AttentionConfig))
-    if model is None:
-        model = RunDir.latest().path
-        typer.echo(f"using model {model} (the latest run; pass --model DIR for another)", err=True)
-    engine, tokenizer = load_engine(model, "torch", "cpu", "float32")
-    seen = inspect_text(engine.model, tokenizer, text, cfg)
-    if seen.dropped:
-        typer.echo(
-            f"note: the text is {len(seen.ids) + seen.dropped} tokens, more than the model's block_size "
-            f"{engine.block_size}: keeping the last {engine.block_size}",
-            err=True,
-        )
-    if as_json:
-        # one compact line: T x T weights indented one number per line would run to millions of lines
-        sys.stdout.write(json.dumps(seen.to_json(str(model)), separators=(",", ":")) + "\n")
-    else:
-        print_inspection(seen, str(model), cfg.top)
-    if cfg.png is not None:
-        write_inspection_png(cfg.png, engine.model, seen)
-        typer.echo(f"wrote {cfg.png}", err=True)
+    show_attention(_run_or_latest(model), text, AttentionConfig(**given.of(AttentionConfig)), as_json)
 
 
 convert_app = typer.Typer(
@@ -705,16 +662,10 @@ def serve(
     then `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
     """
     _quiet_openmp()
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise MinigptError(
-            "minigpt serve needs FastAPI and uvicorn: pip install 'minigpt[serve]' "
-            "(pip install -e '.[serve]' in a checkout)"
-        ) from None
+    from minigpt.serve.server import require_extra, run_server
+
+    require_extra()  # before the models load
     from minigpt.serve.models import load_models
-    from minigpt.serve.server import run_server
 
     cfg, run_on = ServeConfig(**given.of(ServeConfig)), EngineConfig(**given.of(EngineConfig))
     paths = ([run] if run is not None else []) + list(cfg.models or []) or [_run_or_latest(None)]

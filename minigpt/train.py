@@ -8,7 +8,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from minigpt.errors import MinigptError
 from minigpt.memory import labelled
 from minigpt.reporters import ProgressReporter, QuietReporter, TrainingEnd
 from minigpt.rundir import RunDir
-from minigpt.trainconfig import TrainConfig, parse_duration
+from minigpt.trainconfig import DEFAULT_MAX_ITERS, LaunchConfig, TrainConfig, parse_duration
 from minigpt.trainsetup import (
     SamplerFactory,
     TrainingRun,
@@ -44,6 +44,34 @@ class TrainResult:
     interrupted: bool
     stop_reason: str
     metrics: list[dict[str, Any]]
+
+
+def command_arguments(
+    files: Sequence[Path] | None,
+    cfg: TrainConfig,
+    data_options: dict[str, Any],
+    launch: LaunchConfig,
+    changed: Sequence[str],
+) -> dict[str, Any]:
+    """`train`'s arguments for `minigpt train FILES` (a new run, given the default budget where it has none),
+    or for `--resume`, where only the budget and the text's new place may change: `changed` names any other
+    setting given, refused."""
+    if launch.resume is not None:
+        if changed:
+            raise MinigptError(
+                f"--resume continues a run with its saved settings; only budget options and the text's new "
+                f"place may change (got {', '.join(changed)})",
+                exit_code=2,
+            )
+        moved = DataConfig(paths=tuple(files), tokenizer="char") if files else None  # only its paths count
+        return dict(
+            cfg=cfg, data=moved, resume=launch.resume, allow_data_change=launch.allow_data_change
+        )  # fmt: skip
+    if not files:
+        raise MinigptError("give a text file to train on (or --resume DIR): minigpt train FILE", exit_code=2)
+    cfg = cfg if cfg.has_budget else cfg.with_budget({"max_iters": DEFAULT_MAX_ITERS})
+    data = DataConfig(paths=tuple(files), **data_options)
+    return dict(cfg=cfg, data=data, out=launch.out, init_from=launch.init_from, overwrite=launch.overwrite)
 
 
 def train(

@@ -371,7 +371,7 @@ def test_cli_default_model_is_the_latest_run(
     result = runner.invoke(app, ["attention", "Hello", "--json"])
     assert result.exit_code == 0, result.output
     assert (
-        "using model checkpoints/a" in result.stderr and json.loads(result.stdout)["model"] == "checkpoints/a"
+        "using checkpoints/a" in result.stderr and json.loads(result.stdout)["model"] == "checkpoints/a"
     )
 
 

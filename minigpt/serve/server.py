@@ -47,6 +47,18 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def require_extra() -> None:
+    """FastAPI and uvicorn (the `serve` extra) are installed, or a one-line error says how to install them."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise MinigptError(
+            "minigpt serve needs FastAPI and uvicorn: pip install 'minigpt[serve]' "
+            "(pip install -e '.[serve]' in a checkout)"
+        ) from None
+
+
 def run_server(models: Sequence[ServedModel], cfg: ServeConfig) -> None:
     """Serve until Ctrl-C (or SIGTERM) on `cfg`'s address; the address is printed on stderr once it is bound."""
     import uvicorn
