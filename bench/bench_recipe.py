@@ -49,9 +49,10 @@ LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
     "+ polar-express": ("--orthogonalizer polar-express", dict(orthogonalizer="polar-express")),
     "+ normuon": ("--normuon", dict(normuon=True)),
     "+ muon lr 0.03": ("--muon-lr 0.03", dict(muon_lr=0.03)),
+    "muon lr 0.02 (the default before round 3)": ("--muon-lr 0.02", dict(muon_lr=0.02)),
     "+ batch ramp 0.3": ("--batch-ramp 0.3", dict(batch_ramp=0.3)),
     "+ compile": ("--compile", dict(compile=True)),
-    "block 64 (the default before round 3)": ("--block-size 64", dict(overrides=dict(block_size=64))),
+    "block 64 (the default block before round 3)": ("--block-size 64", dict(overrides=dict(block_size=64))),
     "+ seq ramp 0.8": ("--seq-ramp 0.8", dict(seq_ramp=0.8)),
 }
 ROWS: dict[str, list[str]] = {

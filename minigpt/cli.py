@@ -342,7 +342,8 @@ def attention(
     """
     from minigpt.attention_views import show_attention
 
-    show_attention(_run_or_latest(model), text, AttentionConfig(**given.of(AttentionConfig)), as_json)
+    cfg = AttentionConfig(**given.of(AttentionConfig))  # a bad option is reported before a missing run
+    show_attention(_run_or_latest(model), text, cfg, as_json)
 
 
 convert_app = typer.Typer(

@@ -82,6 +82,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> Optimizers:
     assert cfg.lr is not None, "make_optimizer needs a resolved config (with_recipe)"
     parts: list[GroupedOptimizer] = [AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))]
     if muon:
+        assert cfg.muon_lr is not None, "make_optimizer needs a resolved config (with_recipe)"
         # Muon's update is orthogonalised, so its rate is its own; the schedule scales it with lr's
         group = {"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}
         parts.append(

@@ -302,7 +302,7 @@ def test_muon_in_bf16_is_torchs_muon_step_for_step() -> None:
 
 def test_muon_trains_the_blocks_matrices_but_not_the_value_embeddings() -> None:
     model = GPT(config(value_embeds=True, skips=True))
-    cfg = TrainConfig(lr=1e-2, optimizer="muon", orthogonalizer="polar-express", normuon=True)
+    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.02, orthogonalizer="polar-express", normuon=True)
     optimizer = make_optimizer(model, cfg)
     adamw, muon = optimizer.parts
     assert isinstance(muon, Muon) and muon.normuon and muon.polynomials == polar_express()

@@ -223,7 +223,7 @@ def test_a_state_file_from_another_optimizer_is_refused(text_file: Path, tmp_pat
     train(tiny_cfg(max_iters=2, optimizer="muon"), data_cfg(text_file, tmp_path), out=out)
     tensors, _ = load_tensors(out / RunDir.STATE)
     model = GPT(RunDir(out).model_config())
-    cfg = TrainConfig(lr=1e-3, optimizer="muon")
+    cfg = TrainConfig(lr=1e-3, optimizer="muon", muon_lr=0.02)
     parts = Trainables(model, make_optimizer(model, cfg), None)  # type: ignore[arg-type]
     parts.check(tensors, "state")
     key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/momentum_buffer"))
