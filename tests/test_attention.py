@@ -370,9 +370,7 @@ def test_cli_default_model_is_the_latest_run(
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["attention", "Hello", "--json"])
     assert result.exit_code == 0, result.output
-    assert (
-        "using checkpoints/a" in result.stderr and json.loads(result.stdout)["model"] == "checkpoints/a"
-    )
+    assert "using checkpoints/a" in result.stderr and json.loads(result.stdout)["model"] == "checkpoints/a"
 
 
 def test_cli_png(runner: Any, char_run: Path, tmp_path: Path) -> None:
