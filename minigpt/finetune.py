@@ -103,11 +103,11 @@ def lora_model(shape: GPTConfig, link: AdapterLink, out: Path, device: torch.dev
 
 def describe(link: AdapterLink, shape: GPTConfig, total: int) -> str:
     """One line on what a LoRA run trains."""
-    from minigpt.lora import trainable_count
+    from minigpt.lora import trainable_count, whole_words
 
     trained = trainable_count(shape, link.lora)
     rows = f" and {link.lora.new_rows} new token rows" if link.lora.new_rows else ""
-    whole = f"; {', '.join(link.lora.whole)} trained whole" if link.lora.whole else ""
+    whole = f"; {', '.join(whole_words(link.lora.whole))} trained whole" if link.lora.whole else ""
     return (
         f"LoRA rank {link.lora.rank} (alpha {link.lora.alpha:g}) on {', '.join(link.lora.targets) or 'no layer'}"
         f"{rows}{whole}: "

@@ -4,7 +4,8 @@ A LoRA run trains, for each chosen linear layer of every block, two small matric
 B (out x rank) while the base weights stay frozen; the layer computes x W^T + b + (alpha / rank) (x A^T) B^T
 (`model.linear`, over the weight tree's `LowRank`). B starts at zero, so training starts from the base model
 exactly. Tokens the fine-tuning adds (the chat template's) get new embedding and head rows, trained in full
-as part of the adapter: `<layer>.added`.
+as part of the adapter: `<layer>.added`. Beside the factors a run may train tensors whole: the embedding, the
+head, every norm's gain, the linear layers' biases.
 
 The adapter file holds only these tensors, with the sha256 of the base run's weights file in its header: it
 is applied to that base and refused on any other. Merging adds (alpha / rank) B A to each adapted weight and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -45,34 +47,58 @@ HEAD = "lm_head"
 # file: they map tokens to the hidden space and back, which a low-rank update of the blocks reaches only
 # through its rank (upper-casing is a mapping of 26 letters to 26 others); small where the vocabulary is
 WHOLE = {"embedding": f"{EMBEDDING}.weight", "head": f"{HEAD}.weight"}
-TARGET_CHOICES = ", ".join([*LAYERS, *GROUPS, *WHOLE])
+# vectors a LoRA run may train whole: every normalisation's gain (and a LayerNorm's bias), and the linear
+# layers' biases (PEFT's bias="all"); a few thousand numbers. Not in the default: full fine-tuning of the
+# benchmark's base with its norms frozen fell from 86.5% to 26% exact match, but LoRA with them trained did no
+# better than without (README, Fine-tuning and chat)
+VECTORS = {
+    "norms": re.compile(r"transformer\.(h\.\d+\.(ln_1|ln_2|attn\.q_norm|attn\.k_norm)|ln_f)\.(weight|bias)"),
+    "biases": re.compile(rf"transformer\.h\.\d+\.({'|'.join(re.escape(v) for v in LAYERS.values())})\.bias"),
+}
+TARGET_CHOICES = ", ".join([*LAYERS, *GROUPS, *WHOLE, *VECTORS])
+DEFAULT_TARGETS = "all"
 
 
 def resolve_targets(spec: str | Sequence[str], config: GPTConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What comma-separated `spec` picks: the block-relative layers to adapt ("attn.c_attn", ...), in block
-    order, a SwiGLU gate only where the model has one; and the matrices to train whole (WHOLE: a tied
-    head is the embedding)."""
+    order, a SwiGLU gate only where the model has one; and the tensors to train whole, in the weights
+    file's order (WHOLE's matrices, a tied head being the embedding, and VECTORS' vectors)."""
     words = [w.strip() for w in (spec.split(",") if isinstance(spec, str) else spec) if w.strip()]
     if not words:
         raise UsageError(f"--lora-targets is empty: choose from {TARGET_CHOICES}")
     picked: set[str] = set()
     for word in words:
-        if word not in LAYERS and word not in GROUPS and word not in WHOLE:
+        if word not in LAYERS and word not in GROUPS and word not in WHOLE and word not in VECTORS:
             raise UsageError(f"unknown --lora-targets {word!r}: choose from {TARGET_CHOICES}")
         if word == "gate" and config.mlp != "swiglu":
             raise UsageError(f"--lora-targets gate: this model's MLP ({config.mlp}) has no gate matrix")
+        if word == "biases" and not config.bias:
+            raise UsageError("--lora-targets biases: this model's linear layers have no biases")
         picked.update(GROUPS.get(word, (word,)))
     if config.mlp != "swiglu":
         picked.discard("gate")
     whole = {WHOLE["embedding" if config.tie_embeddings else k] for k in WHOLE if k in picked}
-    return tuple(LAYERS[k] for k in LAYERS if k in picked), tuple(v for v in WHOLE.values() if v in whole)
+    names = expected_shapes(config)
+    whole |= {n for kind in VECTORS if kind in picked for n in names if VECTORS[kind].fullmatch(n)}
+    return tuple(LAYERS[k] for k in LAYERS if k in picked), tuple(n for n in names if n in whole)
+
+
+def is_whole_name(name: str) -> bool:
+    """Whether `name` is a tensor a LoRA run may train whole (WHOLE's or VECTORS')."""
+    return name in WHOLE.values() or any(p.fullmatch(name) for p in VECTORS.values())
+
+
+def whole_words(names: Sequence[str]) -> list[str]:
+    """The --lora-targets words that train `names` whole, for a one-line summary."""
+    words = [w for w, n in WHOLE.items() if n in names]
+    return words + [w for w, p in VECTORS.items() if any(p.fullmatch(n) for n in names)]
 
 
 @dataclass(frozen=True)
 class LoRAConfig:
     """The adapter's shape: rank, alpha (the update is scaled by alpha / rank), the adapted layers of
     every block, how many new token rows it adds to the embedding (and an untied head), and the matrices
-    it trains whole (WHOLE's names)."""
+    it trains whole (by name: WHOLE's matrices and VECTORS' vectors)."""
 
     rank: int
     alpha: float
@@ -82,9 +108,11 @@ class LoRAConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "targets", tuple(self.targets))
-        if not isinstance(self.whole, list | tuple) or any(w not in WHOLE.values() for w in self.whole):
+        if not isinstance(self.whole, list | tuple) or not all(
+            isinstance(w, str) and is_whole_name(w) for w in self.whole
+        ):
             raise MinigptError(
-                f"LoRA's whole matrices must be some of {', '.join(WHOLE.values())}, got {self.whole!r}"
+                f"LoRA's whole tensors must be the embedding, the head, norms or biases, got {self.whole!r}"
             )
         object.__setattr__(self, "whole", tuple(self.whole))
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 4096:
@@ -139,6 +167,8 @@ def adapter_shapes(config: GPTConfig, lora: LoRAConfig) -> dict[str, tuple[int, 
             shapes[f"transformer.h.{i}.{target}.lora_A"] = (lora.rank, inp)
             shapes[f"transformer.h.{i}.{target}.lora_B"] = (out, lora.rank)
     for name in lora.whole:
+        if name not in base:
+            raise MinigptError(f"the adapter trains {name} whole, which this model does not have")
         shapes[name] = base[name]
     if lora.new_rows:
         shapes[f"{EMBEDDING}.{ADDED}"] = (lora.new_rows, config.n_embd)
@@ -172,7 +202,7 @@ def join_added_rows(tensors: Mapping[str, A], cat: Callable[[list[A]], A]) -> di
 def merge(
     base: Mapping[str, A], adapter: Mapping[str, A], lora: LoRAConfig, cat: Callable[[list[A]], A]
 ) -> dict[str, A]:
-    """The adapted model's plain weights: W + (alpha / rank) B A for each adapted layer, the matrices trained
+    """The adapted model's plain weights: W + (alpha / rank) B A for each adapted layer, the tensors trained
     whole in place of the base's, new rows appended."""
     merged = {**base, **{name: adapter[name] for name in lora.whole}}
     suffix = ".lora_A"

@@ -10,7 +10,7 @@ from typing import Any
 
 from minigpt.config import ARCHS, GPTConfig
 from minigpt.errors import UsageError
-from minigpt.lora import TARGET_CHOICES
+from minigpt.lora import DEFAULT_TARGETS, TARGET_CHOICES
 from minigpt.presets import GPT2_VOCAB, PRESETS, model_config
 from minigpt.presets import preset as get_preset
 from minigpt.settings import (
@@ -148,8 +148,8 @@ class TrainConfig:
         None, "LoRA's scale: updates are multiplied by alpha / rank.", panel=FINETUNE, shown="2 x lora-rank"
     )
     lora_targets: str = setting(
-        "all", f"Layers of every block to adapt, and embedding or head to train whole, comma-separated: "
-        f"{TARGET_CHOICES}.", panel=FINETUNE,
+        DEFAULT_TARGETS, f"Layers of every block to adapt, and the embedding, head, norms or biases to train "
+        f"whole, comma-separated: {TARGET_CHOICES}.", panel=FINETUNE,
     )  # fmt: skip
     # budget: the first one reached stops the run
     max_iters: int | None = setting(

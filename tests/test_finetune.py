@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
+from numerics import assert_near_exact, float64_logits
 
 from minigpt.chat.data import ConversationSplit, prepare_conversations
 from minigpt.chat.template import CHAT_TOKENS, ChatTemplate, Message, with_chat_tokens
@@ -24,7 +25,7 @@ from minigpt.engines import load_engine
 from minigpt.errors import MinigptError, UsageError
 from minigpt.files import load_tensors
 from minigpt.finetune import full_model, plan_fine_tune
-from minigpt.lora import LoRAConfig, adapter_shapes, merge, resolve_targets, trainable_count
+from minigpt.lora import VECTORS, LoRAConfig, adapter_shapes, merge, resolve_targets, trainable_count
 from minigpt.model import GPT, build_model, model_tensors
 from minigpt.optimizers import make_optimizer
 from minigpt.reporters import LineReporter
@@ -288,12 +289,13 @@ def test_hf_imported_models_get_rows_past_their_padded_vocabulary(tmp_path: Path
 # ---------------------------------------------------------------------------------------------- LoRA
 
 
-@pytest.mark.parametrize("targets", ["all", "all,embedding,head", "head"])
+@pytest.mark.parametrize("targets", ["all", "all,embedding,head", "head", "all,norms", "qkv,norms,biases"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_merged_weights_equal_the_adapted_forward(tie: bool, targets: str) -> None:
     torch.manual_seed(0)
+    norm = "layernorm" if "biases" in targets else "rmsnorm"  # LayerNorm: gains and biases, with qk-norm's
     shape = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, tie_embeddings=tie,
-                      mlp="swiglu", pos="rope", norm="rmsnorm")  # fmt: skip
+                      mlp="swiglu", pos="rope", norm=norm, qk_norm="biases" in targets, bias=True)  # fmt: skip
     base = GPT(replace(shape, vocab_size=36))
     layers, whole = resolve_targets(targets, shape)
     lora = LoRAConfig(4, 8.0, layers, new_rows=4, whole=whole)
@@ -310,9 +312,13 @@ def test_merged_weights_equal_the_adapted_forward(tie: bool, targets: str) -> No
         shape, merge(model_tensors(base), model_tensors(adapted), lora, torch.cat), Path("x")
     )
     idx = torch.randint(0, 40, (3, 16))
+    exact = float64_logits(adapted, idx, all_logits=True)
     with torch.no_grad():
-        torch.testing.assert_close(merged(idx, all_logits=True)[0], adapted(idx, all_logits=True)[0],
-                                   rtol=0, atol=1e-5)  # fmt: skip
+        got, reference = merged(idx, all_logits=True)[0], adapted(idx, all_logits=True)[0]
+    assert_near_exact(got, exact, shape, "merged")  # each float32 forward within rounding of the exact one
+    assert_near_exact(reference, exact, shape, "adapted")
+    if not any(w in targets for w in VECTORS):  # logits of the scale the 1e-5 assumes
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-5)
 
 
 def test_lora_targets_and_the_trainable_count() -> None:
@@ -328,6 +334,28 @@ def test_lora_targets_and_the_trainable_count() -> None:
         resolve_targets("gate", shape)
     with pytest.raises(UsageError, match="choose from"):
         resolve_targets("q_proj", shape)
+    norms = tuple(
+        f"transformer.h.{i}.{n}.{p}" for i in range(3) for n in ("ln_1", "ln_2") for p in ("weight", "bias")
+    )
+    norms += ("transformer.ln_f.weight", "transformer.ln_f.bias")  # LayerNorm: a gain and a bias each
+    assert resolve_targets("norms", shape) == ((), norms)
+    assert resolve_targets("all,norms", shape) == (everything, norms)
+    biases = tuple(f"transformer.h.{i}.{t}.bias" for i in range(3) for t in everything)
+    assert resolve_targets("biases", shape) == ((), biases)
+    rms = replace(shape, norm="rmsnorm", bias=False)
+    assert resolve_targets("norms", rms)[1] == (*(f"transformer.h.{i}.{n}.weight" for i in range(3)
+                                                  for n in ("ln_1", "ln_2")), "transformer.ln_f.weight")  # fmt: skip
+    with pytest.raises(UsageError, match="no biases"):
+        resolve_targets("all,biases", rms)
+    vectors = LoRAConfig(2, 4.0, everything, whole=norms + biases)
+    factors, biases_n = 3 * 2 * (32 + 96 + 32 + 32 + 32 + 128 + 128 + 32), 3 * (96 + 32 + 128 + 32)
+    assert trainable_count(shape, vectors) == factors + 14 * 32 + biases_n
+    assert sum(p.numel() for p in GPT(shape, vectors).parameters() if p.requires_grad) == trainable_count(
+        shape, vectors
+    )
+    assert LoRAConfig.from_json(vectors.to_json(), "x") == vectors
+    with pytest.raises(MinigptError, match="does not have"):  # a stranger's adapter naming a layer 7
+        trainable_count(shape, LoRAConfig(2, 4.0, everything, whole=("transformer.h.7.ln_1.weight",)))
     layers, whole = resolve_targets("attn,head", untied)
     with_head = LoRAConfig(2, 4.0, layers, new_rows=3, whole=whole)
     assert trainable_count(untied, with_head) == 3 * 2 * (32 + 96 + 32 + 32) + 3 * 32 * 2 + 97 * 32
@@ -408,7 +436,7 @@ def test_an_adapter_is_refused_on_another_base(lora_run: Path, base_run: Path, t
 
 def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, tmp_path: Path) -> None:
     data = chat_data(chat_file, tmp_path)
-    cfg = ft(max_iters=8, lora_rank=4, lora_targets="attn,down,head")
+    cfg = ft(max_iters=8, lora_rank=4, lora_targets="attn,down,head,norms")
     straight = train(cfg, data, out=tmp_path / "straight", init_from=base_run)
 
     def stop_at_4(step: int) -> None:
@@ -428,7 +456,9 @@ def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, 
         else "model/lm_head.weight"
     )
     assert head in a and f"optim/{head.removeprefix('model/')}/exp_avg" in a  # the head, trained whole
-    assert all(k.startswith(("model/transformer.h.", "model/transformer.wte.added", "model/lm_head.added", head))
+    assert "optim/transformer.ln_f.weight/exp_avg" in a  # and the norms
+    assert all(k.startswith(("model/transformer.h.", "model/transformer.wte.added", "model/lm_head.added", head,
+                             "model/transformer.ln_f."))
                for k in a if k.startswith("model/"))  # fmt: skip
     for key in a:
         if key.startswith(("model/", "optim/")):
