@@ -3,6 +3,7 @@ with LoRA, scored by exact match on held-out prompts.
 
     python bench/bench_finetune.py                         # 2 min pretraining, 3 min per fine-tuning
     python bench/bench_finetune.py --pretrain 30s --finetune 30s --keep /tmp/ft   # a quick look
+    python bench/bench_finetune.py --base /tmp/ft/base --finetune 90s --lora none --rank-cut 8,16,32
 
 The task needs the instruction read: each prompt is an instruction and 2-5 words from Shakespeare, and the
 answer (computed here) depends on the instruction: the first word, the last word, the words reversed, how
@@ -26,6 +27,7 @@ import os
 import platform
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,6 +151,32 @@ def load() -> str:
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def rank_cut(tuned: Path, base: Path, rank: int, out: Path) -> float:
+    """A copy of the fine-tuned run `tuned` whose change to each block matrix (its weights minus the base's)
+    is cut to its best rank-`rank` approximation (SVD), every other tensor as it trained: is a low-rank
+    solution in what full fine-tuning found? Returns the share of the changes' energy (squared singular
+    values) kept, averaged over the matrices."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    weights = "model.safetensors"
+    with safe_open(str(tuned / weights), framework="np") as f, safe_open(str(base / weights), "np") as b:
+        meta, kept, cut = f.metadata(), [], {}
+        for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+            w = f.get_tensor(name)
+            if name.startswith("transformer.h.") and w.ndim == 2:
+                u, s, vt = np.linalg.svd((w - b.get_tensor(name)).astype(np.float64), full_matrices=False)
+                kept.append(float((s[:rank] ** 2).sum() / max((s**2).sum(), 1e-300)))
+                w = (b.get_tensor(name) + (u[:, :rank] * s[:rank]) @ vt[:rank]).astype(np.float32)
+            cut[name] = w
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(tuned, out)
+    save_file(cut, str(out / weights), metadata=meta)
+    return sum(kept) / len(kept)
+
+
 # the LoRA rows of a default run: rank 8 on every block matrix, and rank 4 with the embedding and the head
 # trained whole (8.1% of the parameters at the benchmark's size; rank 8 with them would be 12.2%)
 LORA_DEFAULT = ("8", "4:--lora-targets all,embedding,head")
@@ -176,12 +204,16 @@ def main() -> None:
     parser.add_argument(
         "--lora", action="append", metavar="RANK[:FLAGS]",
         help="a LoRA fine-tuning: its rank and extra flags, e.g. '4:--lora-targets all,embedding,head' "
-        f"(repeatable; default: {' and '.join(repr(v) for v in LORA_DEFAULT)})",
+        f"(repeatable; 'none' for none; default: {' and '.join(repr(v) for v in LORA_DEFAULT)})",
     )  # fmt: skip
     parser.add_argument("--train", type=int, default=20000, help="training conversations")
     parser.add_argument("--test", type=int, default=500, help="held-out prompts")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temp folder)")
     parser.add_argument("--full-flags", default="", help="extra flags for the full fine-tuning")
+    parser.add_argument(
+        "--rank-cut", default="", metavar="R,R,...",
+        help="also score the full fine-tuning with its change to each block matrix cut to these ranks",
+    )  # fmt: skip
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
@@ -209,7 +241,7 @@ def main() -> None:
 
     rows = [("base (no fine-tuning)", None, base_answers(base, test), None, None)]
     variants = [("full fine-tuning", args.full_flags.split())]
-    for spec in args.lora or LORA_DEFAULT:
+    for spec in [] if args.lora == ["none"] else args.lora or LORA_DEFAULT:
         rank, _, flags = spec.partition(":")
         variants.append((f"LoRA rank {rank} {flags}".strip(), ["--lora-rank", rank, *flags.split()]))
     for i, (name, flags) in enumerate(variants):
@@ -220,6 +252,11 @@ def main() -> None:
             f"{name}: {result['wall']:.1f} s, peak RSS {result['rss_mb']:.0f} MB (load {load()})", flush=True
         )
         rows.append((name, out, answers(out, test, work), result, run_facts(out)))
+        for rank in [int(r) for r in args.rank_cut.split(",") if r] if i == 0 else []:
+            kept = rank_cut(out, base, rank, work / f"rank-cut-{rank}")
+            got = answers(work / f"rank-cut-{rank}", test, work)
+            print(f"full fine-tuning cut to rank {rank}: {score(test, got)[0]:.1f}% exact match, "
+                  f"{kept:.1%} of the change's energy kept", flush=True)  # fmt: skip
 
     print(f"\nload at the end {load()}\n")
     print("| model | exact match | " + " | ".join(TASKS) + " | trainable parameters | optimizer state | "
