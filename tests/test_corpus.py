@@ -604,14 +604,17 @@ import minigpt.corpus.ingest as ingest
 from minigpt.data import DataConfig
 from minigpt.prepare import prepare
 
+def say(*words):  # one write() a line: both processes share the pipe (print, unbuffered, writes word by word)
+    os.write(1, (" ".join(map(str, words)) + "\n").encode())
+
 real = ingest.tokenize_file
 def tokenize_file(*args, **kwargs):  # say which process tokenized which file
-    print("rank", os.environ["RANK"], "tokenized", args[-1], flush=True)  # "<role> file <path>"
+    say("rank", os.environ["RANK"], "tokenized", args[-1])  # "<role> file <path>"
     return real(*args, **kwargs)
 ingest.tokenize_file = tokenize_file
 folder, tokenizer, cache = sys.argv[1:]
 done = prepare(DataConfig(paths=(Path(folder),), tokenizer=tokenizer, cache_dir=Path(cache)), progress=False)
-print("rank", os.environ["RANK"], "prepared", json.dumps([done.train_tokens, done.val_tokens, done.files]), flush=True)
+say("rank", os.environ["RANK"], "prepared", json.dumps([done.train_tokens, done.val_tokens, done.files]))
 """
 
 
