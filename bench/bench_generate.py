@@ -71,6 +71,7 @@ class Setup:
     backend: str
     quantize: str = "none"
     threads: int | None = None
+    kernels: bool = True  # the NumPy engine's compiled one-token steps (False: its array path)
 
 
 SETUPS = [
@@ -78,6 +79,7 @@ SETUPS = [
     Setup("NumPy, one thread", "numpy", threads=1),
     Setup("torch", "torch"),
     Setup("torch `--quantize int8`", "torch", "int8"),
+    Setup("NumPy array path (no kernels)", "numpy", kernels=False),
 ]
 E2E: list[tuple[str, tuple[str, ...], dict[str, str]]] = [  # (what, extra options, environment)
     ("`minigpt generate` (auto: the NumPy engine, its own threads)", (), {}),
@@ -150,6 +152,13 @@ from minigpt.decode import Generation, encode_prompt
 from minigpt.engines import load_engine
 threads = None if sys.argv[5] == "auto" else int(sys.argv[5])
 engine, tok = load_engine(Path(sys.argv[2]), "numpy", threads=threads)
+if sys.argv[6] == "off":  # the array path: the same run, the same weights, no compiled steps
+    from minigpt.engines.numpy import NumpyEngine
+    from minigpt.rundir import RunDir
+    run = RunDir(Path(sys.argv[2]))
+    config = run.open()[1]
+    engine = NumpyEngine(config, run.load_weights(config, framework="np"), layout="auto", threads=threads,
+                         kernels=False)
 n, batches = int(sys.argv[3]), json.loads(sys.argv[4])
 out = []
 for batch in batches:
@@ -161,12 +170,15 @@ print(json.dumps({"results": out, "layout": engine.layout}), "torch" in sys.modu
 """
 
 
-def numpy_round(run_dir: Path, n: int, batches: list[int], threads: int | None) -> tuple[list[Any], str]:
+def numpy_round(
+    run_dir: Path, n: int, batches: list[int], threads: int | None, kernels: bool = True
+) -> tuple[list[Any], str]:
     """One round of the NumPy engine over every batch size, in a process of its own as `minigpt generate`
     runs it: no torch loaded, whose idle OpenMP threads would otherwise share the cores. Returns each
     batch's (tokens/s, first token, threads) and the layout the engine chose."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
     args = [str(ROOT), str(run_dir), str(n), json.dumps(batches), str(threads or "auto")]
+    args.append("on" if kernels else "off")
     out = subprocess.run(
         [sys.executable, "-c", NUMPY_TIMING, *args], check=True, capture_output=True, text=True, env=env
     ).stdout.rsplit(" ", 1)
@@ -261,7 +273,9 @@ def measure(
         bandwidths.append(bandwidth())
         for row in rows:
             if row.setup.backend == "numpy":
-                results, row.layout = numpy_round(runs[row.arch], n, batches, row.setup.threads)
+                results, row.layout = numpy_round(
+                    runs[row.arch], n, batches, row.setup.threads, row.setup.kernels
+                )
             else:
                 engine = engines[(row.arch, row.setup.label)]
                 results = [timed(engine, tok, n, b) for b in batches]

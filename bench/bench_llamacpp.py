@@ -7,11 +7,11 @@ minigpt, -t for llama.cpp), and once each on its own choice of threads. Compared
 generation (prompt, decoding and sampling, start-up and loading left out: llama.cpp's own timings, and
 `minigpt generate --json`'s), and the whole command's wall time.
 
-    # a random 6x6x384 model with GPT-2's vocabulary, its Hugging Face export, llama.cpp's f32 GGUF of it
-    python bench/bench_llamacpp.py --make-run /tmp/gpt2run --arch gpt2
-    minigpt convert to-hf /tmp/gpt2run /tmp/gpt2hf
-    python convert_hf_to_gguf.py /tmp/gpt2hf --outtype f32 --outfile /tmp/gpt2.f32.gguf   # llama.cpp's
-    python bench/bench_llamacpp.py --bin ../shared/tools/llama.cpp/bin --gguf /tmp/gpt2.f32.gguf --run /tmp/gpt2run
+    # a random 6x6x384 model with the default tokenizer's 512 BPE tokens (or --vocab r50k: GPT-2's), its
+    # f32 GGUF, and the race
+    python bench/bench_llamacpp.py --make-run /tmp/run --arch gpt2
+    minigpt convert to-gguf /tmp/run /tmp/run.f32.gguf
+    python bench/bench_llamacpp.py --bin ../shared/tools/llama.cpp/bin --gguf /tmp/run.f32.gguf --run /tmp/run
 """
 
 from __future__ import annotations
@@ -28,20 +28,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 R50K = ROOT.parent / "shared" / "data" / "r50k_base.tiktoken"
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 PROMPT = "ROMEO:"
 
 
-def make_run(out: Path, arch: str) -> None:
-    """A 6-layer, 6-head, 384-wide model (block 256) with GPT-2's tokenizer and random weights."""
+def make_run(out: Path, arch: str, vocab: str) -> None:
+    """A 6-layer, 6-head, 384-wide model (block 256) with random weights and 512 BPE tokens learned from
+    tinyshakespeare (`vocab` bpe512: the default tokenizer's size, so that, as in the char model of
+    bench_generate, the blocks are what a step reads) or GPT-2's tokenizer (r50k: its 50,257-token head
+    is most of a step)."""
     sys.path.insert(0, str(ROOT))
     import torch
 
     from minigpt.model import GPT
     from minigpt.presets import model_config
     from minigpt.rundir import RunDir
-    from minigpt.tokenizer import TiktokenTokenizer
+    from minigpt.tokenizer import BPETokenizer, TiktokenTokenizer
 
-    tok = TiktokenTokenizer.from_file(R50K)
+    if vocab == "r50k":
+        tok = TiktokenTokenizer.from_file(R50K)
+    else:
+        tok = BPETokenizer.train([SHAKESPEARE.read_text(encoding="utf-8")], vocab_size=512)
     config = model_config(
         arch=arch, vocab_size=tok.vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384
     )
@@ -108,6 +115,9 @@ def main() -> None:
     ap.add_argument(
         "--arch", default="gpt2", choices=("gpt2", "modern"), help="its architecture (--make-run)"
     )
+    ap.add_argument(
+        "--vocab", default="bpe512", choices=("bpe512", "r50k"), help="its vocabulary (--make-run)"
+    )
     ap.add_argument("--bin", type=Path, help="llama.cpp's bin directory (holding llama-completion)")
     ap.add_argument("--gguf", type=Path, help="the GGUF of --run's weights")
     ap.add_argument("--run", type=Path, help="the minigpt run directory")
@@ -116,7 +126,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2,auto", help="thread counts; auto: each side's own choice")
     args = ap.parse_args()
     if args.make_run:
-        make_run(args.make_run, args.arch)
+        make_run(args.make_run, args.arch, args.vocab)
         return
     if not (args.bin and args.gguf and args.run):
         ap.error("give --bin, --gguf and --run (or --make-run)")

@@ -109,13 +109,25 @@ def tiny_model(seed: int = 0, config: GPTConfig = TINY, scale: float = 50.0) -> 
     return model
 
 
-def numpy_twin(model: GPT) -> NumpyEngine:
-    """The NumPy engine over the very weights of `model`, named as a run's weights file names them."""
-    return NumpyEngine(model.config, {k: v.detach().float().numpy() for k, v in model_tensors(model).items()})
+def numpy_twin(model: GPT, kernels: bool | None = None) -> NumpyEngine:
+    """The NumPy engine over the very weights of `model`, named as a run's weights file names them
+    (`kernels`: its compiled one-token steps; None: where numba runs them)."""
+    tensors = {k: v.detach().float().numpy() for k, v in model_tensors(model).items()}
+    return NumpyEngine(model.config, tensors, kernels=kernels)
 
 
-# the engines, by backend name: every loop test runs on both
-ENGINES: dict[str, Callable[[GPT], Engine]] = {"torch": TorchEngine, "numpy": numpy_twin}
+def numpy_arrays(model: GPT) -> NumpyEngine:
+    """The NumPy engine on its array path only: every step through NumPy's operations and BLAS."""
+    return numpy_twin(model, kernels=False)
+
+
+# the engines, by backend name: every loop test runs on each (the NumPy engine with and without its
+# compiled one-token steps)
+ENGINES: dict[str, Callable[[GPT], Engine]] = {
+    "torch": TorchEngine,
+    "numpy": numpy_twin,
+    "numpy-arrays": numpy_arrays,
+}
 
 
 def nanogpt_loop(model: GPT, idx: torch.Tensor, n: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from minigpt.config import GPTConfig
+from minigpt.engines import kernels as _kernels
 from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout
 from minigpt.errors import UsageError
 from minigpt.kvcache import KVCache, first_position, gather_rows
@@ -236,10 +237,31 @@ def block(
     return x
 
 
-def transformer(
-    w: ModelWeights[np.ndarray], idx: np.ndarray, cache: Cache | None, inverse: np.ndarray | None = None
+def fused_block(
+    w: BlockWeights[np.ndarray],
+    x: np.ndarray,
+    layer: int,
+    cache: Cache | None,
+    rope: Rotary | None,
+    idx: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones."""
+    """`block` for one new token of every row of the cache, as one compiled call (`kernels.block_step`)."""
+    assert cache is not None and idx is not None
+    v_rows = None if w.attn.v_embed is None else w.attn.v_embed[idx[:, 0]]
+    here = None if rope is None else (rope[0][0], rope[1][0])
+    kv = (cache.k[layer], cache.v[layer])
+    return _kernels.block_step(w, x[:, 0], kv, cache.pos, here, v_rows)[:, None]
+
+
+def transformer(
+    w: ModelWeights[np.ndarray],
+    idx: np.ndarray,
+    cache: Cache | None,
+    inverse: np.ndarray | None = None,
+    block: Callable[..., np.ndarray] = block,
+) -> np.ndarray:
+    """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones, each
+    layer computed by `block` (`fused_block` for a one-token step through the kernels)."""
     T = idx.shape[1]
     start = first_position(cache, T, None if w.wpe is None else w.wpe.shape[0])
     x = w.wte[idx]
@@ -262,10 +284,15 @@ def transformer(
     return norm(w.ln_f, x)
 
 
-def head(w: ModelWeights[np.ndarray], lm_head: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    """The logits of hidden states x: the LM head (`lm_head`, in the engine's layout), soft-capped when
-    the model caps them."""
-    logits = linear(lm_head, x)
+def head(
+    w: ModelWeights[np.ndarray],
+    lm_head: LinearWeights[np.ndarray],
+    x: np.ndarray,
+    product: Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray] = linear,
+) -> np.ndarray:
+    """The logits of hidden states x: the LM head (`lm_head`, in the engine's layout, applied by
+    `product`), soft-capped when the model caps them."""
+    logits = product(lm_head, x)
     if w.logit_cap is None:
         return logits
     cap = np.float32(w.logit_cap)
@@ -361,11 +388,15 @@ def packed(
 class NumpyEngine:
     """GPT weights in float32 NumPy as the decode loop's Engine (the CPU, float32 only).
 
-    The weights are held in the form the matrix products stream fastest on this machine: `layout`
+    A one-token step over a cache runs each block as one compiled call (`minigpt.engines.kernels`, where
+    numba is installed and `kernels` is not False; over the file's (out, in) matrices); prefills and
+    the attention scores the kernels lack run as NumPy array operations. Without the kernels the
+    weights are held in the form BLAS's matrix products stream fastest on this machine: `layout`
     'output-major' keeps the file's (out, in) matrices, 'input-major' holds transposed copies, and 'auto'
-    times a one-token step in each and keeps the faster (the file is never changed). The BLAS library's
-    threads: `threads` fixes them, else the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does,
-    else they are chosen from the steps' timings (`minigpt.engines.tuning`).
+    times a one-token step in each and keeps the faster (the file is never changed); with them 'auto'
+    is 'output-major'. Threads (BLAS's and the kernels'): `threads` fixes them, else the environment
+    (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does, else they are chosen from the steps' timings
+    (`minigpt.engines.tuning`).
     """
 
     name = "numpy"
@@ -380,16 +411,24 @@ class NumpyEngine:
         *,
         layout: str = "output-major",
         threads: int | None = None,
+        kernels: bool | None = None,
     ) -> None:
-        """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before)."""
+        """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
+        `kernels`: compiled one-token steps (None: where numba is installed)."""
         if layout not in LAYOUTS:
             raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if kernels and not _kernels.available():
+            raise UsageError("the compiled decoding kernels need numba: pip install numba")
+        arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+        fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
+        use_kernels = kernels is not False and _kernels.available() and all(map(_kernels.supported, fused.h))
+        if use_kernels and layout == "auto":
+            layout = "output-major"  # the kernels' layout: no timing, no transposed copies
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
-        self.tuner = blas_tuner(threads)
-        arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
-        fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
+        self.tuner = blas_tuner(threads, also=_kernels.set_threads if use_kernels else None)
+        self.kernels = False  # while the layouts are timed: the array path's steps
         self._inverse = (
             None if config.pos != "rope" else inverse_frequencies(config.rope_base, config.head_dim)
         )
@@ -402,6 +441,7 @@ class NumpyEngine:
             have is None or inference_bytes(config) <= have,
         )
         self.weights, self._head = packed(self.weights, _head(self.weights, self.layout == "input-major"))
+        self.kernels = use_kernels and self.layout == "output-major"
 
     @property
     def threads(self) -> int:
@@ -430,10 +470,13 @@ class NumpyEngine:
         cache: Cache | None,
         every_position: bool,
     ) -> np.ndarray:
+        step = self.kernels and cache is not None and idx.shape == (cache.batch, 1)
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
-            x = transformer(weights, idx, cache, self._inverse)
-        logits = head(weights, lm_head, x if every_position else x[:, -1])
+            x = transformer(weights, idx, cache, self._inverse, fused_block if step else block)
+        logits = head(
+            weights, lm_head, x if every_position else x[:, -1], _kernels.matvec if step else linear
+        )
         if cache is None or logits.shape[0] == cache.batch:
             return logits
         return np.broadcast_to(logits, (cache.batch, *logits.shape[1:]))

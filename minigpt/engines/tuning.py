@@ -297,13 +297,16 @@ class ThreadTuner:
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
 
 
-def blas_tuner(threads: int | None = None) -> ThreadTuner:
-    """A tuner over NumPy's BLAS threads: `threads` fixed, else the environment's, else chosen by timing
-    among `thread_candidates(cores())`. threadpoolctl (imported only then) switches the pool."""
+def blas_tuner(threads: int | None = None, also: Callable[[int], None] | None = None) -> ThreadTuner:
+    """A tuner over NumPy's BLAS threads (and whatever `also` sets: the compiled kernels' threads):
+    `threads` fixed, else the environment's, else chosen by timing among `thread_candidates(cores())`.
+    threadpoolctl (imported only then) switches the pool."""
+    also = also or (lambda n: None)
     if threads is None:
         fixed = env_threads(BLAS_ENV)
-        if fixed is not None:  # the library read it at start-up: nothing to switch
-            return ThreadTuner(lambda: fixed, lambda n: None, [fixed])
+        if fixed is not None:  # the library read it at start-up: only `also` to switch
+            also(fixed)
+            return ThreadTuner(lambda: fixed, also, [fixed])
     from threadpoolctl import ThreadpoolController
 
     blas = ThreadpoolController().select(user_api="blas").lib_controllers
@@ -314,5 +317,7 @@ def blas_tuner(threads: int | None = None) -> ThreadTuner:
     def set_threads(n: int) -> None:
         for lib in blas:
             lib.set_num_threads(n)
+        also(n)
 
+    also(get_threads())  # in step with the BLAS pool, which `ThreadTuner.use` asks
     return ThreadTuner(get_threads, set_threads, [threads] if threads else thread_candidates(cores()))

@@ -1,0 +1,322 @@
+"""The NumPy engine's one-token step as compiled kernels (numba): a whole transformer block in one call.
+
+A cached decoding step reads every weight once and does little else, so its speed is how fast the weights
+stream. Through NumPy it is a few hundred library calls: BLAS matrix-vector products that streamed 14.5
+GB/s on one thread of this machine's AMD EPYC where a plain sum over the same bytes reads 25, and some
+forty small element-wise operations a layer between them, each a Python call (a third of the step).
+Here a block is one call: its norms, the fused Q/K/V product, rotary positions, the cache write,
+attention over the cache, the output projection and the MLP, each matrix product a loop over the
+matrix's rows in the file's (out, in) layout (every row a contiguous dot product, which LLVM vectorises
+for the CPU it runs on), the rows split between threads. With B rows (a batch of samples, a server's
+clients), each weight row is read once and used B times from the L1 cache.
+
+The kernels compute what `minigpt.engines.numpy`'s functions compute, in float32, with sums in whatever
+order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward within the same
+rounding bound as the NumPy path. They cover every option of the NumPy engine except the `general` and
+`additive` attention scores, which stay on its array path (`supported`). numba compiles them on first
+use and keeps the machine code beside this file (or in NUMBA_CACHE_DIR), so later runs load them in a
+fraction of a second. numba is optional at import: without it (`available()` False) the engine runs
+its array path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from minigpt.weights import BlockWeights, LinearWeights, NormWeights
+
+__all__ = ["ACTIVATIONS", "available", "block_step", "matvec", "set_threads", "supported"]
+
+try:  # numba is a dependency, but a platform without its wheels still decodes (on the array path)
+    import numba
+    from numba import njit, prange
+except ImportError:  # pragma: no cover - exercised only where numba cannot be installed
+    numba = None
+
+ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
+_EMPTY = np.zeros(0, dtype=np.float32)
+# sums may be reordered (vectorised) and multiply-adds fused; no assumption about inf or NaN: GELU's exp
+# overflows to inf on purpose (x / inf = 0), as on the array path
+_FAST = {"reassoc", "contract", "nsz"}
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernels can run here: numba imports and its threads start on OpenMP or TBB. Its last
+    resort, the `workqueue` layer, took 92 µs to start each parallel loop here (OpenMP: 1.5 µs), and a
+    step starts 31 of them: slower than the array path."""
+    if numba is None:
+        return False
+    from numba.np.ufunc import parallel
+
+    parallel._launch_threads()
+    return numba.threading_layer() in ("omp", "tbb")
+
+
+def set_threads(n: int) -> None:
+    """The kernels' thread count (at most the cores numba started with)."""
+    if numba is not None:
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def supported(block: BlockWeights[np.ndarray]) -> bool:
+    """Whether `block_step` computes this block (output-major float32 weights, a dot-product score)."""
+    lins = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    return (
+        block.attn.score in ("scaled", "dot")
+        and block.mlp.c_gate is None
+        and (block.mlp.activation != "swiglu" or block.mlp.fused_gate)
+        and all(not lin.input_major and lin.scale is None and lin.lora is None for lin in lins)
+    )
+
+
+if numba is not None:
+
+    @njit(fastmath=_FAST, cache=True, parallel=True)
+    def _matvec(w: Any, x: Any, bias: Any, out: Any) -> None:
+        """out[b] = w x[b] + bias for every row b, w (n_out, n_in): 16 output rows a task, each weight row
+        read once for all the rows of x, four rows of x a pass (one load of w for four products)."""
+        n_out, n_in = w.shape
+        rows = x.shape[0]
+        for task in prange((n_out + 15) // 16):
+            for r in range(task * 16, min(n_out, task * 16 + 16)):
+                wr = w[r]
+                add = bias[r] if bias.size else np.float32(0.0)
+                b = 0
+                while b + 4 <= rows:
+                    x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+                    s0 = s1 = s2 = s3 = np.float32(0.0)
+                    for i in range(n_in):
+                        wi = wr[i]
+                        s0 += wi * x0[i]
+                        s1 += wi * x1[i]
+                        s2 += wi * x2[i]
+                        s3 += wi * x3[i]
+                    out[b, r], out[b + 1, r] = s0 + add, s1 + add
+                    out[b + 2, r], out[b + 3, r] = s2 + add, s3 + add
+                    b += 4
+                for b in range(b, rows):
+                    xb = x[b]
+                    s = np.float32(0.0)
+                    for i in range(n_in):
+                        s += wr[i] * xb[i]
+                    out[b, r] = s + add
+
+    @njit(fastmath=_FAST, cache=True)
+    def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
+        """LayerNorm (or RMSNorm) of each row of x into out, as `numpy.norm`."""
+        n = x.shape[1]
+        for b in range(x.shape[0]):
+            mean = np.float32(0.0)
+            if not rms:
+                for i in range(n):
+                    mean += x[b, i]
+                mean /= n
+            var = np.float32(0.0)
+            for i in range(n):
+                d = x[b, i] - mean
+                var += d * d
+            inv = np.float32(1.0) / np.sqrt(var / n + np.float32(eps))
+            for i in range(n):
+                y = (x[b, i] - mean) * inv * weight[i]
+                out[b, i] = y + bias[i] if bias.size else y
+
+    @njit(fastmath=_FAST, cache=True)
+    def _head_norm(v: Any, weight: Any, eps: float) -> None:
+        """QK-norm: RMSNorm of one head's vector v in place."""
+        n = v.shape[0]
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += v[i] * v[i]
+        inv = np.float32(1.0) / np.sqrt(ss / n + np.float32(eps))
+        for i in range(n):
+            v[i] = v[i] * inv * weight[i]
+
+    @njit(fastmath=_FAST, cache=True)
+    def _rotate(v: Any, cos: Any, sin: Any, tmp: Any) -> None:
+        """Rotary positions on one head's vector v in place (`sin`'s first half negated, as `rotary`)."""
+        hd = v.shape[0]
+        half = hd // 2
+        for i in range(hd):
+            tmp[i] = v[i]
+        for i in range(hd):
+            v[i] = tmp[i] * cos[i] + tmp[(i + half) % hd] * sin[i]
+
+    @njit(fastmath=_FAST, cache=True)
+    def _prepare_heads(
+        qkv: Any, n_head: int, n_kv: int, hd: int, qn: Any, kn: Any, eps: float, cos: Any, sin: Any
+    ) -> None:
+        """QK-norm and rotary positions on the queries and keys of every row, in place."""
+        tmp = np.empty(hd, dtype=np.float32)
+        for b in range(qkv.shape[0]):
+            for h in range(n_head + n_kv):
+                v = qkv[b, h * hd : (h + 1) * hd]
+                if qn.size:
+                    _head_norm(v, qn if h < n_head else kn, eps)
+                if cos.size:
+                    _rotate(v, cos, sin, tmp)
+
+    @njit(fastmath=_FAST, cache=True, parallel=True)
+    def _attend(
+        qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, keys: int, scale: float, out: Any
+    ) -> None:
+        """Each row's one query per head over the first `keys` cached positions of its key/value head
+        (the order of the slots does not matter to one query), into out (B, n_head * hd)."""
+        hd = kc.shape[3]
+        group = n_head // n_kv
+        rows = qkv.shape[0]
+        for task in prange(rows * n_head):
+            b, h = task // n_head, task % n_head
+            g = h // group
+            q = qkv[b, h * hd : (h + 1) * hd]
+            scores = np.empty(keys, dtype=np.float32)
+            top = -np.inf
+            for j in range(keys):
+                s = np.float32(0.0)
+                for i in range(hd):
+                    s += q[i] * kc[b, g, j, i]
+                s *= np.float32(scale)
+                scores[j] = s
+                top = max(top, s)
+            total = np.float32(0.0)
+            for j in range(keys):
+                scores[j] = np.exp(scores[j] - top)
+                total += scores[j]
+            acc = np.zeros(hd, dtype=np.float32)
+            for j in range(keys):
+                p = scores[j] / total
+                for i in range(hd):
+                    acc[i] += p * vc[b, g, j, i]
+            out[b, h * hd : (h + 1) * hd] = acc
+
+    @njit(fastmath=_FAST, cache=True)
+    def _activate(h: Any, activation: int) -> Any:
+        """GELU (tanh form), ReLU² or SwiGLU (h's first half the gate's outputs) of each row of h."""
+        if activation == 2:
+            half = h.shape[1] // 2
+            out = np.empty((h.shape[0], half), dtype=np.float32)
+            for b in range(h.shape[0]):
+                for i in range(half):
+                    g = h[b, i]
+                    out[b, i] = g / (np.float32(1.0) + np.exp(-g)) * h[b, half + i]
+            return out
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        for b in range(h.shape[0]):
+            for i in range(h.shape[1]):
+                x = h[b, i]
+                if activation == 1:
+                    x = max(x, np.float32(0.0))
+                    h[b, i] = x * x
+                else:  # x sigmoid(2u), u = c (x + 0.044715 x³), as `numpy.gelu_tanh`
+                    h[b, i] = x / (
+                        np.float32(1.0)
+                        + np.exp(np.float32(-2.0) * c * (x + np.float32(0.044715) * x * x * x))
+                    )
+        return h
+
+    @njit(fastmath=_FAST, cache=True)
+    def _block_step(
+        x: Any,
+        ln1: tuple[Any, Any],
+        ln2: tuple[Any, Any],
+        norm_eps: float,
+        rms: bool,
+        attn: tuple[Any, Any, Any, Any],
+        mlp: tuple[Any, Any, Any, Any],
+        heads: tuple[int, int, int],
+        qk: tuple[Any, Any, float],
+        rope: tuple[Any, Any],
+        v_rows: Any,
+        cache: tuple[Any, Any],
+        pos: int,
+        scale: float,
+        activation: int,
+    ) -> Any:
+        rows, width = x.shape
+        n_head, n_kv, hd = heads
+        kc, vc = cache
+        h = np.empty_like(x)
+        _norm(x, ln1[0], ln1[1], norm_eps, rms, h)
+        qkv = np.empty((rows, attn[0].shape[0]), dtype=np.float32)
+        _matvec(attn[0], h, attn[1], qkv)
+        if v_rows.size:  # value embeddings: added to the values before they are cached
+            qkv[:, (n_head + n_kv) * hd :] += v_rows
+        _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
+        capacity = kc.shape[2]
+        slot = pos % capacity
+        for b in range(rows):
+            for g in range(n_kv):
+                kc[b, g, slot] = qkv[b, (n_head + g) * hd : (n_head + g + 1) * hd]
+                vc[b, g, slot] = qkv[b, (n_head + n_kv + g) * hd : (n_head + n_kv + g + 1) * hd]
+        y = np.empty((rows, n_head * hd), dtype=np.float32)
+        _attend(qkv, kc, vc, n_head, n_kv, min(pos + 1, capacity), scale, y)
+        out = np.empty_like(x)
+        _matvec(attn[2], y, attn[3], out)
+        out += x
+        _norm(out, ln2[0], ln2[1], norm_eps, rms, h)
+        up = np.empty((rows, mlp[0].shape[0]), dtype=np.float32)
+        _matvec(mlp[0], h, mlp[1], up)
+        act = _activate(up, activation)
+        down = np.empty_like(x)
+        _matvec(mlp[2], act, mlp[3], down)
+        out += down
+        return out
+
+
+def _array(a: np.ndarray | None) -> np.ndarray:
+    return _EMPTY if a is None else a
+
+
+def _lin(w: LinearWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return w.weight, _array(w.bias)
+
+
+def _norm_args(w: NormWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return w.weight, _array(w.bias)
+
+
+def matvec(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """x (B, in) through an output-major linear layer: (B, out), as `numpy.linear`."""
+    out = np.empty((x.shape[0], w.weight.shape[0]), dtype=np.float32)
+    _matvec(w.weight, np.ascontiguousarray(x), _array(w.bias), out)
+    return out
+
+
+def block_step(
+    w: BlockWeights[np.ndarray],
+    x: np.ndarray,
+    cache: tuple[np.ndarray, np.ndarray],
+    pos: int,
+    rope: tuple[np.ndarray, np.ndarray] | None,
+    v_rows: np.ndarray | None,
+) -> np.ndarray:
+    """One new token of each row of x (B, C) through block w, as `numpy.block` with T = 1: its keys and
+    values written into the layer's cache buffers (B, n_kv_head, capacity, hd) at slot pos % capacity,
+    attending over min(pos + 1, capacity) slots. rope: this position's cos and sin rows; v_rows: the
+    tokens' value embeddings. Returns the block's output (a new array)."""
+    a = w.attn
+    hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
+    qk = (_EMPTY, _EMPTY, 0.0)
+    if a.q_norm is not None and a.k_norm is not None:
+        qk = (a.q_norm.weight, a.k_norm.weight, float(a.q_norm.eps))
+    return _block_step(
+        x,
+        _norm_args(w.ln_1),
+        _norm_args(w.ln_2),
+        float(w.ln_1.eps),
+        w.ln_1.rms,
+        (*_lin(a.c_attn), *_lin(a.c_proj)),
+        (*_lin(w.mlp.c_fc), *_lin(w.mlp.c_proj)),
+        (a.n_head, a.n_kv_head, hd),
+        qk,
+        (_EMPTY, _EMPTY) if rope is None else rope,
+        _EMPTY.reshape(0, 0) if v_rows is None else v_rows,
+        cache,
+        pos,
+        1.0 / math.sqrt(hd) if a.score == "scaled" else 1.0,
+        ACTIVATIONS[w.mlp.activation],
+    )

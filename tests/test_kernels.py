@@ -1,0 +1,113 @@
+"""The NumPy engine's compiled one-token step (minigpt/engines/kernels.py): when it runs, what it computes
+against the array path and the float64 reference, its threads, and the engine without it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numba
+import numpy as np
+import pytest
+import torch
+from numerics import assert_near_exact, float32_bound, float64_logits
+from test_decode import tiny_model
+
+from minigpt.config import GPTConfig
+from minigpt.engines import kernels
+from minigpt.engines.numpy import NumpyEngine
+from minigpt.engines.tuning import blas_tuner
+from minigpt.errors import UsageError
+from minigpt.model import model_tensors
+from minigpt.presets import model_config
+
+# shapes whose products do not split evenly into the kernels' 16-row tasks, every option they compute
+SHAPE = dict(vocab_size=37, block_size=12, n_layer=2, n_head=5, n_embd=40)
+CONFIGS = {
+    "gpt2": GPTConfig(**SHAPE),
+    "modern": model_config(arch="modern", **SHAPE),
+    "gqa-qknorm-window-relu2": model_config(
+        arch="modern", **{**SHAPE, "n_head": 4, "n_embd": 48}, n_kv_head=2, qk_norm=True, mlp="relu2",
+        window=5, window_pattern="SL",
+    ),
+    "value-embeds-skips-cap-dot": model_config(
+        arch="modern", **{**SHAPE, "n_layer": 4}, value_embeds=True, skips=True, logit_cap=20.0,
+        attn_score="dot",
+    ),
+    "no-bias-untied": GPTConfig(**SHAPE, bias=False, tie_embeddings=False),
+}  # fmt: skip
+
+
+def engine_of(config: GPTConfig, seed: int = 0, **kw: object) -> tuple[NumpyEngine, torch.nn.Module]:
+    model = tiny_model(seed, config, scale=3.0)
+    tensors = {k: v.detach().numpy() for k, v in model_tensors(model).items()}
+    return NumpyEngine(config, tensors, **kw), model
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_steps_compute_the_forward_and_fill_the_cache_as_the_array_path(
+    name: str, threads: int
+) -> None:
+    """Three rows fed a prefill, then one token at a time past the block (a ring cache wraps, a learned
+    position model stops at it): logits within the float32 bound of GPT.forward in float64, and the
+    cache each path leaves behind the same."""
+    config = CONFIGS[name]
+    fast, model = engine_of(config, threads=threads)
+    slow, _ = engine_of(config, threads=threads, kernels=False)
+    assert fast.kernels and not slow.kernels
+    steps = config.block_size - 4 if config.pos == "learned" else 2 * config.block_size
+    ids = torch.randint(0, config.vocab_size, (3, 4 + steps), generator=torch.Generator().manual_seed(2))
+    caches = fast.new_cache(3), slow.new_cache(3)
+    for engine, cache in zip((fast, slow), caches, strict=True):
+        engine.forward(ids[:, :4].tolist(), cache)
+    for t in range(4, 4 + steps):
+        got = [
+            np.asarray(e.forward(ids[:, t : t + 1].tolist(), c))
+            for e, c in zip((fast, slow), caches, strict=True)
+        ]
+        if t < config.block_size:  # GPT.forward sees the whole sequence only inside the block
+            exact = float64_logits(model, ids[:, : t + 1])
+            assert_near_exact(got[0], exact, config, f"{name}, kernels, position {t}")
+        # each path within the bound of the exact logits, so the two within twice it of each other
+        bound = 2 * float32_bound(config, got[1])
+        assert np.abs(got[0] - got[1]).max() <= bound, f"{name}: the paths differ at position {t}"
+    for mine, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_run_only_where_they_compute_the_model() -> None:
+    for score in ("general", "additive"):  # the scores the kernels lack stay on the array path
+        engine, _ = engine_of(replace(CONFIGS["modern"], attn_score=score))
+        assert not engine.kernels
+    engine, _ = engine_of(CONFIGS["modern"], layout="input-major")  # the kernels read (out, in) rows
+    assert not engine.kernels and engine.layout == "input-major"
+    engine, _ = engine_of(CONFIGS["modern"], layout="auto")  # auto: the kernels' layout, untimed
+    assert engine.kernels and engine.layout == "output-major"
+
+
+def test_without_numba_the_engine_runs_its_array_path(monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    engine, model = engine_of(CONFIGS["gpt2"])
+    assert not engine.kernels
+    cache = engine.new_cache(1)
+    engine.forward([[1, 2, 3]], cache)
+    assert np.isfinite(engine.forward([[4]], cache)).all()
+    with pytest.raises(UsageError, match="need numba: pip install numba"):
+        engine_of(CONFIGS["gpt2"], kernels=True)
+
+
+def test_the_thread_tuner_switches_the_kernels_threads_with_the_blas_pool(monkeypatch) -> None:
+    seen: list[int] = []
+    tuner = blas_tuner(None, also=seen.append)
+    assert seen == [tuner._get()]  # in step with the BLAS pool from the start
+    for n in tuner.candidates:
+        tuner.use(n)
+    assert seen[-1] == tuner.candidates[-1] and set(tuner.candidates) <= set(seen)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # a count the environment fixes applies to both
+    seen.clear()
+    fixed = blas_tuner(None, also=seen.append)
+    assert seen == [1] and fixed.candidates == [1]
+    kernels.set_threads(1)
+    assert numba.get_num_threads() == 1
+    kernels.set_threads(10_000)  # at most the threads numba started with
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
