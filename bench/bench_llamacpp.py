@@ -53,7 +53,12 @@ def make_run(out: Path, arch: str, vocab: str) -> None:
         arch=arch, vocab_size=tok.vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384
     )
     torch.manual_seed(0)
-    RunDir(out).save(GPT(config).eval(), tok, extra={})
+    model = GPT(config).eval()
+    with torch.no_grad():  # both sides run every token: no <|endoftext|> ends a sample early (llama.cpp
+        # would ignore it, minigpt stops there), so its head row is 0 and every other logit 20x wider
+        model.lm_head.weight.mul_(20.0)
+        model.lm_head.weight[tok.eot_id] = 0.0
+    RunDir(out).save(model, tok, extra={})
     print(f"wrote {out}: {arch}, vocab {tok.vocab_size}")
 
 

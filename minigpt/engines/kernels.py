@@ -29,7 +29,16 @@ import numpy as np
 
 from minigpt.weights import BlockWeights, LinearWeights, NormWeights
 
-__all__ = ["ACTIVATIONS", "available", "block_step", "matvec", "set_threads", "supported"]
+__all__ = [
+    "ACTIVATIONS",
+    "BlockArgs",
+    "available",
+    "block_args",
+    "block_step",
+    "matvec",
+    "set_threads",
+    "supported",
+]
 
 try:  # numba is a dependency, but a platform without its wheels still decodes (on the array path)
     import numba
@@ -39,6 +48,7 @@ except ImportError:  # pragma: no cover - exercised only where numba cannot be i
 
 ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 _EMPTY = np.zeros(0, dtype=np.float32)
+_EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
 # sums may be reordered (vectorised) and multiply-adds fused; no assumption about inf or NaN: GELU's exp
 # overflows to inf on purpose (x / inf = 0), as on the array path
 _FAST = {"reassoc", "contract", "nsz"}
@@ -99,12 +109,12 @@ if numba is not None:
                     out[b, r], out[b + 1, r] = s0 + add, s1 + add
                     out[b + 2, r], out[b + 3, r] = s2 + add, s3 + add
                     b += 4
-                for b in range(b, rows):
-                    xb = x[b]
+                for rest in range(b, rows):
+                    xb = x[rest]
                     s = np.float32(0.0)
                     for i in range(n_in):
                         s += wr[i] * xb[i]
-                    out[b, r] = s + add
+                    out[rest, r] = s + add
 
     @njit(fastmath=_FAST, cache=True)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
@@ -286,25 +296,18 @@ def matvec(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     return out
 
 
-def block_step(
-    w: BlockWeights[np.ndarray],
-    x: np.ndarray,
-    cache: tuple[np.ndarray, np.ndarray],
-    pos: int,
-    rope: tuple[np.ndarray, np.ndarray] | None,
-    v_rows: np.ndarray | None,
-) -> np.ndarray:
-    """One new token of each row of x (B, C) through block w, as `numpy.block` with T = 1: its keys and
-    values written into the layer's cache buffers (B, n_kv_head, capacity, hd) at slot pos % capacity,
-    attending over min(pos + 1, capacity) slots. rope: this position's cos and sin rows; v_rows: the
-    tokens' value embeddings. Returns the block's output (a new array)."""
+BlockArgs = tuple[Any, ...]
+
+
+def block_args(w: BlockWeights[np.ndarray]) -> BlockArgs:
+    """A block's weights, shapes and options as `block_step` hands them to the kernel: built once per
+    engine, not at every step."""
     a = w.attn
     hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
     qk = (_EMPTY, _EMPTY, 0.0)
     if a.q_norm is not None and a.k_norm is not None:
         qk = (a.q_norm.weight, a.k_norm.weight, float(a.q_norm.eps))
-    return _block_step(
-        x,
+    return (
         _norm_args(w.ln_1),
         _norm_args(w.ln_2),
         float(w.ln_1.eps),
@@ -313,10 +316,27 @@ def block_step(
         (*_lin(w.mlp.c_fc), *_lin(w.mlp.c_proj)),
         (a.n_head, a.n_kv_head, hd),
         qk,
-        (_EMPTY, _EMPTY) if rope is None else rope,
-        _EMPTY.reshape(0, 0) if v_rows is None else v_rows,
-        cache,
-        pos,
         1.0 / math.sqrt(hd) if a.score == "scaled" else 1.0,
         ACTIVATIONS[w.mlp.activation],
+    )
+
+
+def block_step(
+    args: BlockArgs,
+    x: np.ndarray,
+    cache: tuple[np.ndarray, np.ndarray],
+    pos: int,
+    rope: tuple[np.ndarray, np.ndarray] | None,
+    v_rows: np.ndarray | None,
+) -> np.ndarray:
+    """One new token of each row of x (B, C) through the block `args` holds (`block_args`), as
+    `numpy.block` with T = 1: its keys and values written into the layer's cache buffers (B, n_kv_head,
+    capacity, hd) at slot pos % capacity, attending over min(pos + 1, capacity) slots. rope: this
+    position's cos and sin rows; v_rows: the tokens' value embeddings. Returns the block's output (a new
+    array)."""
+    ln1, ln2, eps, rms, attn, mlp, heads, qk, scale, activation = args
+    rope = (_EMPTY, _EMPTY) if rope is None else rope
+    v_rows = _EMPTY_ROWS if v_rows is None else v_rows
+    return _block_step(
+        x, ln1, ln2, eps, rms, attn, mlp, heads, qk, rope, v_rows, cache, pos, scale, activation
     )

@@ -10,6 +10,7 @@ NumPy's PCG64, so a seed reproduces text on this engine (the torch engine's gene
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -238,6 +239,7 @@ def block(
 
 
 def fused_block(
+    args: Sequence[_kernels.BlockArgs],
     w: BlockWeights[np.ndarray],
     x: np.ndarray,
     layer: int,
@@ -245,12 +247,13 @@ def fused_block(
     rope: Rotary | None,
     idx: np.ndarray | None = None,
 ) -> np.ndarray:
-    """`block` for one new token of every row of the cache, as one compiled call (`kernels.block_step`)."""
+    """`block` for one new token of every row of the cache, as one compiled call (`kernels.block_step`
+    over the layer's `args`, `kernels.block_args` of w)."""
     assert cache is not None and idx is not None
     v_rows = None if w.attn.v_embed is None else w.attn.v_embed[idx[:, 0]]
     here = None if rope is None else (rope[0][0], rope[1][0])
     kv = (cache.k[layer], cache.v[layer])
-    return _kernels.block_step(w, x[:, 0], kv, cache.pos, here, v_rows)[:, None]
+    return _kernels.block_step(args[layer], x[:, 0], kv, cache.pos, here, v_rows)[:, None]
 
 
 def transformer(
@@ -442,6 +445,11 @@ class NumpyEngine:
         )
         self.weights, self._head = packed(self.weights, _head(self.weights, self.layout == "input-major"))
         self.kernels = use_kernels and self.layout == "output-major"
+        args = [_kernels.block_args(b) for b in self.weights.h] if self.kernels else []
+        self._step_block = functools.partial(fused_block, args)
+        if self.kernels:  # loaded (compiled, the first time on a machine) now, not in the first step
+            idx = np.zeros((1, 1), dtype=np.int64)
+            self._forward(self.weights, self._head, idx, self.new_cache(1), False)
 
     @property
     def threads(self) -> int:
@@ -473,7 +481,7 @@ class NumpyEngine:
         step = self.kernels and cache is not None and idx.shape == (cache.batch, 1)
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
-            x = transformer(weights, idx, cache, self._inverse, fused_block if step else block)
+            x = transformer(weights, idx, cache, self._inverse, self._step_block if step else block)
         logits = head(
             weights, lm_head, x if every_position else x[:, -1], _kernels.matvec if step else linear
         )
