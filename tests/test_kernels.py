@@ -96,18 +96,28 @@ def test_without_numba_the_engine_runs_its_array_path(monkeypatch) -> None:
         engine_of(CONFIGS["gpt2"], kernels=True)
 
 
-def test_the_thread_tuner_switches_the_kernels_threads_with_the_blas_pool(monkeypatch) -> None:
+def test_the_thread_tuner_switches_the_kernels_threads_and_keeps_blas_on_one(monkeypatch) -> None:
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
     seen: list[int] = []
-    tuner = blas_tuner(None, also=seen.append)
-    assert seen == [tuner._get()]  # in step with the BLAS pool from the start
+    now = [0]
+
+    def set_kernels(n: int) -> None:
+        seen.append(n)
+        now[0] = n
+
+    tuner = blas_tuner(None, (lambda: now[0], set_kernels))
+    assert seen == [tuner.candidates[0]] and blas_threads() == {1}
     for n in tuner.candidates:
         tuner.use(n)
-    assert seen[-1] == tuner.candidates[-1] and set(tuner.candidates) <= set(seen)
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # a count the environment fixes applies to both
-    seen.clear()
-    fixed = blas_tuner(None, also=seen.append)
-    assert seen == [1] and fixed.candidates == [1]
+        assert now[0] == n and blas_threads() == {1}  # the prefills' BLAS stays on one thread
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # a count the environment fixes is the kernels'
+    fixed = blas_tuner(None, (lambda: now[0], set_kernels))
+    assert fixed.candidates == [2] and now[0] == 2 and blas_threads() == {1}
     kernels.set_threads(1)
-    assert numba.get_num_threads() == 1
+    assert kernels.get_threads() == numba.get_num_threads() == 1
     kernels.set_threads(10_000)  # at most the threads numba started with
-    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
+    assert kernels.get_threads() == numba.config.NUMBA_NUM_THREADS

@@ -67,6 +67,11 @@ def available() -> bool:
     return numba.threading_layer() in ("omp", "tbb")
 
 
+def get_threads() -> int:
+    """The kernels' thread count."""
+    return numba.get_num_threads() if numba is not None else 1
+
+
 def set_threads(n: int) -> None:
     """The kernels' thread count (at most the cores numba started with)."""
     if numba is not None:

@@ -430,7 +430,9 @@ class NumpyEngine:
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
-        self.tuner = blas_tuner(threads, also=_kernels.set_threads if use_kernels else None)
+        self.tuner = blas_tuner(
+            threads, (_kernels.get_threads, _kernels.set_threads) if use_kernels else None
+        )
         self.kernels = False  # while the layouts are timed: the array path's steps
         self._inverse = (
             None if config.pos != "rope" else inverse_frequencies(config.rope_base, config.head_dim)
