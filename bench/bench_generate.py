@@ -78,6 +78,7 @@ SETUPS = [
     Setup("NumPy (generate's default)", "numpy"),
     Setup("NumPy, one thread", "numpy", threads=1),
     Setup("torch", "torch"),
+    Setup("NumPy `--quantize int8` (generate's default for it)", "numpy", "int8"),
     Setup("torch `--quantize int8`", "torch", "int8"),
     Setup("NumPy array path (no kernels)", "numpy", kernels=False),
 ]
@@ -85,7 +86,8 @@ E2E: list[tuple[str, tuple[str, ...], dict[str, str]]] = [  # (what, extra optio
     ("`minigpt generate` (auto: the NumPy engine, its own threads)", (), {}),
     ("the same with `OPENBLAS_NUM_THREADS=1`", (), {"OPENBLAS_NUM_THREADS": "1"}),
     ("`minigpt generate --backend torch`", ("--backend", "torch"), {}),
-    ("`minigpt generate --quantize int8`", ("--quantize", "int8"), {}),
+    ("`minigpt generate --quantize int8` (the NumPy engine)", ("--quantize", "int8"), {}),
+    ("`minigpt generate --quantize int8 --backend torch`", ("--quantize", "int8", "--backend", "torch"), {}),
 ]
 
 
@@ -151,7 +153,7 @@ from pathlib import Path
 from minigpt.decode import Generation, encode_prompt
 from minigpt.engines import load_engine
 threads = None if sys.argv[5] == "auto" else int(sys.argv[5])
-engine, tok = load_engine(Path(sys.argv[2]), "numpy", threads=threads)
+engine, tok = load_engine(Path(sys.argv[2]), "numpy", quantize=sys.argv[7], threads=threads)
 if sys.argv[6] == "off":  # the array path: the same run, the same weights, no compiled steps
     from minigpt.engines.numpy import NumpyEngine
     from minigpt.rundir import RunDir
@@ -171,14 +173,19 @@ print(json.dumps({"results": out, "layout": engine.layout}), "torch" in sys.modu
 
 
 def numpy_round(
-    run_dir: Path, n: int, batches: list[int], threads: int | None, kernels: bool = True
+    run_dir: Path,
+    n: int,
+    batches: list[int],
+    threads: int | None,
+    kernels: bool = True,
+    quantize: str = "none",
 ) -> tuple[list[Any], str]:
     """One round of the NumPy engine over every batch size, in a process of its own as `minigpt generate`
     runs it: no torch loaded, whose idle OpenMP threads would otherwise share the cores. Returns each
     batch's (tokens/s, first token, threads) and the layout the engine chose."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
     args = [str(ROOT), str(run_dir), str(n), json.dumps(batches), str(threads or "auto")]
-    args.append("on" if kernels else "off")
+    args += ["on" if kernels else "off", quantize]
     out = subprocess.run(
         [sys.executable, "-c", NUMPY_TIMING, *args], check=True, capture_output=True, text=True, env=env
     ).stdout.rsplit(" ", 1)
@@ -273,8 +280,9 @@ def measure(
         bandwidths.append(bandwidth())
         for row in rows:
             if row.setup.backend == "numpy":
+                setup = row.setup
                 results, row.layout = numpy_round(
-                    runs[row.arch], n, batches, row.setup.threads, row.setup.kernels
+                    runs[row.arch], n, batches, setup.threads, setup.kernels, setup.quantize
                 )
             else:
                 engine = engines[(row.arch, row.setup.label)]
@@ -341,11 +349,14 @@ def print_targets(rows: list[Row], bw: float) -> None:
     lines = {
         "NumPy batch 1, generate's threads, of the bound (>= 0.7)": lambda a: frac(a, SETUPS[0].label),
         "NumPy batch 1, one thread, of the bound (>= 0.6)": lambda a: frac(a, SETUPS[1].label),
-        "int8 batch 1 / NumPy float32 batch 1 (>= 2)": lambda a: (
+        "NumPy batch 8 / batch 1, generate's threads (>= 4)": lambda a: (
+            by[(a, SETUPS[0].label)].median(8) / by[(a, SETUPS[0].label)].median(1)
+        ),
+        "int8 (NumPy) batch 1 / NumPy float32 batch 1 (>= 2)": lambda a: (
             by[(a, SETUPS[3].label)].median(1) / by[(a, SETUPS[0].label)].median(1)
         ),
-        "int8 batch 1 / torch float32 batch 1": lambda a: (
-            by[(a, SETUPS[3].label)].median(1) / by[(a, SETUPS[2].label)].median(1)
+        "torch int8 batch 1 / torch float32 batch 1": lambda a: (
+            by[(a, SETUPS[4].label)].median(1) / by[(a, SETUPS[2].label)].median(1)
         ),
     }
     for what, value in lines.items():

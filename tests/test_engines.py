@@ -435,12 +435,13 @@ def test_accelerator_visible_respects_hidden_gpus(monkeypatch) -> None:
         assert engines.accelerator_visible() is False
 
 
-def test_cpu_generation_never_imports_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_cpu_generation_never_imports_torch(tmp_path: Path, quantize: str) -> None:
     run = save(tmp_path / "run", tiny_model(9))
     code = (
         "import sys\n"
         "from minigpt.cli import main\n"
-        f"sys.argv = ['minigpt', 'generate', 'abc', '-m', {str(run)!r}, '-n', '30', '--seed', '1', '--device', 'cpu']\n"
+        f"sys.argv = ['minigpt', 'generate', 'abc', '-m', {str(run)!r}, '-n', '30', '--seed', '1', '--device', 'cpu', '--quantize', {quantize!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)\n"
         "import minigpt\n"

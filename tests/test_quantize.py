@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from numerics import assert_near_exact, float64_logits
 from test_decode import GREEDY, TINY, tiny_model
 from test_generate_cli import make_run, one_line_error
 
 from minigpt.cli import app
 from minigpt.decode import decode
-from minigpt.engines import choose_backend, load_engine
+from minigpt.engines import choose_backend, kernels, load_engine
+from minigpt.engines.numpy import NumpyEngine, int8_linear
 from minigpt.engines.torch import TorchEngine
 from minigpt.errors import UsageError
+from minigpt.model import model_tensors
 from minigpt.quantize import check_quantize, quantize_int8, quantize_weights
 from minigpt.weights import LinearWeights
 
@@ -78,19 +83,24 @@ def test_int8_logits_stay_close_to_float32_and_greedy_text_agrees_where_margins_
     assert (got.argmax(-1) == want.argmax(-1))[:, 2:-1][clear].all()
 
 
-def test_options_are_checked_with_one_line_errors(tmp_path: Path) -> None:
+def test_options_are_checked_with_one_line_errors(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(UsageError, match="unknown quantization 'int4'"):
         check_quantize("int4", "cpu")
     with pytest.raises(UsageError, match="runs on the CPU"):
         check_quantize("int8", "meta")
-    assert choose_backend("auto", "cpu", "auto", quantize="int8") == "torch"
-    with pytest.raises(UsageError, match="drop --quantize int8"):
-        choose_backend("numpy", "cpu", "auto", quantize="int8")
+    # int8 decodes on the NumPy engine's kernels where they run, else on torch's
+    assert choose_backend("auto", "cpu", "auto", quantize="int8") == "numpy"
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "available", lambda: False)
+        assert choose_backend("auto", "cpu", "auto", quantize="int8") == "torch"
+        with pytest.raises(UsageError, match="drop --quantize int8"):
+            choose_backend("numpy", "cpu", "auto", quantize="int8")
     run = make_run(tmp_path / "run")
-    with pytest.raises(UsageError, match="--backend torch"):
-        load_engine(run, "numpy", quantize="int8")
-    engine, _ = load_engine(run, "torch", "cpu", "auto", "int8")
-    assert engine.quantize == "int8"
+    for backend in ("numpy", "torch"):
+        engine, _ = load_engine(run, backend, "cpu", "auto", "int8")
+        assert engine.quantize == "int8" and engine.name == backend
+    with pytest.raises(UsageError, match="unknown quantization 'int4'"):
+        load_engine(run, "numpy", quantize="int4")
 
 
 def test_generate_and_eval_take_the_option(runner, tmp_path: Path) -> None:
@@ -98,7 +108,11 @@ def test_generate_and_eval_take_the_option(runner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["generate", "a", "-m", run, "-n", "5", "--quantize", "int8", "--json"])
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["backend"] == "torch" and data["quantize"] == "int8" and data["dtype"] == "float32"
+    assert data["backend"] == "numpy" and data["quantize"] == "int8" and data["dtype"] == "float32"
+    result = runner.invoke(
+        app, ["generate", "a", "-m", run, "-n", "5", "--quantize", "int8", "--backend", "torch", "--json"]
+    )
+    assert result.exit_code == 0 and json.loads(result.stdout)["backend"] == "torch", result.stderr
     one_line_error(
         runner.invoke(app, ["generate", "a", "-m", run, "--quantize", "int8", "--explain"]), 2, "--explain"
     )
@@ -113,3 +127,36 @@ def test_generate_and_eval_take_the_option(runner, tmp_path: Path) -> None:
         assert result.exit_code == 0, result.stderr
         losses.append(json.loads(result.stdout)["loss"])
     assert losses[0] != losses[1] and abs(losses[0] - losses[1]) < 0.01
+
+
+def test_the_numpy_engine_holds_the_same_int8_weights_as_torchs() -> None:
+    weight = torch.randn(48, 32) * torch.logspace(-3, 1, 48)[:, None]
+    weight[5] = 0.0  # an all-zero row: the smallest scale, zeros
+    want = quantize_int8(LinearWeights(weight, None))
+    got = int8_linear(LinearWeights(weight.numpy(), None))
+    assert got.weight.dtype == np.int8 and got.scale is not None and got.scale.dtype == np.float32
+    np.testing.assert_array_equal(got.weight, want.weight.numpy())
+    np.testing.assert_array_equal(got.scale, want.scale.float().numpy())
+
+
+@pytest.mark.parametrize("kernels_on", [True, False], ids=["kernels", "array-path"])
+def test_numpy_int8_decodes_the_dequantized_model(kernels_on: bool) -> None:
+    """The NumPy engine's int8 logits (a prefill, then one token at a time) within float32's bound of the
+    model whose linear weights are the int8 rows times their scales, computed in float64: its activations
+    stay float32 (torch's kernel takes bf16 inputs), so only the weights are rounded."""
+    model = tiny_model(4, scale=10.0)
+    tensors = {k: v.detach().numpy() for k, v in model_tensors(model).items()}
+    engine = NumpyEngine(model.config, tensors, quantize="int8", kernels=kernels_on)
+    assert engine.kernels == kernels_on and engine.quantize == "int8"
+    dequantized = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in dequantized.named_parameters():
+            if p.dim() == 2 and name.startswith("transformer.h."):
+                q = int8_linear(LinearWeights(p.detach().numpy(), None))
+                p.copy_(torch.from_numpy(q.weight.astype(np.float32) * q.scale[:, None]))
+    ids = torch.randint(0, TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(3))
+    exact = float64_logits(dequantized, ids, all_logits=True)
+    cache = engine.new_cache(2)
+    got = [np.asarray(engine.forward(ids[:, :5].tolist(), cache))]
+    got += [np.asarray(engine.forward(ids[:, t : t + 1].tolist(), cache)) for t in range(5, TINY.block_size)]
+    assert_near_exact(np.stack(got, axis=1), exact[:, 4:], TINY, "NumPy int8")

@@ -38,6 +38,13 @@ def accelerator_visible() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg"))
 
 
+def _numpy_quantizes() -> bool:
+    """Whether the NumPy engine runs int8 weights at speed here: through its compiled kernels."""
+    from minigpt.engines import kernels
+
+    return kernels.available()
+
+
 def choose_backend(
     backend: str,
     device: str,
@@ -48,8 +55,9 @@ def choose_backend(
     quantize: str = "none",
 ) -> str:
     """'numpy' or 'torch' for `minigpt generate`. auto: NumPy for float32 on the CPU (no accelerator
-    visible, or --device cpu), which starts in a fraction of a second; torch for GPUs, other dtypes,
-    quantized weights, --explain (it reads torch's attention) and weights NumPy cannot hold."""
+    visible, or --device cpu), which starts in a fraction of a second, and for int8 weights where its
+    compiled kernels run; torch for GPUs, other dtypes, int8 without the kernels, --explain (it reads
+    torch's attention) and weights NumPy cannot hold."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "torch":
@@ -59,7 +67,7 @@ def choose_backend(
         needs_torch = f"--device {device}"
     elif dtype not in ("auto", "float32"):
         needs_torch = f"--dtype {dtype}"
-    elif quantize != "none":
+    elif quantize != "none" and not _numpy_quantizes():
         needs_torch = f"--quantize {quantize}"
     elif explain:
         needs_torch = "--explain"
@@ -109,8 +117,6 @@ def load_engine(
         return engine, tokenizer
     if backend != "numpy":
         raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
-    if quantize != "none":
-        raise UsageError(f"--quantize {quantize} runs on the torch engine: use --backend torch")
     from minigpt.engines.numpy import NumpyEngine
 
     _, config, tokenizer = run.open()
@@ -119,9 +125,8 @@ def load_engine(
         raise MinigptError(
             f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
         )
-    return NumpyEngine(
-        config, run.load_weights(config, framework="np"), layout="auto", threads=threads
-    ), tokenizer
+    weights = run.load_weights(config, framework="np")
+    return NumpyEngine(config, weights, layout="auto", threads=threads, quantize=quantize), tokenizer
 
 
 def generation_engine(

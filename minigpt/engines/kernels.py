@@ -8,7 +8,9 @@ Here a block is one call: its norms, the fused Q/K/V product, rotary positions, 
 attention over the cache, the output projection and the MLP, each matrix product a loop over the
 matrix's rows in the file's (out, in) layout (every row a contiguous dot product, which LLVM vectorises
 for the CPU it runs on), the rows split between threads. With B rows (a batch of samples, a server's
-clients), each weight row is read once and used B times from the L1 cache.
+clients), each weight row is read once and used B times from the L1 cache. The same kernels read int8
+rows with one float32 scale each (`--quantize int8`): a quarter of the bytes, converted to float32 in
+registers, the activations staying float32.
 
 The kernels compute what `minigpt.engines.numpy`'s functions compute, in float32, with sums in whatever
 order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward within the same
@@ -85,41 +87,43 @@ def supported(block: BlockWeights[np.ndarray]) -> bool:
         block.attn.score in ("scaled", "dot")
         and block.mlp.c_gate is None
         and (block.mlp.activation != "swiglu" or block.mlp.fused_gate)
-        and all(not lin.input_major and lin.scale is None and lin.lora is None for lin in lins)
+        and all(not lin.input_major and lin.lora is None for lin in lins)
     )
 
 
 if numba is not None:
 
     @njit(fastmath=_FAST, cache=True, parallel=True)
-    def _matvec(w: Any, x: Any, bias: Any, out: Any) -> None:
-        """out[b] = w x[b] + bias for every row b, w (n_out, n_in): 16 output rows a task, each weight row
-        read once for all the rows of x, four rows of x a pass (one load of w for four products)."""
+    def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any) -> None:
+        """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
+        row (`scale`, else empty): 16 output rows a task, each weight row read once for all the rows of
+        x, four rows of x a pass (one load of w for four products)."""
         n_out, n_in = w.shape
         rows = x.shape[0]
         for task in prange((n_out + 15) // 16):
             for r in range(task * 16, min(n_out, task * 16 + 16)):
                 wr = w[r]
                 add = bias[r] if bias.size else np.float32(0.0)
+                mul = scale[r] if scale.size else np.float32(1.0)
                 b = 0
                 while b + 4 <= rows:
                     x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
                     s0 = s1 = s2 = s3 = np.float32(0.0)
                     for i in range(n_in):
-                        wi = wr[i]
+                        wi = np.float32(wr[i])
                         s0 += wi * x0[i]
                         s1 += wi * x1[i]
                         s2 += wi * x2[i]
                         s3 += wi * x3[i]
-                    out[b, r], out[b + 1, r] = s0 + add, s1 + add
-                    out[b + 2, r], out[b + 3, r] = s2 + add, s3 + add
+                    out[b, r], out[b + 1, r] = s0 * mul + add, s1 * mul + add
+                    out[b + 2, r], out[b + 3, r] = s2 * mul + add, s3 * mul + add
                     b += 4
                 for rest in range(b, rows):
                     xb = x[rest]
                     s = np.float32(0.0)
                     for i in range(n_in):
-                        s += wr[i] * xb[i]
-                    out[rest, r] = s + add
+                        s += np.float32(wr[i]) * xb[i]
+                    out[rest, r] = s * mul + add
 
     @njit(fastmath=_FAST, cache=True)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
@@ -240,8 +244,8 @@ if numba is not None:
         ln2: tuple[Any, Any],
         norm_eps: float,
         rms: bool,
-        attn: tuple[Any, Any, Any, Any],
-        mlp: tuple[Any, Any, Any, Any],
+        attn: tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]],
+        mlp: tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]],
         heads: tuple[int, int, int],
         qk: tuple[Any, Any, float],
         rope: tuple[Any, Any],
@@ -256,8 +260,8 @@ if numba is not None:
         kc, vc = cache
         h = np.empty_like(x)
         _norm(x, ln1[0], ln1[1], norm_eps, rms, h)
-        qkv = np.empty((rows, attn[0].shape[0]), dtype=np.float32)
-        _matvec(attn[0], h, attn[1], qkv)
+        qkv = np.empty((rows, attn[0][0].shape[0]), dtype=np.float32)
+        _matvec(attn[0][0], attn[0][1], h, attn[0][2], qkv)
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
@@ -270,14 +274,14 @@ if numba is not None:
         y = np.empty((rows, n_head * hd), dtype=np.float32)
         _attend(qkv, kc, vc, n_head, n_kv, min(pos + 1, capacity), scale, y)
         out = np.empty_like(x)
-        _matvec(attn[2], y, attn[3], out)
+        _matvec(attn[1][0], attn[1][1], y, attn[1][2], out)
         out += x
         _norm(out, ln2[0], ln2[1], norm_eps, rms, h)
-        up = np.empty((rows, mlp[0].shape[0]), dtype=np.float32)
-        _matvec(mlp[0], h, mlp[1], up)
+        up = np.empty((rows, mlp[0][0].shape[0]), dtype=np.float32)
+        _matvec(mlp[0][0], mlp[0][1], h, mlp[0][2], up)
         act = _activate(up, activation)
         down = np.empty_like(x)
-        _matvec(mlp[2], act, mlp[3], down)
+        _matvec(mlp[1][0], mlp[1][1], act, mlp[1][2], down)
         out += down
         return out
 
@@ -286,8 +290,8 @@ def _array(a: np.ndarray | None) -> np.ndarray:
     return _EMPTY if a is None else a
 
 
-def _lin(w: LinearWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    return w.weight, _array(w.bias)
+def _lin(w: LinearWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return w.weight, _array(w.scale), _array(w.bias)
 
 
 def _norm_args(w: NormWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -295,9 +299,10 @@ def _norm_args(w: NormWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def matvec(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    """x (B, in) through an output-major linear layer: (B, out), as `numpy.linear`."""
+    """x (B, in) through an output-major linear layer (float32, or int8 with its scales): (B, out), as
+    `numpy.linear`."""
     out = np.empty((x.shape[0], w.weight.shape[0]), dtype=np.float32)
-    _matvec(w.weight, np.ascontiguousarray(x), _array(w.bias), out)
+    _matvec(w.weight, _array(w.scale), np.ascontiguousarray(x), _array(w.bias), out)
     return out
 
 
@@ -317,8 +322,8 @@ def block_args(w: BlockWeights[np.ndarray]) -> BlockArgs:
         _norm_args(w.ln_2),
         float(w.ln_1.eps),
         w.ln_1.rms,
-        (*_lin(a.c_attn), *_lin(a.c_proj)),
-        (*_lin(w.mlp.c_fc), *_lin(w.mlp.c_proj)),
+        (_lin(a.c_attn), _lin(a.c_proj)),
+        (_lin(w.mlp.c_fc), _lin(w.mlp.c_proj)),
         (a.n_head, a.n_kv_head, hd),
         qk,
         1.0 / math.sqrt(hd) if a.score == "scaled" else 1.0,

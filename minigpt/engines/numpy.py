@@ -20,6 +20,7 @@ from minigpt.config import GPTConfig
 from minigpt.engines import kernels as _kernels
 from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout
 from minigpt.errors import UsageError
+from minigpt.genconfig import QUANTIZATIONS
 from minigpt.kvcache import KVCache, first_position, gather_rows
 from minigpt.memory import available_bytes, inference_bytes, score_chunks
 from minigpt.weights import (
@@ -34,7 +35,7 @@ from minigpt.weights import (
     weights_by_name,
 )
 
-__all__ = ["LAYOUTS", "NumpyEngine", "log_softmax", "packed", "sample_next"]
+__all__ = ["LAYOUTS", "NumpyEngine", "int8_linear", "log_softmax", "packed", "sample_next"]
 
 Cache = KVCache[np.ndarray]
 Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
@@ -66,7 +67,10 @@ def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 def linear(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     # one matrix product over all B*T rows: NumPy multiplies a stacked (B, T, C) array matrix by matrix,
     # reading the whole weight once per row, which made a batch of B single tokens cost B steps
-    y = x.reshape(-1, x.shape[-1]) @ (w.weight if w.input_major else w.weight.T)
+    weight = w.weight
+    if w.scale is not None:  # int8 rows (output-major): a prefill's products take them dequantized
+        weight = weight.astype(np.float32) * w.scale[:, None]
+    y = x.reshape(-1, x.shape[-1]) @ (weight if w.input_major else weight.T)
     if w.bias is not None:
         y += w.bias
     return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -347,11 +351,25 @@ def transposed(a: np.ndarray, band: int = 128) -> np.ndarray:
     return out
 
 
+def bf16_rounded(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    bits = a.astype(np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return bits.view(np.float32)
+
+
+def int8_linear(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
+    """One output-major linear layer as int8 rows with one symmetric scale each: `minigpt.quantize`'s
+    rule (scale = max |w| / 127 of the row, rounded to bfloat16 first, then w / scale rounded to nearest),
+    so both engines run the same int8 weights (tested)."""
+    tiny = np.finfo(np.float32).tiny
+    scale = bf16_rounded(np.maximum(np.abs(w.weight).max(axis=1) / np.float32(127), tiny))
+    q = np.clip(np.rint(w.weight / scale[:, None]), -127, 127).astype(np.int8)
+    return LinearWeights(q, w.bias, scale)
+
+
 def _transposed(weights: ModelWeights[np.ndarray]) -> ModelWeights[np.ndarray]:
     return for_decoding(weights, np.concatenate, transposed)
-
-
-_ALIGN = 16  # floats: every matrix starts on a 64-byte cache line
 
 
 def packed(
@@ -372,13 +390,17 @@ def packed(
         return lin
 
     map_linears((weights, lm_head), collect)
-    sizes = [-(-m.size // _ALIGN) * _ALIGN for m in matrices.values()]
-    arena = np.empty(sum(sizes) + _ALIGN, dtype=np.float32)
-    views, start = {}, (-arena.ctypes.data % (4 * _ALIGN)) // 4  # malloc aligns to 16 bytes only
-    for (key, matrix), size in zip(matrices.items(), sizes, strict=True):
-        views[key] = arena[start : start + matrix.size].reshape(matrix.shape)
-        views[key][...] = matrix
-        start += size
+    views: dict[int, np.ndarray] = {}
+    for dtype in dict.fromkeys(m.dtype for m in matrices.values()):  # one buffer a dtype (int8 weights)
+        align = 64 // dtype.itemsize  # elements: every matrix starts on a 64-byte cache line
+        group = {key: m for key, m in matrices.items() if m.dtype == dtype}
+        sizes = [-(-m.size // align) * align for m in group.values()]
+        arena = np.empty(sum(sizes) + align, dtype=dtype)
+        start = (-arena.ctypes.data % 64) // dtype.itemsize  # malloc aligns to 16 bytes only
+        for (key, matrix), size in zip(group.items(), sizes, strict=True):
+            views[key] = arena[start : start + matrix.size].reshape(matrix.shape)
+            views[key][...] = matrix
+            start += size
 
     def move(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
         return dataclasses.replace(lin, weight=views[id(lin.weight)])
@@ -399,13 +421,13 @@ class NumpyEngine:
     times a one-token step in each and keeps the faster (the file is never changed); with them 'auto'
     is 'output-major'. Threads (BLAS's and the kernels'): `threads` fixes them, else the environment
     (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does, else they are chosen from the steps' timings
-    (`minigpt.engines.tuning`).
+    (`minigpt.engines.tuning`). `quantize` 'int8': every block's linear layers as int8 rows with one
+    scale each (`int8_linear`), output-major; the embeddings, the head and the activations stay float32.
     """
 
     name = "numpy"
     device = "cpu"
     dtype = "float32"
-    quantize = "none"
 
     def __init__(
         self,
@@ -415,18 +437,26 @@ class NumpyEngine:
         layout: str = "output-major",
         threads: int | None = None,
         kernels: bool | None = None,
+        quantize: str = "none",
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
         `kernels`: compiled one-token steps (None: where numba is installed)."""
         if layout not in LAYOUTS:
             raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if quantize not in QUANTIZATIONS:
+            raise UsageError(f"unknown quantization {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
         if kernels and not _kernels.available():
             raise UsageError("the compiled decoding kernels need numba: pip install numba")
         arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
         fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
+        if quantize == "int8":  # int8 rows are output-major: there is no other layout to time
+            if layout == "input-major":
+                raise UsageError("int8 weights are held output-major: use layout output-major or auto")
+            fused, layout = dataclasses.replace(fused, h=map_linears(fused.h, int8_linear)), "output-major"
         use_kernels = kernels is not False and _kernels.available() and all(map(_kernels.supported, fused.h))
         if use_kernels and layout == "auto":
             layout = "output-major"  # the kernels' layout: no timing, no transposed copies
+        self.quantize = quantize
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
