@@ -184,47 +184,55 @@ if numba is not None:
         qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, keys: int, scale: float, out: Any
     ) -> None:
         """Each row's one query per head over the first `keys` cached positions of its key/value head
-        (the order of the slots does not matter to one query), into out (B, n_head * hd)."""
+        (the order of the slots does not matter to one query), into out (B, n_head * hd); four keys a
+        pass (one load of the query for four products)."""
         hd = kc.shape[3]
         group = n_head // n_kv
         rows = qkv.shape[0]
         for task in prange(rows * n_head):
             b, h = task // n_head, task % n_head
-            g = h // group
             q = qkv[b, h * hd : (h + 1) * hd]
+            kb, vb = kc[b, h // group], vc[b, h // group]
             scores = np.empty(keys, dtype=np.float32)
-            top = -np.inf
-            for j in range(keys):
+            j = 0
+            while j + 4 <= keys:
+                k0, k1, k2, k3 = kb[j], kb[j + 1], kb[j + 2], kb[j + 3]
+                s0 = s1 = s2 = s3 = np.float32(0.0)
+                for i in range(hd):
+                    s0 += q[i] * k0[i]
+                    s1 += q[i] * k1[i]
+                    s2 += q[i] * k2[i]
+                    s3 += q[i] * k3[i]
+                scores[j], scores[j + 1], scores[j + 2], scores[j + 3] = s0, s1, s2, s3
+                j += 4
+            for rest in range(j, keys):
                 s = np.float32(0.0)
                 for i in range(hd):
-                    s += q[i] * kc[b, g, j, i]
-                s *= np.float32(scale)
-                scores[j] = s
-                top = max(top, s)
-            total = np.float32(0.0)
-            for j in range(keys):
-                scores[j] = np.exp(scores[j] - top)
-                total += scores[j]
+                    s += q[i] * kb[rest, i]
+                scores[rest] = s
+            scores *= np.float32(scale)
+            scores = np.exp(scores - scores.max())
             acc = np.zeros(hd, dtype=np.float32)
             for j in range(keys):
-                p = scores[j] / total
+                p = scores[j]
                 for i in range(hd):
-                    acc[i] += p * vc[b, g, j, i]
-            out[b, h * hd : (h + 1) * hd] = acc
+                    acc[i] += p * vb[j, i]
+            out[b, h * hd : (h + 1) * hd] = acc / scores.sum()
 
-    @njit(fastmath=_FAST, cache=True)
+    @njit(fastmath=_FAST, cache=True, parallel=True)
     def _activate(h: Any, activation: int) -> Any:
-        """GELU (tanh form), ReLU² or SwiGLU (h's first half the gate's outputs) of each row of h."""
+        """GELU (tanh form), ReLU² or SwiGLU (h's first half the gate's outputs) of each row of h, the
+        rows shared between threads (an exp an element: a batch's largest element-wise cost)."""
         if activation == 2:
             half = h.shape[1] // 2
             out = np.empty((h.shape[0], half), dtype=np.float32)
-            for b in range(h.shape[0]):
+            for b in prange(h.shape[0]):
                 for i in range(half):
                     g = h[b, i]
                     out[b, i] = g / (np.float32(1.0) + np.exp(-g)) * h[b, half + i]
             return out
         c = np.float32(math.sqrt(2.0 / math.pi))
-        for b in range(h.shape[0]):
+        for b in prange(h.shape[0]):
             for i in range(h.shape[1]):
                 x = h[b, i]
                 if activation == 1:
