@@ -54,6 +54,16 @@ LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
     "+ compile": ("--compile", dict(compile=True)),
     "block 64 (the default block before round 3)": ("--block-size 64", dict(overrides=dict(block_size=64))),
     "+ seq ramp 0.8": ("--seq-ramp 0.8", dict(seq_ramp=0.8)),
+    # CPUs with bf16 instructions (AVX-512 BF16, AMX): bf16 autocast at nano's width, or a wider model in it
+    "+ bf16 autocast": ("--dtype bfloat16", dict(dtype="bfloat16")),
+    "width 192, 6 heads, bf16": (
+        "--n-embd 192 --n-head 6 --dtype bfloat16",
+        dict(overrides=dict(n_embd=192, n_head=6), dtype="bfloat16"),
+    ),
+    "width 256, 8 heads, bf16": (
+        "--n-embd 256 --n-head 8 --dtype bfloat16",
+        dict(overrides=dict(n_embd=256, n_head=8), dtype="bfloat16"),
+    ),
 }
 ROWS: dict[str, list[str]] = {
     "the default": [],
