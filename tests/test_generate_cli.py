@@ -325,14 +325,17 @@ def test_greedy_shows_no_seed_and_seeds_are_range_checked(runner, run_dir: Path)
 
 
 def test_generate_keeps_the_blas_threads_the_environment_gives() -> None:
-    """OPENBLAS_NUM_THREADS fixes the NumPy engine's BLAS threads (the tuner times counts only without it)."""
+    """OPENBLAS_NUM_THREADS fixes the NumPy engine's threads (the tuner times counts only without it): the
+    compiled kernels' where they run (BLAS, the prefills', then stays on one), else BLAS's."""
     code = (
         "import sys\n"
         "from minigpt.cli import main\n"
         f"sys.argv = ['minigpt', 'generate', '-m', {str(FIXTURE)!r}, '-n', '5', '--seed', '1', 'The']\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "from threadpoolctl import threadpool_info\n"
-        "print(*{i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}, file=sys.stderr)\n"
+        "from minigpt.engines import kernels\n"
+        "blas = {i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}\n"
+        "print(*sorted(blas | {kernels.get_threads()} if kernels.available() else blas), file=sys.stderr)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     for threads in ("1", "2"):
@@ -340,4 +343,6 @@ def test_generate_keeps_the_blas_threads_the_environment_gives() -> None:
         proc = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env=child, cwd=ROOT
         )
-        assert proc.returncode == 0 and proc.stderr.strip().splitlines()[-1] == threads, proc.stderr
+        counts = proc.stderr.strip().splitlines()[-1].split()
+        assert proc.returncode == 0 and counts[-1] == threads and set(counts) <= {"1", threads}, proc.stderr
+        assert f"numpy on cpu, {threads} thread" in proc.stderr

@@ -37,6 +37,7 @@ __all__ = [
     "available",
     "block_args",
     "block_step",
+    "get_threads",
     "matvec",
     "set_threads",
     "supported",
@@ -56,6 +57,22 @@ _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
 _FAST = {"reassoc", "contract", "nsz"}
 
 
+def _can_cache() -> bool:
+    """Whether numba has somewhere to keep compiled code for this module (its __pycache__, or a user-wide
+    cache directory): where neither is writable, it refuses `cache=True` outright, and the kernels are
+    compiled in each process instead."""
+    if numba is None:
+        return False
+    try:
+        numba.njit(cache=True)(_can_cache)
+    except RuntimeError:
+        return False
+    return True
+
+
+_CACHE = _can_cache()
+
+
 @functools.cache
 def available() -> bool:
     """Whether the kernels can run here: numba imports and its threads start on OpenMP or TBB. Its last
@@ -65,8 +82,11 @@ def available() -> bool:
         return False
     from numba.np.ufunc import parallel
 
-    parallel._launch_threads()
-    return numba.threading_layer() in ("omp", "tbb")
+    try:  # start the thread pool now: numba names its layer only once it has one
+        parallel._launch_threads()
+        return numba.threading_layer() in ("omp", "tbb")
+    except Exception:  # a numba whose internals moved, or no layer at all: the array path
+        return False
 
 
 def get_threads() -> int:
@@ -93,7 +113,7 @@ def supported(block: BlockWeights[np.ndarray]) -> bool:
 
 if numba is not None:
 
-    @njit(fastmath=_FAST, cache=True, parallel=True)
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any) -> None:
         """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
         row (`scale`, else empty): 16 output rows a task, each weight row read once for all the rows of
@@ -125,7 +145,7 @@ if numba is not None:
                         s += np.float32(wr[i]) * xb[i]
                     out[rest, r] = s * mul + add
 
-    @njit(fastmath=_FAST, cache=True)
+    @njit(fastmath=_FAST, cache=_CACHE)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
         """LayerNorm (or RMSNorm) of each row of x into out, as `numpy.norm`."""
         n = x.shape[1]
@@ -144,7 +164,7 @@ if numba is not None:
                 y = (x[b, i] - mean) * inv * weight[i]
                 out[b, i] = y + bias[i] if bias.size else y
 
-    @njit(fastmath=_FAST, cache=True)
+    @njit(fastmath=_FAST, cache=_CACHE)
     def _head_norm(v: Any, weight: Any, eps: float) -> None:
         """QK-norm: RMSNorm of one head's vector v in place."""
         n = v.shape[0]
@@ -155,7 +175,7 @@ if numba is not None:
         for i in range(n):
             v[i] = v[i] * inv * weight[i]
 
-    @njit(fastmath=_FAST, cache=True)
+    @njit(fastmath=_FAST, cache=_CACHE)
     def _rotate(v: Any, cos: Any, sin: Any, tmp: Any) -> None:
         """Rotary positions on one head's vector v in place (`sin`'s first half negated, as `rotary`)."""
         hd = v.shape[0]
@@ -165,7 +185,7 @@ if numba is not None:
         for i in range(hd):
             v[i] = tmp[i] * cos[i] + tmp[(i + half) % hd] * sin[i]
 
-    @njit(fastmath=_FAST, cache=True)
+    @njit(fastmath=_FAST, cache=_CACHE)
     def _prepare_heads(
         qkv: Any, n_head: int, n_kv: int, hd: int, qn: Any, kn: Any, eps: float, cos: Any, sin: Any
     ) -> None:
@@ -179,7 +199,7 @@ if numba is not None:
                 if cos.size:
                     _rotate(v, cos, sin, tmp)
 
-    @njit(fastmath=_FAST, cache=True, parallel=True)
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _attend(
         qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, keys: int, scale: float, out: Any
     ) -> None:
@@ -219,7 +239,7 @@ if numba is not None:
                     acc[i] += p * vb[j, i]
             out[b, h * hd : (h + 1) * hd] = acc / scores.sum()
 
-    @njit(fastmath=_FAST, cache=True, parallel=True)
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _activate(h: Any, activation: int) -> Any:
         """GELU (tanh form), ReLU² or SwiGLU (h's first half the gate's outputs) of each row of h, the
         rows shared between threads (an exp an element: a batch's largest element-wise cost)."""
@@ -245,7 +265,7 @@ if numba is not None:
                     )
         return h
 
-    @njit(fastmath=_FAST, cache=True)
+    @njit(fastmath=_FAST, cache=_CACHE)
     def _block_step(
         x: Any,
         ln1: tuple[Any, Any],

@@ -411,7 +411,7 @@ def packed(
 
 
 class NumpyEngine:
-    """GPT weights in float32 NumPy as the decode loop's Engine (the CPU, float32 only).
+    """GPT weights in NumPy as the decode loop's Engine (the CPU; float32, or int8 linear layers).
 
     A one-token step over a cache runs each block as one compiled call (`minigpt.engines.kernels`, where
     numba is installed and `kernels` is not False; over the file's (out, in) matrices); prefills and
