@@ -40,7 +40,7 @@ def pytest_report_header() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
-    for name in ("torch", "numpy", "transformers", "tiktoken", "safetensors", "fastapi"):
+    for name in ("torch", "numpy", "numba", "transformers", "tiktoken", "safetensors", "fastapi"):
         try:
             found.append(f"{name} {version(name)}")
         except PackageNotFoundError:
