@@ -410,6 +410,30 @@ def packed(
     return dataclasses.replace(map_linears(weights, move), wte=wte), move(lm_head)
 
 
+def _decoding_tree(
+    config: GPTConfig, tensors: Mapping[str, np.ndarray], layout: str, kernels: bool | None, quantize: str
+) -> tuple[ModelWeights[np.ndarray], str, bool]:
+    """The tree a NumPy engine decodes with (float32, SwiGLU's two input products fused, the blocks' linear
+    layers int8 when `quantize` says so), the layout still to settle (`pick_layout`: the kernels' and int8's
+    is output-major, untimed), and whether the kernels run it (`kernels` None: where they can)."""
+    if layout not in LAYOUTS:
+        raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    if quantize not in QUANTIZATIONS:
+        raise UsageError(f"unknown quantization {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    if kernels and not _kernels.available():
+        raise UsageError("the compiled decoding kernels need numba: pip install numba")
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+    fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
+    if quantize == "int8":  # int8 rows are output-major: there is no other layout to time
+        if layout == "input-major":
+            raise UsageError("int8 weights are held output-major: use layout output-major or auto")
+        fused, layout = dataclasses.replace(fused, h=map_linears(fused.h, int8_linear)), "output-major"
+    use_kernels = kernels is not False and _kernels.available() and all(map(_kernels.supported, fused.h))
+    if use_kernels and layout == "auto":
+        layout = "output-major"  # the kernels' layout: no timing, no transposed copies
+    return fused, layout, use_kernels
+
+
 class NumpyEngine:
     """GPT weights in NumPy as the decode loop's Engine (the CPU; float32, or int8 linear layers).
 
@@ -441,21 +465,7 @@ class NumpyEngine:
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
         `kernels`: compiled one-token steps (None: where numba is installed)."""
-        if layout not in LAYOUTS:
-            raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
-        if quantize not in QUANTIZATIONS:
-            raise UsageError(f"unknown quantization {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
-        if kernels and not _kernels.available():
-            raise UsageError("the compiled decoding kernels need numba: pip install numba")
-        arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
-        fused = for_decoding(weights_by_name(config, arrays), np.concatenate)
-        if quantize == "int8":  # int8 rows are output-major: there is no other layout to time
-            if layout == "input-major":
-                raise UsageError("int8 weights are held output-major: use layout output-major or auto")
-            fused, layout = dataclasses.replace(fused, h=map_linears(fused.h, int8_linear)), "output-major"
-        use_kernels = kernels is not False and _kernels.available() and all(map(_kernels.supported, fused.h))
-        if use_kernels and layout == "auto":
-            layout = "output-major"  # the kernels' layout: no timing, no transposed copies
+        fused, layout, use_kernels = _decoding_tree(config, tensors, layout, kernels, quantize)
         self.quantize = quantize
         self.config = config
         self.block_size = config.block_size
