@@ -12,9 +12,11 @@ engine's tokens/s is shown as a fraction of that bound: 1.0 would be a step that
 weights. At batch N the bound is N times the batch-1 bound (one weight read serves N rows); the KV cache
 each row also reads is left out of it. Weights that fit in the last-level cache (int8) can beat it.
 
-Engines are timed as `minigpt generate` runs them: `load_engine` on a saved run (which picks the weights'
-layout by timing), the decode loop and its text, with the threads the engine chooses itself
-(minigpt.engines.tuning: its first steps try each count) and, for the NumPy engine, with one thread.
+Engines are timed as `minigpt generate` runs them: `load_engine` on a saved run (which loads the NumPy
+engine's compiled kernels, or picks the weights' layout by timing where they do not run), the decode loop
+and its text, with the threads the engine chooses itself (minigpt.engines.tuning: its first steps try each
+count) and, for the NumPy engine, with one thread; its int8 form (`--quantize int8`), and its array path
+(the engine without the kernels) for comparison.
 The NumPy engine runs in a process of its own, as `generate` runs it, without torch. Everything is
 measured round-robin, `--repeats` times, medians shown: on a shared machine interleaving spreads the
 noise over every row alike, and the ratios (to the bound, batch 8 to batch 1, int8 to float32) hold
