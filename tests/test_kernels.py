@@ -11,9 +11,10 @@ import pytest
 import torch
 from numerics import assert_near_exact, float32_bound, float64_logits
 from test_decode import tiny_model
+from test_engines import save
 
 from minigpt.config import GPTConfig
-from minigpt.engines import kernels
+from minigpt.engines import kernels, load_engine
 from minigpt.engines.numpy import NumpyEngine
 from minigpt.engines.tuning import blas_tuner
 from minigpt.errors import UsageError
@@ -121,3 +122,21 @@ def test_the_thread_tuner_switches_the_kernels_threads_and_keeps_blas_on_one(mon
     assert kernels.get_threads() == numba.get_num_threads() == 1
     kernels.set_threads(10_000)  # at most the threads numba started with
     assert kernels.get_threads() == numba.config.NUMBA_NUM_THREADS
+
+
+def test_a_load_that_compiles_the_kernels_says_so(monkeypatch) -> None:
+    said: list[str] = []
+    engine_of(CONFIGS["gpt2"], notice=said.append)  # numba's cache holds them: nothing to say
+    assert said == [] and not kernels.will_compile()
+    monkeypatch.setattr(kernels, "will_compile", lambda: True)
+    engine_of(CONFIGS["gpt2"], notice=said.append)
+    assert said == ["compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)"]
+    engine_of(CONFIGS["gpt2"], notice=said.append, kernels=False)  # the array path compiles nothing
+    assert len(said) == 1
+
+
+def test_load_engine_tells_stderr_when_it_compiles(tmp_path, monkeypatch, capsys) -> None:
+    run = save(tmp_path / "run", tiny_model(8))
+    monkeypatch.setattr(kernels, "will_compile", lambda: True)
+    engine, _ = load_engine(run, "numpy")
+    assert engine.kernels and "compiling the NumPy engine's decoding kernels" in capsys.readouterr().err

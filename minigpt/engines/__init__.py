@@ -126,7 +126,14 @@ def load_engine(
             f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
         )
     weights = run.load_weights(config, framework="np")
-    return NumpyEngine(config, weights, layout="auto", threads=threads, quantize=quantize), tokenizer
+    engine = NumpyEngine(
+        config, weights, layout="auto", threads=threads, quantize=quantize, notice=_say_on_stderr
+    )
+    return engine, tokenizer
+
+
+def _say_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def generation_engine(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ __all__ = [
     "matvec",
     "set_threads",
     "supported",
+    "will_compile",
 ]
 
 try:  # numba is a dependency, but a platform without its wheels still decodes (on the array path)
@@ -86,6 +88,19 @@ def available() -> bool:
         parallel._launch_threads()
         return numba.threading_layer() in ("omp", "tbb")
     except Exception:  # a numba whose internals moved, or no layer at all: the array path
+        return False
+
+
+def will_compile() -> bool:
+    """Whether loading the kernels compiles them (tens of seconds) rather than reading numba's cache: it
+    keeps no index of compiled block steps for this source yet, or has nowhere to keep one."""
+    if numba is None:
+        return False
+    if not _CACHE:
+        return True
+    try:  # numba's cache file for `_block_step` (its own attributes: where they moved, say nothing)
+        return not os.path.exists(_block_step._cache._cache_file._index_path)
+    except AttributeError:
         return False
 
 

@@ -462,9 +462,11 @@ class NumpyEngine:
         threads: int | None = None,
         kernels: bool | None = None,
         quantize: str = "none",
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
-        `kernels`: compiled one-token steps (None: where numba is installed)."""
+        `kernels`: compiled one-token steps (None: where numba is installed); `notice` is told when they
+        are about to be compiled rather than read from numba's cache."""
         fused, layout, use_kernels = _decoding_tree(config, tensors, layout, kernels, quantize)
         self.quantize = quantize
         self.config = config
@@ -490,6 +492,8 @@ class NumpyEngine:
         args = [_kernels.block_args(b) for b in self.weights.h] if self.kernels else []
         self._step_block = functools.partial(fused_block, args)
         if self.kernels:  # loaded (compiled, the first time on a machine) now, not in the first step
+            if notice is not None and _kernels.will_compile():
+                notice("compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)")
             idx = np.zeros((1, 1), dtype=np.int64)
             self._forward(self.weights, self._head, idx, self.new_cache(1), False)
 
