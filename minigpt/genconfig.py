@@ -33,8 +33,10 @@ class EngineConfig:
         choices=DTYPES,
     )  # fmt: skip
     quantize: str = setting(
-        "none", "Linear layers' weights: int8 reads a quarter of float32's bytes per token (torch engine, "
-        "CPU; per-channel scales, activations stay in --dtype).", choices=QUANTIZATIONS,
+        "none", "Linear layers' weights: int8 reads a quarter of float32's bytes per token (CPU: generate and "
+        "chat run it on the NumPy engine's kernels, eval and --backend torch on torch's; per-channel scales, "
+        "activations stay in --dtype).",
+        choices=QUANTIZATIONS,
     )  # fmt: skip
 
 
