@@ -13,11 +13,13 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast wins for training from about this
-# width on and loses below it, where casts cost more than the small matmuls save (bench/bench_train.py
-# measures both). Without them bf16 is emulated: a bf16 matrix product ran at 0.3-3 GFLOP/s on an AVX2
-# EPYC (Zen 3) against 160 in float32, and a 192-wide training step took 2.7 s (README: round 3).
-CPU_BF16_MIN_WIDTH = 192
+# On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast trains faster than float32 from about
+# this width on: the CPU recipe's step at 128 wide took 1.33x fewer seconds (1.13x at 64, 1.47x at 192),
+# once attention over few keys runs in float32 (minigpt.model.CPU_HALF_ATTENTION_MAX_KEYS; before that, bf16
+# won only from 192). Narrower models were not measured to gain. Without the instructions bf16 is emulated:
+# a bf16 matrix product ran at 0.3-3 GFLOP/s on an AVX2 EPYC (Zen 3) against 160 in float32, and a 192-wide
+# training step took 2.7 s (README: round 3). bench/bench_cpu_bf16.py measures both.
+CPU_BF16_MIN_WIDTH = 128
 
 
 def _mps_available() -> bool:

@@ -455,7 +455,27 @@ def attend(
     return _dropout(linear(w.c_proj, y.transpose(1, 2).reshape(B, T, C)), dropout)
 
 
+# torch's CPU attention kernel in bf16 is slow over few keys: forward and backward at 128 keys and head size 32
+# took 2.3x as long as in float32 (the inputs cast up and the output down included), 4-5x at 64 keys or
+# head size 16, level at 256-512 keys, faster from 1,024 (bench/bench_cpu_bf16.py). So on the CPU,
+# attention over at most this many keys runs in float32 under autocast: bf16 training of a small model
+# then takes 1.4x fewer seconds a step than float32 instead of the same (README: Benchmarks, round 5)
+CPU_HALF_ATTENTION_MAX_KEYS = 256
+
+
 def _fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float, scale: float | None
+) -> torch.Tensor:
+    S = k.size(2)
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if q.device.type == "cpu" and half and S <= CPU_HALF_ATTENTION_MAX_KEYS:
+        with torch.autocast("cpu", enabled=False):
+            y = _sdpa(q.float(), k.float(), v.float(), window, dropout, scale)
+        return y.to(q.dtype)
+    return _sdpa(q, k, v, window, dropout, scale)
+
+
+def _sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float, scale: float | None
 ) -> torch.Tensor:
     T, S = q.size(2), k.size(2)

@@ -173,7 +173,11 @@ class TrainConfig:
     # runtime
     seed: int = setting(1337, "Random seed (weights, batches, dropout).", panel=RUN)
     device: str = setting("auto", "auto, cpu, cuda or mps.", panel=RUN)
-    dtype: str = setting("auto", "auto, float32, bfloat16 or float16 (autocast).", panel=RUN)
+    dtype: str = setting(
+        "auto", "auto, float32, bfloat16 or float16 (autocast). auto: bfloat16 on GPUs that have it (else "
+        "float16); on the CPU bfloat16 from 128 wide where the CPU has bf16 instructions, else float32.",
+        panel=RUN,
+    )  # fmt: skip
     compile: bool = setting(False, "torch.compile the model.", panel=RUN)
 
     def __post_init__(self) -> None:

@@ -207,3 +207,35 @@ def test_expected_shapes_without_torch_match_the_module(bias: bool, tied: bool) 
         MinigptError, match=r"transformer.wpe.weight has shape \[9, 8\], config says \[8, 8\]"
     ):
         check_shapes(config, {**real, "transformer.wpe.weight": (9, 8)}, Path("w"))
+
+
+@pytest.mark.parametrize("keys", [8, 16])
+def test_cpu_half_attention_runs_in_float32_over_few_keys(monkeypatch, keys: int) -> None:
+    """Under bf16 autocast on the CPU, attention over at most CPU_HALF_ATTENTION_MAX_KEYS keys is computed in
+    float32 from the bf16 q, k, v (torch's bf16 kernel is slower there) and handed back in bf16; over more
+    keys it stays in bf16. Either way: the textbook attention of the bf16 inputs, to bf16's rounding."""
+    import minigpt.model as model_module
+
+    monkeypatch.setattr(model_module, "CPU_HALF_ATTENTION_MAX_KEYS", 8)
+    seen: list[torch.dtype] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        seen.append(q.dtype)
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, keys, 8).bfloat16().requires_grad_() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model_module._fused_attention(q, k, v, window=keys, dropout=0.0, scale=None)
+    assert seen == [torch.float32 if keys <= 8 else torch.bfloat16] and y.dtype == torch.bfloat16
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scores = (q64 @ k64.transpose(-2, -1)) / math.sqrt(8)
+    scores = scores.masked_fill(~torch.tril(torch.ones(keys, keys, dtype=torch.bool)), float("-inf"))
+    reference = scores.softmax(-1) @ v64
+    # one bf16 rounding of the output (2^-8 relative), plus bf16 arithmetic inside the kernel over more keys
+    bound = 2.0**-8 if keys <= 8 else 2.0**-6
+    torch.testing.assert_close(y.double(), reference, rtol=bound, atol=bound)
+    y.float().sum().backward()  # gradients reach the bf16 inputs through the casts
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad).all()
