@@ -456,10 +456,11 @@ def attend(
 
 
 # torch's CPU attention kernel in bf16 is slow over few keys: forward and backward at 128 keys and head size 32
-# took 2.3x as long as in float32 (the inputs cast up and the output down included), 4-5x at 64 keys or
-# head size 16, level at 256-512 keys, faster from 1,024 (bench/bench_cpu_bf16.py). So on the CPU,
-# attention over at most this many keys runs in float32 under autocast: bf16 training of a small model
-# then takes 1.4x fewer seconds a step than float32 instead of the same (README: Benchmarks, round 5)
+# took 1.9-2.3x as long as in float32 (the inputs cast up and the output down included), 2.7-4x at 64 keys
+# or head size 16, level at 256-512 keys, faster from 1,024 (bench/bench_cpu_bf16.py). So on the CPU,
+# attention in half precision (autocast, or a bf16 model) over at most this many keys runs in float32: bf16
+# training of the CPU recipe's model then takes 1.33x fewer seconds a step than float32 instead of the same
+# (README: Benchmarks, round 5)
 CPU_HALF_ATTENTION_MAX_KEYS = 256
 
 
