@@ -18,7 +18,7 @@ import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -28,11 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import minigpt.model as model_module  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.device import cpu_has_bf16  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
 from minigpt.optimizers import make_optimizer  # noqa: E402
-from minigpt.presets import PRESETS  # noqa: E402
+from minigpt.presets import model_config  # noqa: E402
 from minigpt.trainconfig import TrainConfig  # noqa: E402
 
 SHAPES = [
@@ -73,7 +72,7 @@ def attention(shape: tuple[int, int, int, int], upcast: bool) -> Callable[[], ob
 
 
 @contextlib.contextmanager
-def attention_keys_limit(limit: int):  # type: ignore[no-untyped-def]
+def attention_keys_limit(limit: int) -> Iterator[None]:
     """The model's float32-attention limit set to `limit` while a step runs (0: attention in bf16)."""
     before = model_module.CPU_HALF_ATTENTION_MAX_KEYS
     model_module.CPU_HALF_ATTENTION_MAX_KEYS = limit
@@ -86,15 +85,12 @@ def attention_keys_limit(limit: int):  # type: ignore[no-untyped-def]
 def training_step(width: int, dtype: torch.dtype, keys_limit: int) -> Callable[[], object]:
     """The CPU recipe's step at this width (head size 32), in float32 or under bf16 autocast."""
     torch.manual_seed(0)
-    nano = PRESETS["nano"]
-    config = GPTConfig(
-        vocab_size=65, block_size=nano["block_size"], n_layer=nano["n_layer"], n_head=width // 32, n_embd=width,
-        pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False,
-    )  # fmt: skip
+    recipe = TrainConfig().with_recipe("cpu")  # the CPU recipe's model and optimizers, as `train` builds them
+    config = model_config(recipe.preset, recipe.arch, n_embd=width, n_head=width // 32, vocab_size=65)
     model = GPT(config)
-    optimizer = make_optimizer(model, TrainConfig(optimizer="muon", lr=8e-3, muon_lr=0.012))
-    x = torch.randint(0, 65, (16, config.block_size))
-    y = torch.randint(0, 65, (16, config.block_size))
+    optimizer = make_optimizer(model, recipe)
+    x = torch.randint(0, 65, (recipe.batch_size, config.block_size))
+    y = torch.randint(0, 65, (recipe.batch_size, config.block_size))
 
     def run() -> None:
         with (
