@@ -18,7 +18,7 @@ try:  # typer 0.2x vendors click as typer._click; older typer raises click's own
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
-from minigpt import __version__
+from minigpt import __version__, startup
 from minigpt.attentionconfig import AttentionConfig
 from minigpt.budget import process_started
 from minigpt.chat.config import ChatConfig
@@ -67,6 +67,7 @@ class _Group(TyperGroup):
     usage error (unknown option, bad value, missing argument) with exit code 2 and the closest valid name."""
 
     def invoke(self, ctx: Any) -> Any:
+        startup.settle()
         try:
             return super().invoke(ctx)
         except MinigptError as e:
@@ -646,7 +647,11 @@ def demo(given: Given = NO_OPTIONS) -> None:
 
 
 def main() -> None:
-    app(obj={"started": process_started()})
+    startup.pause()  # the collector is off until the command starts (minigpt.startup)
+    try:
+        app(obj={"started": process_started()})
+    finally:
+        startup.exiting()
 
 
 @app.command()
