@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 # weight of the newest step in the running estimate of seconds per step
 STEP_TIME_WEIGHT = 0.1
 # what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python, which tears torch down (0.6-1.1 s measured on the 2-core machine)
-EXIT_SECONDS = 1.0
+# Python (0.12-0.15 s measured on the 2-core machine since the command line freezes its objects before the
+# interpreter's last garbage collection, minigpt.startup; 0.6-0.7 s before)
+EXIT_SECONDS = 0.5
 # a training step against a forward pass of the same batch: the backward pass costs about two more
 STEP_FORWARDS = 3
 # under a time budget an evaluation takes at most this share of it: fewer batches of windows when they cost

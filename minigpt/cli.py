@@ -246,9 +246,10 @@ def train(
     """
     _quiet_openmp()
     launch = _launch(given)
-    from minigpt.panel import TrainingPanel
-    from minigpt.train import check_launch, command_arguments, plan_run
-    from minigpt.train import train as run_training
+    with startup.loading():  # torch's import: no collector passes over it (minigpt.startup)
+        from minigpt.panel import TrainingPanel
+        from minigpt.train import check_launch, command_arguments, plan_run
+        from minigpt.train import train as run_training
 
     resumed = launch.resume is not None
     changed = given.flags(skip=(*BUDGET_SETTINGS, *LaunchConfig.WITH_RESUME)) if resumed else []

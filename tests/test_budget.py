@@ -146,15 +146,18 @@ def test_eval_cost_and_the_budget_arithmetic() -> None:
     budget.keep_reserve()  # a tenth of 100 s fits 2 batches (8 s); then the save and the exit
     assert budget.planned_eval_iters() == 2 and budget.reserve == 8.0 + 2.0 + EXIT_SECONDS
     assert budget.eval_iters_now(TrainState(elapsed=50.0), final=False) == 2
-    # a periodic one must finish before the final one's reserve: 100 - 2 - 1 - 11 = 86 s minus its 8 s
-    assert budget.eval_iters_now(TrainState(elapsed=78.0), final=False) == 2
-    assert budget.eval_iters_now(TrainState(elapsed=78.1), final=False) == 0
+    # a periodic one must finish before the final one's reserve (its 8 s, the save's 2 s and the exit):
+    # within 100 s less the save and the exit, less that reserve, less its own 8 s
+    edge = 100.0 - 2.0 - EXIT_SECONDS - (8.0 + 2.0 + EXIT_SECONDS) - 8.0
+    assert budget.eval_iters_now(TrainState(elapsed=edge), final=False) == 2
+    assert budget.eval_iters_now(TrainState(elapsed=edge + 0.1), final=False) == 0
     # the final one takes what is left, up to the planned batches
     assert budget.eval_iters_now(TrainState(elapsed=89.0), final=True) == 2
     assert budget.eval_iters_now(TrainState(elapsed=92.0), final=True) == 1
     assert budget.eval_iters_now(TrainState(elapsed=95.0), final=True) == 0
     budget.observe_eval(eval_seconds=16.0, windows=16, save_seconds=1.0)  # twice as slow as estimated
-    assert cost.window_seconds == 1.0 and budget.planned_eval_iters() == 1 and budget.reserve == 10.0
+    assert cost.window_seconds == 1.0 and budget.planned_eval_iters() == 1
+    assert budget.reserve == 8.0 + 1.0 + EXIT_SECONDS
     untimed = Budget(max_iters=10, eval_iters=50, eval_cost=cost)  # no time budget: always everything
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=False) == 50
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=True) == 50

@@ -20,7 +20,7 @@ from conftest import ROOT, FakeClock
 from rich.console import Console
 
 from minigpt.adamw import AdamW
-from minigpt.budget import STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
+from minigpt.budget import EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
 from minigpt.cli import app
 from minigpt.config import ARCHS, GPTConfig
 from minigpt.data import BatchSampler, DataConfig, prepare_data
@@ -461,10 +461,11 @@ def test_budgets_given_on_resume_replace_the_saved_budget(text_file: Path, tmp_p
     )
     assert first.state.step == 4 and first.state.elapsed == pytest.approx(1002)  # over 16 minutes
     # a time budget given on resume counts this command's time, not the run's, and replaces max_iters:
-    # evaluations take no time on this clock, so 3 s keep back the save and the exit (1.004 s) and the
-    # next step (0.5 s): after 3 steps, 1.5 s in, no other fits
+    # evaluations take no time on this clock, so 3 s keep back the save and the exit (EXIT_SECONDS and
+    # the measured 0.004 s) and the next step (0.5 s): steps go on while those fit
     second = train(TrainConfig(max_time=3.0), resume=out, reporter=LineReporter(log), **timed)
-    assert second.stop_reason == "reached max_time 3 s" and second.state.step == 4 + 3
+    fit = math.floor((3.0 - EXIT_SECONDS - 0.004) / 0.5)
+    assert second.stop_reason == "reached max_time 3 s" and second.state.step == 4 + fit
     assert "budget: 3 s of wall time from 16 min 42 s" in log.getvalue()
     assert "(set on resume, in place of the saved 4 steps)" in log.getvalue()
     saved = json.loads((out / RunDir.CONFIG).read_text())["train"]
@@ -485,7 +486,6 @@ def test_the_time_reserve_is_estimated_before_the_first_evaluation(
 ) -> None:
     """One timed forward pass over a batch of windows (0.1 s a window on a fake clock) prices the final
     evaluation; with the guess at the save and the exit, that is the time kept back."""
-    from minigpt.budget import EXIT_SECONDS
     from minigpt.distributed import DistContext
     from minigpt.reporters import QuietReporter
     from minigpt.trainsetup import SAVE_BYTES_PER_SECOND, plan_run, set_up
