@@ -6,8 +6,8 @@ once more as the interpreter exits. For a short `minigpt generate` that was 0.2-
 command (README: "Generate"). So the command line runs its start-up (imports, parsing) and every model
 load with the collector off, then freezes what they made (`gc.freeze`: later passes skip those objects,
 which stay alive as long as anything refers to them, as before) and turns it back on, so a long `train`
-or `serve` still collects its own garbage. Only the command line process does this (`paused` is set by
-`minigpt.cli.main`): a program or a test that imports minigpt keeps its collector as it is.
+or `serve` still collects its own garbage. Only the command line process does this (`minigpt.cli.main`
+calls `pause`): a program or a test that imports minigpt keeps its collector as it is.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def settle() -> None:
 @contextmanager
 def loading() -> Iterator[None]:
     """A model load (weights, compiled kernels and their imports) with the collector off, settled after
-    (the command line only)."""
+    (the command line only); as a decorator, each call of the function is one."""
     if not _state["cli"]:
         yield
         return

@@ -90,6 +90,7 @@ def choose_backend(
     return "numpy"
 
 
+@startup.loading()  # imports, weights and kernels: no collector passes over them (minigpt.startup)
 def load_engine(
     run_dir: Path,
     backend: str,
@@ -103,35 +104,34 @@ def load_engine(
     'numpy' (the CPU in float32), with its weights in the layout its steps run fastest in. CPU threads:
     `threads` fixes them, else the environment does, else each engine chooses them by timing its steps
     (`minigpt.engines.tuning`)."""
-    with startup.loading():  # imports, weights and kernels: no collector passes over them (minigpt.startup)
-        run = RunDir(run_dir)
-        if backend == "torch":
-            from minigpt.device import resolve_device, resolve_dtype
-            from minigpt.engines.torch import TorchEngine
-            from minigpt.quantize import check_quantize
+    run = RunDir(run_dir)
+    if backend == "torch":
+        from minigpt.device import resolve_device, resolve_dtype
+        from minigpt.engines.torch import TorchEngine
+        from minigpt.quantize import check_quantize
 
-            torch_device = resolve_device(device)
-            check_quantize(quantize, torch_device)
-            model, tokenizer, _ = run.load_model(str(torch_device))
-            engine = TorchEngine(
-                model.to(resolve_dtype(dtype, torch_device)), quantize, layout="auto", threads=threads
-            )
-            return engine, tokenizer
-        if backend != "numpy":
-            raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
-        from minigpt.engines.numpy import NumpyEngine
-
-        _, config, tokenizer = run.open()
-        unreadable = sorted(run.weight_dtypes() - set(NUMPY_DTYPES))
-        if unreadable:
-            raise MinigptError(
-                f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
-            )
-        weights = run.load_weights(config, framework="np")
-        engine = NumpyEngine(
-            config, weights, layout="auto", threads=threads, quantize=quantize, notice=_say_on_stderr
+        torch_device = resolve_device(device)
+        check_quantize(quantize, torch_device)
+        model, tokenizer, _ = run.load_model(str(torch_device))
+        engine = TorchEngine(
+            model.to(resolve_dtype(dtype, torch_device)), quantize, layout="auto", threads=threads
         )
         return engine, tokenizer
+    if backend != "numpy":
+        raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
+    from minigpt.engines.numpy import NumpyEngine
+
+    _, config, tokenizer = run.open()
+    unreadable = sorted(run.weight_dtypes() - set(NUMPY_DTYPES))
+    if unreadable:
+        raise MinigptError(
+            f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
+        )
+    weights = run.load_weights(config, framework="np")
+    engine = NumpyEngine(
+        config, weights, layout="auto", threads=threads, quantize=quantize, notice=_say_on_stderr
+    )
+    return engine, tokenizer
 
 
 def _say_on_stderr(message: str) -> None:
