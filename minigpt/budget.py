@@ -163,6 +163,11 @@ class Budget:
             limits.append(state.step + max(left, 0.0) / self.step_seconds)
         return min(limits) if limits else None
 
+    def steps_left(self, state: TrainState, tokens_per_step: int) -> float | None:
+        """The steps the budget still allows, as far as known (None: no budget says yet)."""
+        total = self.total_steps(state, tokens_per_step)
+        return None if total is None else max(total - state.step, 0.0)
+
     def warmup_steps(self, warmup: int, state: TrainState, tokens_per_step: int) -> int:
         """`warmup`, capped at WARMUP_FRACTION of the steps the budget allows."""
         total = self.total_steps(state, tokens_per_step)

@@ -165,7 +165,11 @@ class TrainConfig:
         None, "Stop after this many training tokens (over the whole run).", panel=BUDGET
     )
     # evaluation and logging (50 batches: README, "Progress")
-    eval_every: int = setting(500, "Evaluate (and checkpoint) every N steps.", panel=EVAL)
+    eval_every: int = setting(
+        500,
+        "Evaluate (and checkpoint) every N steps, bar one within N/2 steps of the final evaluation.",
+        panel=EVAL,
+    )
     eval_iters: int = setting(
         50, "Batches of fixed windows per split (validation and train) per evaluation.", panel=EVAL
     )

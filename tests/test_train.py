@@ -174,6 +174,19 @@ def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str
     assert straight.state.best_val_loss == pytest.approx(resumed.state.best_val_loss)
 
 
+def test_an_evaluation_just_before_the_final_one_is_skipped(text_file: Path, tmp_path: Path) -> None:
+    """Every 4 steps of 13 evaluates at 4 and 8 (5 steps from the end: more than half of 4), not at 12 (1
+    step from the final evaluation at 13), and says so; the checkpoints and the best weights follow."""
+    log = io.StringIO()
+    cfg = tiny_cfg(max_iters=13, eval_every=4)
+    result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "run", reporter=LineReporter(log))
+    assert [r["step"] for r in result.metrics if r["kind"] == "eval"] == [4, 8, 13]
+    assert "skipped the evaluation at step 12: the final one is 1 step away" in log.getvalue()
+    assert RunDir(tmp_path / "run").read_config()["metrics"]["last"]["step"] == 13
+    shorter = train(tiny_cfg(max_iters=14, eval_every=4), data_cfg(text_file, tmp_path), out=tmp_path / "b")
+    assert [r["step"] for r in shorter.metrics if r["kind"] == "eval"] == [4, 8, 12, 14]
+
+
 def test_exact_resume_with_muon_is_bitwise(runner, text_file: Path, tmp_path: Path) -> None:
     """`--optimizer muon` is saved in config.json and kept on resume, and Muon's momentum buffers travel in
     the state file: 8 steps straight equal 4, a stop, then a resume to 8."""
