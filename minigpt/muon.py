@@ -9,8 +9,7 @@ row (neuron) of the update by the root of its running mean square, so no neuron'
 
 The iterations run in float32 on the CPU, where bf16 matrix products are slow unless the CPU has bf16
 instructions (10-70x slower than float32 on an AVX2-only CPU), and in bf16 on GPUs (`--muon-dtype` picks);
-matrices of one shape are orthogonalised together, one batched product per iteration, and in float32 one
-at least three times as long as it is wide iterates on its small Gram matrix instead (`_gram_iterations`).
+matrices of one shape are orthogonalised together, one batched product per iteration.
 """
 
 from __future__ import annotations
@@ -87,43 +86,16 @@ def quintics(orthogonalizer: str) -> tuple[Quintic, ...]:
     return polar_express() if orthogonalizer == "polar-express" else (NS_QUINTIC,) * STEPS
 
 
-# the Gram form (`_gram_iterations`) takes fewer products from this aspect ratio on: per iteration of an
-# (m, n) matrix, 4m²n + 2m³ multiply-adds for X's own iteration against 8m³ on the m x m Gram matrix, plus
-# 4m²n once (README, recipe round 7: 23-32% less time at ratios 3-4, none at 2); and from this shorter side
-# on, below which the extra products' overhead outweighs their size
-GRAM_RATIO = 3
-GRAM_MIN_SIDE = 32
-
-
 def orthogonalize(g: torch.Tensor, polynomials: tuple[Quintic, ...]) -> torch.Tensor:
     """The approximate polar factor of each matrix of g (k, m, n): divided by its Frobenius norm (so its
-    singular values are at most 1), then X <- aX + (b XXᵀ + c (XXᵀ)²) X per quintic, over the shorter side
-    (in float32, a matrix GRAM_RATIO times as long as it is wide iterates on its Gram matrix instead)."""
+    singular values are at most 1), then X <- aX + (b XXᵀ + c (XXᵀ)²) X per quintic, over the shorter side."""
     tall = g.size(-2) > g.size(-1)
     x = g.mT if tall else g
     x = x / torch.linalg.matrix_norm(x, keepdim=True).clamp(min=EPS)
-    short, long = x.shape[-2:]
-    if x.dtype == torch.float32 and long >= GRAM_RATIO * short and short >= GRAM_MIN_SIDE:
-        x = _gram_iterations(x, polynomials)
-    else:
-        for a, b, c in polynomials:
-            gram = x @ x.mT
-            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.mT if tall else x
-
-
-def _gram_iterations(x: torch.Tensor, polynomials: tuple[Quintic, ...]) -> torch.Tensor:
-    """The quintic iterations of a wide x (k, m, n) carried out on its Gram matrix G = XXᵀ (k, m, m): each
-    step is X <- p(G) X with p(G) = aI + bG + cG², so Xₖ = Qₖ X₀ with Qₖ = p(Gₖ₋₁) Qₖ₋₁, and as p(G)
-    commutes with G, Gₖ = p(Gₖ₋₁) Gₖ₋₁ p(Gₖ₋₁); X is read twice instead of twice an iteration. The same
-    polynomial in exact arithmetic; in float32 as close to a float64 reference as the direct form (tested)."""
-    gram, q = x @ x.mT, None
     for a, b, c in polynomials:
-        p = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        p.diagonal(dim1=-2, dim2=-1).add_(a)
-        q = p if q is None else p @ q
-        gram = p @ gram @ p
-    return x if q is None else q @ x
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
 
 
 def _shape_scale(shape: torch.Size) -> float:

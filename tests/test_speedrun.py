@@ -22,7 +22,7 @@ from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
 from minigpt.hfmap import family_for
 from minigpt.model import GPT
-from minigpt.muon import GRAM_MIN_SIDE, GRAM_RATIO, NS_QUINTIC, Muon, orthogonalize, polar_express
+from minigpt.muon import NS_QUINTIC, Muon, orthogonalize, polar_express
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
 from minigpt.trainconfig import TrainConfig
@@ -197,14 +197,9 @@ def reference_orthogonalize(
     return wide.T if x.size(0) > x.size(1) else wide
 
 
-@pytest.mark.parametrize("shape", [(3, 12, 20), (2, 20, 12), (1, 16, 16), (2, 32, 96), (2, 100, 32)])
+@pytest.mark.parametrize("shape", [(3, 12, 20), (2, 20, 12), (1, 16, 16)])
 def test_orthogonalize_is_the_quintic_iteration_on_every_matrix(shape: tuple[int, int, int]) -> None:
-    """In float32 against float64, each matrix on its own: the direct iteration and, for the last two
-    shapes (3x as long as wide), the Gram form, which must agree as closely."""
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
-    short, long = sorted(shape[1:])
-    gram_form = long >= GRAM_RATIO * short and short >= GRAM_MIN_SIDE
-    assert gram_form == (shape in ((2, 32, 96), (2, 100, 32)))
     for quintics in ((NS_QUINTIC,) * 5, polar_express()):
         got = orthogonalize(g, quintics)
         want = torch.stack([reference_orthogonalize(m, quintics) for m in g])
