@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, FakeClock
 
-from minigpt.budget import EVAL_SHARE, EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, EvalCost
+from minigpt.budget import (
+    EVAL_SHARE,
+    EVAL_SLACK,
+    EXIT_SECONDS,
+    STEP_FORWARDS,
+    STOP_EVAL_SECONDS,
+    Budget,
+    EvalCost,
+)
 from minigpt.data import DataConfig, prepare_data
 from minigpt.model import GPT
 from minigpt.reporters import LineReporter
@@ -68,27 +76,27 @@ def test_evaluations_scale_down_and_one_that_cannot_finish_is_not_started(
     tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Windows cost 0.25 s: 50 batches of 4 windows on each split (96 windows: the validation split holds
-    only 9) would take 24 s, over a quarter of a 90 s budget. They scale down to the 6 batches that fit in a
+    only 9) would take 24 s, over a quarter of a 92 s budget. They scale down to the 6 batches that fit in a
     tenth of it (8.25 s); the evaluations at steps 20 and 40 run, the one at 60 would not finish with the
-    final one's time kept back, so it does not start; the run ends within a few percent of 90 s, having
-    trained every step that fitted."""
+    final one's time (and its slack) kept back, so it does not start; the run ends within a few percent of
+    92 s, having trained every step that fitted."""
     clock = FakeClock()
     start = clock.now
     slow_evaluations(monkeypatch, clock, 0.25)
-    result, log = timed_run(tmp_path, text_file, clock, eval_every=20)
+    result, log = timed_run(tmp_path, text_file, clock, eval_every=20, max_time=92.0)
     evals = [r for r in result.metrics if r["kind"] == "eval"]
     dataset = prepare_data(DataConfig(paths=(text_file,), cache_dir=tmp_path / "cache"), 32, progress=False)
     cost = EvalCost(0.25, 4, tuple((len(split) - 1) // 32 for split in (dataset.val, dataset.train)))
-    assert cost.seconds(50) > 0.25 * 90.0 and cost.split_windows[0] < 50 * 4
-    planned = cost.iters_within(EVAL_SHARE * 90.0, 50)
-    assert result.stop_reason == "reached max_time 1 min 30 s"
+    assert cost.seconds(50) > 0.25 * 92.0 and cost.split_windows[0] < 50 * 4
+    planned = cost.iters_within(EVAL_SHARE * 92.0, 50)
+    assert result.stop_reason == "reached max_time 1 min 32 s"
     assert [r["step"] for r in evals] == [20, 40, result.state.step] and 60 < result.state.step < 80
     assert all(r["eval_iters"] == planned for r in evals) and planned == 6
     assert "skipped the evaluation at step 60: it would not finish within max_time" in log
-    assert 0.95 * 90.0 <= clock.now - start + EXIT_SECONDS <= 90.0
-    # what was not spent on start-up (a batch of windows, then the timed one), evaluations and the exit
-    # went to steps, bar one
-    trained = 90.0 - 2 * 4 * 0.25 - len(evals) * cost.seconds(planned) - EXIT_SECONDS
+    assert 0.95 * 92.0 <= clock.now - start + EXIT_SECONDS <= 92.0
+    # what was not spent on start-up (a batch of windows, then the timed one), evaluations, the slack kept
+    # for the last one and the exit went to steps, bar one
+    trained = 92.0 - 2 * 4 * 0.25 - (len(evals) + EVAL_SLACK) * cost.seconds(planned) - EXIT_SECONDS
     assert trained - 2 <= result.state.step <= trained
 
 
@@ -144,12 +152,13 @@ def test_eval_cost_and_the_budget_arithmetic() -> None:
     assert cost.seconds(2) == 8.0 and cost.iters_within(8.0, 50) == 2 and cost.iters_within(7.9, 50) == 1
     assert cost.iters_within(1e9, 50) == 50 and cost.iters_within(3.9, 50) == 0
     budget = Budget(max_time=100.0, eval_iters=50, eval_cost=cost, save_seconds=2.0)
-    budget.keep_reserve()  # a tenth of 100 s fits 2 batches (8 s); then the save and the exit
-    assert budget.planned_eval_iters() == 2 and budget.reserve == 8.0 + 2.0 + EXIT_SECONDS
+    budget.keep_reserve()  # a tenth of 100 s fits 2 batches (8 s, kept with its slack); the save; the exit
+    kept = (1 + EVAL_SLACK) * 8.0
+    assert budget.planned_eval_iters() == 2 and budget.reserve == kept + 2.0 + EXIT_SECONDS
     assert budget.eval_iters_now(TrainState(elapsed=50.0), final=False) == 2
-    # a periodic one must finish before the final one's reserve (its 8 s, the save's 2 s and the exit):
-    # within 100 s less the save and the exit, less that reserve, less its own 8 s
-    edge = 100.0 - 2.0 - EXIT_SECONDS - (8.0 + 2.0 + EXIT_SECONDS) - 8.0
+    # a periodic one must finish before the final one's reserve (its 8 s and slack, the save's 2 s and the
+    # exit): within 100 s less the save and the exit, less that reserve, less its own 8 s
+    edge = 100.0 - 2.0 - EXIT_SECONDS - (kept + 2.0 + EXIT_SECONDS) - 8.0
     assert budget.eval_iters_now(TrainState(elapsed=edge), final=False) == 2
     assert budget.eval_iters_now(TrainState(elapsed=edge + 0.1), final=False) == 0
     # the final one takes what is left, up to the planned batches
@@ -158,7 +167,7 @@ def test_eval_cost_and_the_budget_arithmetic() -> None:
     assert budget.eval_iters_now(TrainState(elapsed=95.0), final=True) == 0
     budget.observe_eval(eval_seconds=16.0, windows=16, save_seconds=1.0)  # twice as slow as estimated
     assert cost.window_seconds == 1.0 and budget.planned_eval_iters() == 1
-    assert budget.reserve == 8.0 + 1.0 + EXIT_SECONDS
+    assert budget.reserve == kept + 1.0 + EXIT_SECONDS
     untimed = Budget(max_iters=10, eval_iters=50, eval_cost=cost)  # no time budget: always everything
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=False) == 50
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=True) == 50
