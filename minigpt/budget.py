@@ -155,21 +155,23 @@ class Budget:
             return f"reached max_tokens {self.max_tokens:,}"
         return None
 
-    def total_steps(self, state: TrainState, tokens_per_step: int) -> float | None:
-        """The steps the budget allows in all, as far as known (a time budget once a step was timed)."""
+    def total_steps(self, state: TrainState, tokens_per_step: int, busy: float = 0.0) -> float | None:
+        """The steps the budget allows in all, as far as known (a time budget once a step was timed), when
+        `busy` seconds of the time left go to something else (an evaluation)."""
         limits: list[float] = []
         if self.max_iters is not None:
             limits.append(self.max_iters)
         if self.max_tokens is not None:
             limits.append(self.max_tokens / tokens_per_step)
         if self.max_time is not None and self.step_seconds > 0:
-            left = self._time_for_steps() - self.time_used(state)
+            left = self._time_for_steps() - self.time_used(state) - busy
             limits.append(state.step + max(left, 0.0) / self.step_seconds)
         return min(limits) if limits else None
 
-    def steps_left(self, state: TrainState, tokens_per_step: int) -> float | None:
-        """The steps the budget still allows, as far as known (None: no budget says yet)."""
-        total = self.total_steps(state, tokens_per_step)
+    def steps_left(self, state: TrainState, tokens_per_step: int, busy: float = 0.0) -> float | None:
+        """The steps the budget still allows, as far as known (None: no budget says yet), after `busy`
+        seconds spent otherwise."""
+        total = self.total_steps(state, tokens_per_step, busy)
         return None if total is None else max(total - state.step, 0.0)
 
     def warmup_steps(self, warmup: int, state: TrainState, tokens_per_step: int) -> int:

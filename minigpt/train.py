@@ -203,15 +203,16 @@ def evaluate_and_save(
     """Evaluate, record it, and checkpoint (the best weights too when validation improved), with as many
     batches as the time budget allows (see Budget.eval_iters_now), or a few seconds' worth when a signal
     stopped the run (`stopping`). A periodic evaluation that does not fit is skipped, and so is one that the
-    final one follows within half of eval_every steps (it would show what the final one shows; a 75 s CPU
-    run's second came 56 steps before its end and cost 2-3 s of steps); a final one that does not fit still
-    saves, and a run never evaluated keeps these weights. What it took is measured for the next ones and
-    for the time kept back for the final one."""
+    final one would follow within half of eval_every steps (it would show what the final one shows; a 75 s
+    CPU run's second came 56-290 steps before its end and cost 2-3 s of steps); a final one that does not
+    fit still saves, and a run never evaluated keeps these weights. What it took is measured for the next
+    ones and for the time kept back for the final one."""
     budget, state = run.budget, run.state
     iters, started = budget.eval_iters_now(state, final, stopping), budget.clock()
-    left = budget.steps_left(state, run.tokens_per_step)
+    # the steps that would follow this evaluation, its own time taken out
+    left = budget.steps_left(state, run.tokens_per_step, busy=budget.eval_cost.seconds(iters))
     if iters and not final and left is not None and left < run.cfg.eval_every / 2:
-        steps = math.ceil(left)
+        steps = math.ceil(budget.steps_left(state, run.tokens_per_step) or 0.0)  # without the evaluation
         reporter.log(
             f"skipped the evaluation at step {state.step:,}: the final one is {steps:,} step"
             f"{'s' if steps != 1 else ''} away"

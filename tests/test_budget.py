@@ -173,6 +173,20 @@ def test_eval_cost_and_the_budget_arithmetic() -> None:
     assert untimed.eval_iters_now(TrainState(elapsed=1e9), final=True) == 50
 
 
+def test_the_steps_left_count_the_time_an_evaluation_would_take() -> None:
+    """At 50 s of a 100 s budget with 10 s kept back and 1 s steps, 39 steps are left (the last must start by
+    89 s); an 8 s evaluation first leaves 31: what decides whether the final evaluation would follow it
+    within half an interval. Without a timed step or a step budget nothing is known."""
+    budget = Budget(max_time=100.0, reserve=10.0)
+    assert budget.steps_left(TrainState(step=50, elapsed=50.0), tokens_per_step=64) is None
+    budget.observe_step(1.0)
+    assert budget.steps_left(TrainState(step=50, elapsed=50.0), tokens_per_step=64) == pytest.approx(39.0)
+    assert budget.steps_left(TrainState(step=50, elapsed=50.0), 64, busy=8.0) == pytest.approx(31.0)
+    assert budget.steps_left(TrainState(step=50, elapsed=50.0), 64, busy=1e9) == 0.0
+    steps = Budget(max_iters=60)
+    assert steps.steps_left(TrainState(step=50), 64, busy=8.0) == 10.0  # a step budget ignores time
+
+
 def test_a_stopped_run_evaluates_only_what_fits_in_a_few_seconds() -> None:
     """After Ctrl-C the final evaluation takes the batches that fit in STOP_EVAL_SECONDS, costed by the
     measured window or else by the step time; none before either is known."""
