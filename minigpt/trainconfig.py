@@ -133,8 +133,9 @@ class TrainConfig:
         False, "NorMuon: Muon's update row by row over the root of its running mean square.", panel=OPT
     )
     muon_dtype: str = setting(
-        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs, float32 elsewhere (CPUs without bf16 "
-        "instructions multiply bf16 matrices many times slower).", panel=OPT, choices=MUON_DTYPES,
+        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs and where the run trains in bf16 (a "
+        "CPU with bf16 instructions), float32 elsewhere (CPUs without them multiply bf16 matrices many times "
+        "slower).", panel=OPT, choices=MUON_DTYPES,
     )  # fmt: skip
     zero_init: bool = setting(
         False, "Start every block's output projections (and an untied head) at zero.", panel=OPT

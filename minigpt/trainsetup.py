@@ -317,7 +317,7 @@ def _set_up_with(
     # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
     # a resume takes what its checkpoint says
     sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
-    parts = Trainables(model, make_optimizer(model, cfg), sampler)
+    parts = Trainables(model, make_optimizer(model, cfg, runtime.dtype), sampler)
     rundir = RunDir(plan.out)
     state = TrainState()
     if plan.resume:

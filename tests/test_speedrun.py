@@ -23,7 +23,7 @@ from minigpt.errors import MinigptError, UsageError
 from minigpt.hfmap import family_for
 from minigpt.model import GPT
 from minigpt.muon import NS_QUINTIC, Muon, orthogonalize, polar_express
-from minigpt.optimizers import make_optimizer
+from minigpt.optimizers import make_optimizer, muon_dtype
 from minigpt.params import count_params
 from minigpt.trainconfig import TrainConfig
 
@@ -312,6 +312,18 @@ def test_muon_trains_the_blocks_matrices_but_not_the_value_embeddings() -> None:
         assert (id(p) in in_muon) == hidden, name
     with pytest.raises(UsageError, match="unknown orthogonalizer 'svd'"):
         TrainConfig(orthogonalizer="svd")
+
+
+def test_muon_iterates_in_bf16_where_the_run_computes_in_bf16() -> None:
+    """--muon-dtype auto follows the run's compute dtype: bf16 autocast (a CPU with bf16 instructions, or a
+    GPU) orthogonalises in bf16, a float32 run in float32; a dtype given by name is kept."""
+    assert muon_dtype("auto", torch.bfloat16) == "bfloat16"
+    assert muon_dtype("auto", torch.float32) == "auto" and muon_dtype("auto", None) == "auto"
+    assert muon_dtype("float32", torch.bfloat16) == "float32"
+    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.02)
+    for compute, work in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)):
+        _, muon = make_optimizer(GPT(config()), cfg, compute).parts
+        assert isinstance(muon, Muon) and muon._work_dtype(torch.device("cpu")) == work
 
 
 # --- schedules ------------------------------------------------------------------------------------------
