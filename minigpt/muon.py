@@ -7,9 +7,10 @@ or Polar Express (Amsel et al. 2025), a new quintic each iteration, the one that
 singular values are known to lie in closest to 1 in the worst case. NorMuon (Li et al. 2025) then divides each
 row (neuron) of the update by the root of its running mean square, so no neuron's update dominates.
 
-The iterations run in float32 on the CPU, where bf16 matrix products are slow unless the CPU has bf16
-instructions (10-70x slower than float32 on an AVX2-only CPU), and in bf16 on GPUs (`--muon-dtype` picks);
-matrices of one shape are orthogonalised together, one batched product per iteration.
+The iterations run in bf16 on GPUs and, in training, wherever the run computes in bf16 (a CPU with bf16
+instructions: `minigpt.optimizers.muon_dtype`), else in float32: bf16 matrix products are slow on a CPU
+without those instructions (10-70x slower than float32 on an AVX2-only CPU); `--muon-dtype` picks. Matrices
+of one shape are orthogonalised together, one batched product per iteration.
 """
 
 from __future__ import annotations
