@@ -209,13 +209,10 @@ def evaluate_and_save(
     ones and for the time kept back for the final one."""
     budget, state = run.budget, run.state
     iters, started = budget.eval_iters_now(state, final, stopping), budget.clock()
-    # the steps that would follow this evaluation, its own time taken out
-    left = budget.steps_left(state, run.tokens_per_step, busy=budget.eval_cost.seconds(iters))
-    if iters and not final and left is not None and left < run.cfg.eval_every / 2:
-        steps = math.ceil(budget.steps_left(state, run.tokens_per_step) or 0.0)  # without the evaluation
+    if iters and not final and (away := _final_within_half(run, iters)) is not None:
         reporter.log(
-            f"skipped the evaluation at step {state.step:,}: the final one is {steps:,} step"
-            f"{'s' if steps != 1 else ''} away"
+            f"skipped the evaluation at step {state.step:,}: the final one is {away:,} step"
+            f"{'s' if away != 1 else ''} away"
         )
         return
     record: dict[str, Any] | None = None
@@ -243,6 +240,16 @@ def evaluate_and_save(
         reporter.evaluated(record, improved)
     run.runtime.dist.barrier()
     budget.observe_eval(evaluated - started, budget.eval_cost.windows(iters), budget.clock() - evaluated)
+
+
+def _final_within_half(run: TrainingRun, iters: int) -> int | None:
+    """The steps to the final evaluation when it would follow an evaluation of `iters` batches now within
+    half of eval_every steps (that evaluation's own time taken out of the budget), else None."""
+    budget, state, tokens = run.budget, run.state, run.tokens_per_step
+    after = budget.steps_left(state, tokens, busy=budget.eval_cost.seconds(iters))
+    if after is None or after >= run.cfg.eval_every / 2:
+        return None
+    return math.ceil(budget.steps_left(state, tokens) or 0.0)  # as they are if it is skipped
 
 
 def _evaluate(run: TrainingRun, iters: int) -> tuple[dict[str, Any], bool]:
