@@ -69,20 +69,26 @@ def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
 def make_optimizer(
     model: torch.nn.Module, cfg: TrainConfig, compute_dtype: torch.dtype | None = None
 ) -> Optimizers:
-    """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms; with
-    cfg.optimizer "muon", the blocks' weight matrices go to Muon (minigpt.muon) at cfg.muon_lr instead, its
-    iterations in bf16 where the run computes in bf16 (`compute_dtype`) and --muon-dtype is auto."""
+    """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms, and
+    an untied LM head at cfg.head_lr; with cfg.optimizer "muon", the blocks' weight matrices go to Muon
+    (minigpt.muon) at cfg.muon_lr instead, its iterations in bf16 where the run computes in bf16
+    (`compute_dtype`) and --muon-dtype is auto."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     muon = [p for n, p in named if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
     taken = {id(p) for p in muon}
+    head = [p for n, p in named if n == "lm_head.weight"]  # untied: a tied head is named as the embedding
+    taken |= {id(p) for p in head}
     rest = [(n, p) for n, p in named if id(p) not in taken]
     decay = [p for n, p in rest if p.dim() >= 2 and "wpe" not in n]
     no_decay = [p for n, p in rest if not (p.dim() >= 2 and "wpe" not in n)]
+    assert cfg.lr is not None and cfg.head_lr is not None and cfg.beta1 is not None, (
+        "make_optimizer needs a resolved config (with_recipe)"
+    )
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
         {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+        {"params": head, "weight_decay": cfg.weight_decay, "lr_scale": cfg.head_lr / cfg.lr},
     ]
-    assert cfg.lr is not None, "make_optimizer needs a resolved config (with_recipe)"
     parts: list[GroupedOptimizer] = [AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))]
     if muon:
         assert cfg.muon_lr is not None, "make_optimizer needs a resolved config (with_recipe)"

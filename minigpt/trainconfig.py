@@ -30,10 +30,18 @@ from minigpt.settings import (
 # Defaults by device. CPU: what bench/bench_train.py and bench/bench_recipe.py found best for a short CPU
 # budget (README: "Defaults" and the recipe ablation). GPU: nanoGPT's shakespeare_char recipe without dropout,
 # as published (no GPU here to measure the newer options on). Muon's rate: 0.012 measured on the CPU recipe
-# (round 3; 0.02 before), the earlier 0.02 where a GPU run chooses Muon.
+# (round 3; 0.02 before), the earlier 0.02 where a GPU run chooses Muon. AdamW's beta1 0.8 and the
+# untied head at half the rate: measured on the CPU recipe (round 8), nanoGPT's 0.9 and one rate on a GPU.
 RECIPES: dict[str, dict[str, Any]] = {
     "cpu": dict(
-        preset="nano", arch="modern", optimizer="muon", batch_size=16, lr=8e-3, muon_lr=0.012, schedule="wsd"
+        preset="nano",
+        arch="modern",
+        optimizer="muon",
+        batch_size=16,
+        lr=8e-3,
+        muon_lr=0.012,
+        schedule="wsd",
+        beta1=0.8,
     ),
     "gpu": dict(
         preset="small",
@@ -43,8 +51,11 @@ RECIPES: dict[str, dict[str, Any]] = {
         lr=1e-3,
         muon_lr=0.02,
         schedule="cosine",
+        beta1=0.9,
     ),
 }
+# head_lr as a fraction of lr when it is not given, by recipe
+HEAD_LR_FRACTION = {"cpu": 0.5, "gpu": 1.0}
 SCHEDULES = ("cosine", "wsd")
 # min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
 MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
@@ -102,6 +113,10 @@ class TrainConfig:
         "fraction of the budget (0: whole windows from the start; text only).", panel=OPT,
     )  # fmt: skip
     lr: float | None = setting(None, "Peak learning rate.", panel=OPT, by=RECIPES)
+    head_lr: float | None = setting(
+        None, "Peak learning rate of an untied LM head (a tied one learns at --lr, as the embedding).",
+        panel=OPT, shown=", ".join(f"{k}: {f'lr*{f:g}' if f != 1 else 'lr'}" for k, f in HEAD_LR_FRACTION.items()),
+    )  # fmt: skip
     min_lr: float | None = setting(
         None, "Learning rate at the end of the decay.", panel=OPT, shown=_MIN_LR_DEFAULT
     )
@@ -115,7 +130,7 @@ class TrainConfig:
     cooldown: float = setting(0.5, "Fraction of the budget wsd spends decaying.", panel=OPT)
     weight_decay: float = setting(0.1, "AdamW weight decay on weight matrices.", panel=OPT)
     grad_clip: float = setting(1.0, "Clip the gradient norm to this (0: off).", panel=OPT)
-    beta1: float = 0.9
+    beta1: float | None = setting(None, "AdamW beta1 (its momentum).", panel=OPT, by=RECIPES)
     beta2: float = setting(0.99, "AdamW beta2.", panel=OPT)
     optimizer: str | None = setting(
         None, "adamw, or muon: minigpt's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
@@ -215,7 +230,9 @@ class TrainConfig:
             raise UsageError(f"need 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise UsageError("warmup, weight_decay and grad_clip must not be negative (0 turns them off)")
-        if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
+        if self.head_lr is not None and not self.head_lr > 0:
+            raise UsageError(f"head_lr must be positive, got {self.head_lr}")
+        if self.beta1 is not None and not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise UsageError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
         for name in ("batch_ramp", "seq_ramp"):
             if not 0 <= getattr(self, name) <= 1:
@@ -266,8 +283,9 @@ class TrainConfig:
         if not isinstance(data, dict):
             raise UsageError("the train settings are not a JSON object")
         known = {f.name for f in fields(cls)}
-        # runs saved before schedules, architectures and optimizers were settings: cosine, GPT-2, AdamW
-        data = {"schedule": "cosine", "arch": "gpt2", "optimizer": "adamw", **data}
+        # runs saved before schedules, architectures and optimizers were settings: cosine, GPT-2, AdamW;
+        # before the head had its own rate, it learned at lr
+        data = {"schedule": "cosine", "arch": "gpt2", "optimizer": "adamw", "head_lr": data.get("lr"), **data}
         # runs saved before the model's settings were overrides held them flat (tie for tie_embeddings)
         flat = {"tie_embeddings" if k == "tie" else k: v for k, v in data.items() if k not in known}
         model = {k: v for k, v in flat.items() if k in nested_names(cls, "overrides")}
@@ -278,12 +296,15 @@ class TrainConfig:
 
     def with_recipe(self, device_type: str) -> TrainConfig:
         """Fill the settings left unset with the recipe measured best for this kind of device."""
-        recipe = RECIPES["cpu" if device_type == "cpu" else "gpu"]
+        kind = "cpu" if device_type == "cpu" else "gpu"
+        recipe = RECIPES[kind]
         filled = {k: v for k, v in recipe.items() if getattr(self, k) is None}
         lr = self.lr if self.lr is not None else recipe["lr"]
         schedule = self.schedule or recipe["schedule"]
         if self.min_lr is None:
             filled["min_lr"] = lr * MIN_LR_FRACTION[schedule]
+        if self.head_lr is None:
+            filled["head_lr"] = lr * HEAD_LR_FRACTION[kind]
         return replace(self, **filled)
 
     def model_config(self, vocab_size: int) -> GPTConfig:

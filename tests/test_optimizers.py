@@ -1,5 +1,6 @@
-"""minigpt's AdamW against torch.optim.AdamW(fused=True), the reference it replaces, and a `train` command
-that never imports torch._dynamo (torch.optim's base class would, 1.5 s of every start)."""
+"""minigpt's AdamW against torch.optim.AdamW(fused=True), the reference it replaces (the untied head's own
+rate too), and a `train` command that never imports torch._dynamo (torch.optim's base class would, 1.5 s
+of every start)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from pathlib import Path
 import torch
 
 from minigpt.adamw import AdamW
+from minigpt.config import GPTConfig
+from minigpt.model import GPT
+from minigpt.optimizers import make_optimizer
+from minigpt.trainconfig import TrainConfig
 
 
 def _params(seed: int) -> list[torch.Tensor]:
@@ -80,3 +85,40 @@ def test_train_never_imports_the_compiler(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]
+
+
+def _model(tie: bool) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, tie_embeddings=tie))
+
+
+def test_an_untied_head_learns_at_head_lr_with_the_recipes_beta1() -> None:
+    cfg = TrainConfig(optimizer="muon", head_lr=2e-3).with_recipe("cpu")
+    assert (cfg.lr, cfg.beta1) == (8e-3, 0.8)
+    model = _model(tie=False)
+    head = model.lm_head.weight
+    ref_head = head.detach().clone().requires_grad_()
+    opt = make_optimizer(model, cfg)
+    ref = torch.optim.AdamW(
+        [ref_head], lr=2e-3, betas=(0.8, cfg.beta2), weight_decay=cfg.weight_decay, fused=True
+    )
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        ref_head.grad = head.grad.clone()
+        opt.set_lr(cfg.lr)
+        opt.step()
+        ref.step()
+    assert torch.equal(head, ref_head)
+
+
+def test_the_head_rate_defaults_by_recipe_and_a_tied_head_keeps_lr() -> None:
+    assert TrainConfig(lr=1e-2).with_recipe("cpu").head_lr == 5e-3
+    assert TrainConfig(lr=1e-2).with_recipe("cuda").head_lr == 1e-2
+    assert TrainConfig().with_recipe("cuda").beta1 == 0.9
+    # a run saved before the head had its own rate trained it at lr, and resumes so
+    assert TrainConfig.from_dict({"lr": 3e-3, "beta1": 0.9}).head_lr == 3e-3
+    opt = make_optimizer(_model(tie=True), TrainConfig(optimizer="adamw").with_recipe("cpu"))
+    scales = {id(p): group["lr_scale"] for group in opt.param_groups for p in group["params"]}
+    assert all(scale == 1.0 for scale in scales.values())

@@ -302,7 +302,9 @@ def test_muon_in_bf16_is_torchs_muon_step_for_step() -> None:
 
 def test_muon_trains_the_blocks_matrices_but_not_the_value_embeddings() -> None:
     model = GPT(config(value_embeds=True, skips=True))
-    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.02, orthogonalizer="polar-express", normuon=True)
+    cfg = TrainConfig(
+        lr=1e-2, optimizer="muon", muon_lr=0.02, orthogonalizer="polar-express", normuon=True
+    ).with_recipe("cpu")
     optimizer = make_optimizer(model, cfg)
     adamw, muon = optimizer.parts
     assert isinstance(muon, Muon) and muon.normuon and muon.polynomials == polar_express()
@@ -320,7 +322,7 @@ def test_muon_iterates_in_bf16_where_the_run_computes_in_bf16() -> None:
     assert muon_dtype("auto", torch.bfloat16) == "bfloat16"
     assert muon_dtype("auto", torch.float32) == "auto" and muon_dtype("auto", None) == "auto"
     assert muon_dtype("float32", torch.bfloat16) == "float32"
-    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.02)
+    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.02).with_recipe("cpu")
     for compute, work in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)):
         _, muon = make_optimizer(GPT(config()), cfg, compute).parts
         assert isinstance(muon, Muon) and muon._work_dtype(torch.device("cpu")) == work

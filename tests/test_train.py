@@ -127,7 +127,7 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     "arch",
     [
         dict(arch="gpt2", optimizer="adamw"),
-        dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8),
+        dict(arch="modern", optimizer="muon", qk_norm=True, n_kv_head=1, window=8, head_lr=3e-3, beta1=0.85),
         dict(
             arch="modern",
             optimizer="muon",
@@ -217,7 +217,7 @@ def test_exact_resume_with_muon_is_bitwise(runner, text_file: Path, tmp_path: Pa
 
 def test_muon_trains_the_blocks_matrices_and_the_schedule_scales_both_rates() -> None:
     model = tiny_model()
-    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.05)
+    cfg = TrainConfig(lr=1e-2, optimizer="muon", muon_lr=0.05, head_lr=2e-3).with_recipe("cpu")
     optimizer = make_optimizer(model, cfg)
     adamw, muon = optimizer.parts
     assert isinstance(adamw, AdamW) and isinstance(muon, Muon)
@@ -225,8 +225,8 @@ def test_muon_trains_the_blocks_matrices_and_the_schedule_scales_both_rates() ->
     for name, p in model.named_parameters():
         hidden = name.startswith("transformer.h.") and p.dim() == 2
         assert (id(p) in in_muon) == hidden, name
-    optimizer.set_lr(5e-3)  # half the peak: both optimizers at half theirs
-    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([5e-3, 5e-3, 0.025])
+    optimizer.set_lr(5e-3)  # half the peak: every group (decay, no decay, head; Muon) at half its own
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([5e-3, 5e-3, 1e-3, 0.025])
 
 
 def test_a_state_file_from_another_optimizer_is_refused(text_file: Path, tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_a_state_file_from_another_optimizer_is_refused(text_file: Path, tmp_pat
     train(tiny_cfg(max_iters=2, optimizer="muon"), data_cfg(text_file, tmp_path), out=out)
     tensors, _ = load_tensors(out / RunDir.STATE)
     model = GPT(RunDir(out).model_config())
-    cfg = TrainConfig(lr=1e-3, optimizer="muon", muon_lr=0.02)
+    cfg = TrainConfig(lr=1e-3, optimizer="muon", muon_lr=0.02).with_recipe("cpu")
     parts = Trainables(model, make_optimizer(model, cfg), None)  # type: ignore[arg-type]
     parts.check(tensors, "state")
     key = next(k for k in tensors if k.endswith("mlp.c_fc.weight/momentum_buffer"))
@@ -674,7 +674,7 @@ def tiny_model(vocab_size: int = 40) -> GPT:
 def test_train_step_takes_one_step_and_a_nan_leaves_the_weights() -> None:
     model, tokens = tiny_model(), np.arange(2000) % 37
     cpu = Runtime(torch.device("cpu"), torch.float32)
-    cfg = TrainConfig(lr=1e-2, min_lr=0.0, weight_decay=0.0)
+    cfg = TrainConfig(lr=1e-2, min_lr=0.0, weight_decay=0.0).with_recipe("cpu")
     sampler = BatchSampler(tokens, 16, 4, seed=1)
     x, y = BatchSampler(tokens, 16, 4, seed=1).next_batch()
     with torch.no_grad():
