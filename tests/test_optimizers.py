@@ -94,7 +94,7 @@ def _model(tie: bool) -> GPT:
 
 def test_an_untied_head_learns_at_head_lr_with_the_recipes_beta1() -> None:
     cfg = TrainConfig(optimizer="muon", head_lr=2e-3).with_recipe("cpu")
-    assert (cfg.lr, cfg.beta1) == (8e-3, 0.8)
+    assert (cfg.lr, cfg.beta1) == (1.6e-2, 0.8)
     model = _model(tie=False)
     head = model.lm_head.weight
     ref_head = head.detach().clone().requires_grad_()
@@ -113,10 +113,16 @@ def test_an_untied_head_learns_at_head_lr_with_the_recipes_beta1() -> None:
     assert torch.equal(head, ref_head)
 
 
-def test_the_head_rate_defaults_by_recipe_and_a_tied_head_keeps_lr() -> None:
-    assert TrainConfig(lr=1e-2).with_recipe("cpu").head_lr == 5e-3
+def test_the_rates_default_by_recipe_and_a_tied_head_keeps_lr() -> None:
+    assert TrainConfig(lr=1e-2).with_recipe("cpu").head_lr == 2.5e-3
     assert TrainConfig(lr=1e-2).with_recipe("cuda").head_lr == 1e-2
     assert TrainConfig().with_recipe("cuda").beta1 == 0.9
+    # LoRA's adapters keep the CPU rates they were tuned at; a GPU's recipe is the same with or without
+    lora = TrainConfig(lora_rank=4).with_recipe("cpu")
+    assert (lora.lr, lora.beta1, lora.head_lr, lora.muon_lr) == (8e-3, 0.9, 8e-3, 0.012)
+    assert TrainConfig(lora_rank=4).with_recipe("cuda") == TrainConfig(lora_rank=4, lr=1e-3).with_recipe(
+        "cuda"
+    )
     # a run saved before the head had its own rate trained it at lr, and resumes so
     assert TrainConfig.from_dict({"lr": 3e-3, "beta1": 0.9}).head_lr == 3e-3
     opt = make_optimizer(_model(tie=True), TrainConfig(optimizer="adamw").with_recipe("cpu"))

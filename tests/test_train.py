@@ -344,7 +344,7 @@ def test_warmup_is_capped_at_a_tenth_of_the_budget() -> None:
 
 def test_recipes_fill_what_was_left_unset() -> None:
     cpu = TrainConfig().with_recipe("cpu")
-    assert (cpu.preset, cpu.schedule, cpu.lr, cpu.min_lr) == ("nano", "wsd", 8e-3, 0.0)
+    assert (cpu.preset, cpu.schedule, cpu.lr, cpu.min_lr, cpu.head_lr) == ("nano", "wsd", 1.6e-2, 0.0, 4e-3)
     gpu = TrainConfig().with_recipe("cuda")
     assert (gpu.schedule, gpu.min_lr) == ("cosine", pytest.approx(1e-4))
     mine = TrainConfig(lr=1e-3, schedule="cosine", batch_size=7).with_recipe("cpu")
