@@ -34,7 +34,7 @@ from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, done_tex
 from minigpt.rundir import RunDir
 from minigpt.settings import nested_names, options_of
 from minigpt.train import TrainConfig, TrainState, parse_duration, train
-from minigpt.trainconfig import DEFAULT_MAX_ITERS, RECIPES
+from minigpt.trainconfig import DEFAULT_MAX_ITERS, LORA_CPU, RATES, RECIPES
 from minigpt.trainsetup import make_optimizer
 from minigpt.trainstate import Trainables
 from minigpt.trainstep import Runtime, evaluate, split_loss, train_step
@@ -563,14 +563,16 @@ def test_train_help_shows_every_default_as_the_config_has_it(runner) -> None:
         assert label is not None and f"[default: {label}]" in shown, option.name
         values = _default_values(label)
         if option.name in RECIPES["cpu"]:
-            assert values.keys() == RECIPES.keys(), option.name
-            assert all(_same(values[d], RECIPES[d][option.name]) for d in RECIPES), option.name
+            cases = RATES if option.name in RATES[LORA_CPU] else RECIPES  # LoRA's own rates on the CPU
+            assert values.keys() == cases.keys(), option.name
+            assert all(_same(values[d], cases[d][option.name]) for d in cases), option.name
         elif option.into is None and getattr(defaults, option.name) is not None:
             assert _same(values[""], getattr(defaults, option.name)), option.name
         elif option.name in ARCHS["gpt2"]:
             assert values.keys() == ARCHS.keys(), option.name
             assert all(_same(values[a], ARCHS[a][option.name]) for a in ARCHS), option.name
     assert "[default: cosine: lr/10, wsd: 0]" in shown
+    assert "[default: cpu: lr*0.25, gpu: lr, LoRA on cpu: lr]" in shown  # --head-lr, as with_recipe fills it
     assert (
         TrainConfig(lr=1.0).with_recipe("cuda").min_lr == 0.1
         and TrainConfig(lr=1.0).with_recipe("cpu").min_lr == 0
