@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from minigpt.adamw import AdamW
+from minigpt.cli import app
 from minigpt.config import GPTConfig
 from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
@@ -128,3 +129,16 @@ def test_the_rates_default_by_recipe_and_a_tied_head_keeps_lr() -> None:
     opt = make_optimizer(_model(tie=True), TrainConfig(optimizer="adamw").with_recipe("cpu"))
     scales = {id(p): group["lr_scale"] for group in opt.param_groups for p in group["params"]}
     assert all(scale == 1.0 for scale in scales.values())
+
+
+def test_bad_rates_are_one_line_usage_errors(runner, tmp_path: Path) -> None:
+    for flags, message in (
+        (["--head-lr", "0"], "head_lr must be positive, got 0.0"),
+        (["--beta1", "1"], "beta1 and beta2 must be in [0, 1), got 1.0, 0.99"),
+    ):
+        text = tmp_path / "t.txt"
+        text.write_text("some text " * 50)
+        out = tmp_path / "run"
+        result = runner.invoke(app, ["train", str(text), "--tokenizer", "char", "--out", str(out), *flags])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert not out.exists()
