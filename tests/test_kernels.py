@@ -76,6 +76,52 @@ def test_kernel_steps_compute_the_forward_and_fill_the_cache_as_the_array_path(
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("name", ["gpt2", "modern"])
+def test_batched_steps_by_tiles_compute_what_steps_by_rows_compute(name: str, quantize: str) -> None:
+    """Five rows (one past a tile of four, so the last four rows are tiled again) through every matrix
+    by tiles (rows of any length: `tile_from` 0; the head's 37 outputs end past the last tile of four
+    weight rows) and by rows: each within the float32 bound of the other, and of the exact logits in
+    float32; the caches they fill equal."""
+    config = CONFIGS[name]
+    tiles, model = engine_of(config, quantize=quantize, tile_from=0)
+    rows, _ = engine_of(config, quantize=quantize, tile_from=None)
+    assert tiles.tile_from == 0 and rows.tile_from is None
+    ids = torch.randint(0, config.vocab_size, (5, 9), generator=torch.Generator().manual_seed(3))
+    caches = tiles.new_cache(5), rows.new_cache(5)
+    for engine, cache in zip((tiles, rows), caches, strict=True):
+        engine.forward(ids[:, :4].tolist(), cache)
+    for t in range(4, 9):
+        got = [e.forward(ids[:, t : t + 1].tolist(), c) for e, c in zip((tiles, rows), caches, strict=True)]
+        if quantize == "none":
+            assert_near_exact(got[0], float64_logits(model, ids[:, : t + 1]), config, f"{name}, tiles, {t}")
+        assert np.abs(got[0] - got[1]).max() <= 2 * float32_bound(config, got[1]), f"{name} at {t}"
+    for mine, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> None:
+    """'auto' times steps of eight rows with tiles never, or from each input width the model has, keeps
+    the fastest, and a later load reads the answer instead of timing again."""
+    from minigpt.engines import numpy as engine_module
+
+    timed: list[list[str]] = []
+    real = engine_module.best_times
+
+    def spy(runs, *args, **kw):
+        timed.append(list(runs))
+        return real(runs, *args, **kw)
+
+    monkeypatch.setattr(engine_module, "best_times", spy)
+    config = replace(CONFIGS["gpt2"], n_embd=55)  # a model of its own: no answer kept for it yet
+    for _ in range(4):
+        engine, _ = engine_of(config)
+        assert engine.tile_from in (None, 55, 220)
+    assert timed == [["rows", "tiles from 55", "tiles from 220"]] * 3
+    with pytest.raises(UsageError, match="unknown tile_from 'sometimes'"):
+        engine_of(config, tile_from="sometimes")
+
+
 @numba.njit
 def _exps(x: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)

@@ -42,6 +42,7 @@ __all__ = [
     "matvec",
     "set_threads",
     "supported",
+    "tiled",
     "will_compile",
 ]
 
@@ -167,37 +168,87 @@ if numba is not None:
         y = (p * r * r + r + f(1.0)) * _float_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
         return f(0.0) if under else y
 
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _rows(w: Any, scale: Any, x: Any, bias: Any, out: Any, start: int, end: int) -> None:
+        """out[b, r] = w[r] . x[b] (times scale[r]) + bias[r] for r in start..end-1 and every row b: each
+        weight row read once for all the rows of x, four rows of x a pass (one load of w for four
+        products)."""
+        rows, n_in = x.shape
+        for r in range(start, end):
+            wr = w[r]
+            add = bias[r] if bias.size else np.float32(0.0)
+            mul = scale[r] if scale.size else np.float32(1.0)
+            b = 0
+            while b + 4 <= rows:
+                x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+                s0 = s1 = s2 = s3 = np.float32(0.0)
+                for i in range(n_in):
+                    wi = np.float32(wr[i])
+                    s0 += wi * x0[i]
+                    s1 += wi * x1[i]
+                    s2 += wi * x2[i]
+                    s3 += wi * x3[i]
+                out[b, r], out[b + 1, r] = s0 * mul + add, s1 * mul + add
+                out[b + 2, r], out[b + 3, r] = s2 * mul + add, s3 * mul + add
+                b += 4
+            for rest in range(b, rows):
+                xb = x[rest]
+                s = np.float32(0.0)
+                for i in range(n_in):
+                    s += np.float32(wr[i]) * xb[i]
+                out[rest, r] = s * mul + add
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _column(out: Any, b: int, r: int, sums: Any, scale: Any, bias: Any) -> None:
+        """out[b..b+3, r] = the four sums of weight row r, scaled and biased."""
+        add = bias[r] if bias.size else np.float32(0.0)
+        mul = scale[r] if scale.size else np.float32(1.0)
+        for k in range(4):
+            out[b + k, r] = sums[k] * mul + add
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _tiles(w: Any, scale: Any, x: Any, bias: Any, out: Any, start: int, end: int) -> None:
+        """`_rows` for four or more rows of x, four weight rows by four rows of x a pass: sixteen sums,
+        each value loaded used four times (`_rows`: a weight used four times, each x value once), for
+        long weight rows where `_rows` spends its time loading x. Rows past the last four weight rows
+        go through `_rows`; a batch's last rows that do not fill four are done as part of its last four
+        (those rows computed twice, the same values written again)."""
+        rows, n_in = x.shape
+        last = start + (end - start) // 4 * 4
+        for r in range(start, last, 4):
+            w0, w1, w2, w3 = w[r], w[r + 1], w[r + 2], w[r + 3]
+            b = 0
+            while b < rows:
+                b = min(b, rows - 4)
+                x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+                a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
+                d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = np.float32(0.0)
+                for i in range(n_in):
+                    p, q, u, v = np.float32(w0[i]), np.float32(w1[i]), np.float32(w2[i]), np.float32(w3[i])
+                    y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
+                    a0, a1, a2, a3 = a0 + p * y0, a1 + p * y1, a2 + p * y2, a3 + p * y3
+                    c0, c1, c2, c3 = c0 + q * y0, c1 + q * y1, c2 + q * y2, c3 + q * y3
+                    d0, d1, d2, d3 = d0 + u * y0, d1 + u * y1, d2 + u * y2, d3 + u * y3
+                    e0, e1, e2, e3 = e0 + v * y0, e1 + v * y1, e2 + v * y2, e3 + v * y3
+                _column(out, b, r, (a0, a1, a2, a3), scale, bias)
+                _column(out, b, r + 1, (c0, c1, c2, c3), scale, bias)
+                _column(out, b, r + 2, (d0, d1, d2, d3), scale, bias)
+                _column(out, b, r + 3, (e0, e1, e2, e3), scale, bias)
+                b += 4
+        _rows(w, scale, x, bias, out, last, end)
+
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
-    def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any) -> None:
+    def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any, tiled: bool) -> None:
         """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
-        row (`scale`, else empty): 16 output rows a task, each weight row read once for all the rows of
-        x, four rows of x a pass (one load of w for four products)."""
-        n_out, n_in = w.shape
-        rows = x.shape[0]
+        row (`scale`, else empty): 16 output rows a task, by `_tiles` where `tiled` and x has four rows
+        or more, else by `_rows`."""
+        n_out = w.shape[0]
         for task in prange((n_out + 15) // 16):
-            for r in range(task * 16, min(n_out, task * 16 + 16)):
-                wr = w[r]
-                add = bias[r] if bias.size else np.float32(0.0)
-                mul = scale[r] if scale.size else np.float32(1.0)
-                b = 0
-                while b + 4 <= rows:
-                    x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
-                    s0 = s1 = s2 = s3 = np.float32(0.0)
-                    for i in range(n_in):
-                        wi = np.float32(wr[i])
-                        s0 += wi * x0[i]
-                        s1 += wi * x1[i]
-                        s2 += wi * x2[i]
-                        s3 += wi * x3[i]
-                    out[b, r], out[b + 1, r] = s0 * mul + add, s1 * mul + add
-                    out[b + 2, r], out[b + 3, r] = s2 * mul + add, s3 * mul + add
-                    b += 4
-                for rest in range(b, rows):
-                    xb = x[rest]
-                    s = np.float32(0.0)
-                    for i in range(n_in):
-                        s += np.float32(wr[i]) * xb[i]
-                    out[rest, r] = s * mul + add
+            start, end = task * 16, min(n_out, task * 16 + 16)
+            if tiled and x.shape[0] >= 4:
+                _tiles(w, scale, x, bias, out, start, end)
+            else:
+                _rows(w, scale, x, bias, out, start, end)
 
     @njit(fastmath=_FAST, cache=_CACHE)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
@@ -347,7 +398,7 @@ if numba is not None:
         h = np.empty_like(x)
         _norm(x, ln1[0], ln1[1], norm_eps, rms, h)
         qkv = np.empty((rows, attn[0][0].shape[0]), dtype=np.float32)
-        _matvec(attn[0][0], attn[0][1], h, attn[0][2], qkv)
+        _matvec(attn[0][0], attn[0][1], h, attn[0][2], qkv, attn[0][3])
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
@@ -360,14 +411,14 @@ if numba is not None:
         y = np.empty((rows, n_head * hd), dtype=np.float32)
         _attend(qkv, kc, vc, n_head, n_kv, min(pos + 1, capacity), scale, y)
         out = np.empty_like(x)
-        _matvec(attn[1][0], attn[1][1], y, attn[1][2], out)
+        _matvec(attn[1][0], attn[1][1], y, attn[1][2], out, attn[1][3])
         out += x
         _norm(out, ln2[0], ln2[1], norm_eps, rms, h)
         up = np.empty((rows, mlp[0][0].shape[0]), dtype=np.float32)
-        _matvec(mlp[0][0], mlp[0][1], h, mlp[0][2], up)
+        _matvec(mlp[0][0], mlp[0][1], h, mlp[0][2], up, mlp[0][3])
         act = _activate(up, activation)
         down = np.empty_like(x)
-        _matvec(mlp[1][0], mlp[1][1], act, mlp[1][2], down)
+        _matvec(mlp[1][0], mlp[1][1], act, mlp[1][2], down, mlp[1][3])
         out += down
         return out
 
@@ -376,28 +427,39 @@ def _array(a: np.ndarray | None) -> np.ndarray:
     return _EMPTY if a is None else a
 
 
-def _lin(w: LinearWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return w.weight, _array(w.scale), _array(w.bias)
+def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
+    """Whether batches of four rows or more go through `_tiles` for w: its rows are `tile_from` long or
+    longer (None: never). Which lengths gain depends on the CPU's caches (here, rows of 1,024 and 1,536
+    floats ran a batch of 8 1.7-1.8 times as fast by tiles, rows of 256-512 up to twice as slow), so the
+    engine measures it (`minigpt.engines.numpy`)."""
+    return tile_from is not None and w.weight.shape[1] >= tile_from
+
+
+def _lin(
+    w: LinearWeights[np.ndarray], tile_from: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    return w.weight, _array(w.scale), _array(w.bias), tiled(w, tile_from)
 
 
 def _norm_args(w: NormWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return w.weight, _array(w.bias)
 
 
-def matvec(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
     """x (B, in) through an output-major linear layer (float32, or int8 with its scales): (B, out), as
-    `numpy.linear`."""
+    `numpy.linear` (`tiled` by `tile_from`)."""
     out = np.empty((x.shape[0], w.weight.shape[0]), dtype=np.float32)
-    _matvec(w.weight, _array(w.scale), np.ascontiguousarray(x), _array(w.bias), out)
+    weight, scale, bias, tile = _lin(w, tile_from)
+    _matvec(weight, scale, np.ascontiguousarray(x), bias, out, tile)
     return out
 
 
 BlockArgs = tuple[Any, ...]
 
 
-def block_args(w: BlockWeights[np.ndarray]) -> BlockArgs:
+def block_args(w: BlockWeights[np.ndarray], tile_from: int | None = None) -> BlockArgs:
     """A block's weights, shapes and options as `block_step` hands them to the kernel: built once per
-    engine, not at every step."""
+    engine, not at every step; batches go through `_tiles` for rows `tile_from` long or longer."""
     a = w.attn
     hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
     qk = (_EMPTY, _EMPTY, 0.0)
@@ -408,8 +470,8 @@ def block_args(w: BlockWeights[np.ndarray]) -> BlockArgs:
         _norm_args(w.ln_2),
         float(w.ln_1.eps),
         w.ln_1.rms,
-        (_lin(a.c_attn), _lin(a.c_proj)),
-        (_lin(w.mlp.c_fc), _lin(w.mlp.c_proj)),
+        (_lin(a.c_attn, tile_from), _lin(a.c_proj, tile_from)),
+        (_lin(w.mlp.c_fc, tile_from), _lin(w.mlp.c_proj, tile_from)),
         (a.n_head, a.n_kv_head, hd),
         qk,
         1.0 / math.sqrt(hd) if a.score == "scaled" else 1.0,

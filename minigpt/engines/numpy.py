@@ -18,7 +18,7 @@ import numpy as np
 
 from minigpt.config import GPTConfig
 from minigpt.engines import kernels as _kernels
-from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout
+from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout, remembered
 from minigpt.errors import UsageError
 from minigpt.genconfig import QUANTIZATIONS
 from minigpt.kvcache import KVCache, first_position, gather_rows
@@ -340,6 +340,7 @@ def sample_next(
 
 
 LAYOUTS = ("auto", "output-major", "input-major")
+TILE_ROWS = 8  # the batch the kernels' tiling is measured at (`NumpyEngine._pick_tiles`)
 
 
 def transposed(a: np.ndarray, band: int = 128) -> np.ndarray:
@@ -463,10 +464,14 @@ class NumpyEngine:
         kernels: bool | None = None,
         quantize: str = "none",
         notice: Callable[[str], None] | None = None,
+        tile_from: int | None | str = "auto",
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
         `kernels`: compiled one-token steps (None: where numba is installed); `notice` is told when they
-        are about to be compiled rather than read from numba's cache."""
+        are about to be compiled rather than read from numba's cache; `tile_from`: the kernels' batched
+        steps by tiles for weight rows that long or longer (None: never; 'auto': `_pick_tiles`)."""
+        if isinstance(tile_from, str) and tile_from != "auto":
+            raise UsageError(f"unknown tile_from {tile_from!r}: a row length, None or 'auto'")
         fused, layout, use_kernels = _decoding_tree(config, tensors, layout, kernels, quantize)
         self.quantize = quantize
         self.config = config
@@ -489,21 +494,65 @@ class NumpyEngine:
         )
         self.weights, self._head = packed(self.weights, _head(self.weights, self.layout == "input-major"))
         self.kernels = use_kernels and self.layout == "output-major"
-        args = [_kernels.block_args(b) for b in self.weights.h] if self.kernels else []
-        self._step_block = functools.partial(fused_block, args)
+        self._use_tiles(None)
         if self.kernels:  # loaded (compiled, the first time on a machine) now, not in the first step
             if notice is not None and _kernels.will_compile():
                 notice("compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)")
             idx = np.zeros((1, 1), dtype=np.int64)
             self._forward(self.weights, self._head, idx, self.new_cache(1), False)
+            self._use_tiles(self._pick_tiles(quantize) if isinstance(tile_from, str) else tile_from)
 
     @property
     def threads(self) -> int:
         return self.tuner.last
 
-    def new_cache(self, batch: int) -> Cache:
+    def _use_tiles(self, tile_from: int | None) -> None:
+        """Steps of four rows or more through the kernels' tiles for weight rows `tile_from` long or
+        longer (None: never; `kernels.tiled`)."""
+        self.tile_from = tile_from
+        args = [_kernels.block_args(b, tile_from) for b in self.weights.h] if self.kernels else []
+        self._step_block = functools.partial(fused_block, args)
+        self._head_product = functools.partial(_kernels.matvec, tile_from=tile_from)
+
+    def _pick_tiles(self, quantize: str) -> int | None:
+        """The row length from which batched steps run fastest by tiles, on this CPU for these shapes:
+        never, or from each of the model's input widths, as `remembered` keeps it from steps of TILE_ROWS
+        rows timed with each (the first loads on a machine measure, later ones read the answer)."""
+        widths: set[int] = set()
+
+        def width(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
+            widths.add(lin.weight.shape[1])
+            return lin
+
+        map_linears((self.weights, self._head), width)
+        choices = {"rows": None, **{f"tiles from {w}": w for w in sorted(widths)}}
+        cache = self.new_cache(TILE_ROWS, capacity=8)  # a few positions: what is timed is the weights
+        idx = np.zeros((TILE_ROWS, 1), dtype=np.int64)
+        self.tuner.use(self.tuner.candidates[0])
+
+        def step(tile_from: int | None) -> Callable[[], object]:
+            def run() -> None:
+                self._use_tiles(tile_from)
+                cache.reset()
+                self._forward(self.weights, self._head, idx, cache, False)
+
+            return run
+
+        key = {"engine": "numpy tiles", "numpy": np.__version__, "model": model_key(self.config)}
+        chosen = remembered(
+            {**key, "quantize": quantize},
+            list(choices),
+            lambda: best_times({name: step(t) for name, t in choices.items()}),
+        )
+        return choices[chosen]
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> Cache:
+        """Empty keys and values for `batch` rows: each layer's window (`capacity`: at most that many
+        positions, a ring)."""
         c = self.config
-        shapes = [(batch, c.kv_heads, window, c.head_dim) for window in c.layer_windows]
+        shapes = [
+            (batch, c.kv_heads, min(window, capacity or window), c.head_dim) for window in c.layer_windows
+        ]
         keys = [np.zeros(s, dtype=np.float32) for s in shapes]
         values = [np.zeros(s, dtype=np.float32) for s in shapes]
         return KVCache(keys, values, c.block_size if c.pos == "learned" else None, np.concatenate)
@@ -529,7 +578,7 @@ class NumpyEngine:
         with np.errstate(over="ignore"):
             x = transformer(weights, idx, cache, self._inverse, self._step_block if step else block)
         logits = head(
-            weights, lm_head, x if every_position else x[:, -1], _kernels.matvec if step else linear
+            weights, lm_head, x if every_position else x[:, -1], self._head_product if step else linear
         )
         if cache is None or logits.shape[0] == cache.batch:
             return logits
