@@ -207,48 +207,49 @@ if numba is not None:
             out[b + k, r] = sums[k] * mul + add
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _tiles(w: Any, scale: Any, x: Any, bias: Any, out: Any, start: int, end: int) -> None:
-        """`_rows` for four or more rows of x, four weight rows by four rows of x a pass: sixteen sums,
-        each value loaded used four times (`_rows`: a weight used four times, each x value once), for
-        long weight rows where `_rows` spends its time loading x. Rows past the last four weight rows
-        go through `_rows`; a batch's last rows that do not fill four are done as part of its last four
-        (those rows computed twice, the same values written again)."""
+    def _tile(w: Any, scale: Any, x: Any, bias: Any, out: Any, r: int, apart: int) -> None:
+        """`_rows` for weight rows r, r + apart, r + 2 apart and r + 3 apart and four or more rows of x,
+        four rows of x a pass: sixteen sums, each value loaded used four times (`_rows`: a weight used
+        four times, each x value once). A batch's last rows that do not fill four are done as part of
+        its last four (those rows computed twice, the same values written again)."""
         rows, n_in = x.shape
-        last = start + (end - start) // 4 * 4
-        for r in range(start, last, 4):
-            w0, w1, w2, w3 = w[r], w[r + 1], w[r + 2], w[r + 3]
-            b = 0
-            while b < rows:
-                b = min(b, rows - 4)
-                x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
-                a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
-                d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = np.float32(0.0)
-                for i in range(n_in):
-                    p, q, u, v = np.float32(w0[i]), np.float32(w1[i]), np.float32(w2[i]), np.float32(w3[i])
-                    y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
-                    a0, a1, a2, a3 = a0 + p * y0, a1 + p * y1, a2 + p * y2, a3 + p * y3
-                    c0, c1, c2, c3 = c0 + q * y0, c1 + q * y1, c2 + q * y2, c3 + q * y3
-                    d0, d1, d2, d3 = d0 + u * y0, d1 + u * y1, d2 + u * y2, d3 + u * y3
-                    e0, e1, e2, e3 = e0 + v * y0, e1 + v * y1, e2 + v * y2, e3 + v * y3
-                _column(out, b, r, (a0, a1, a2, a3), scale, bias)
-                _column(out, b, r + 1, (c0, c1, c2, c3), scale, bias)
-                _column(out, b, r + 2, (d0, d1, d2, d3), scale, bias)
-                _column(out, b, r + 3, (e0, e1, e2, e3), scale, bias)
-                b += 4
-        _rows(w, scale, x, bias, out, last, end)
+        w0, w1, w2, w3 = w[r], w[r + apart], w[r + 2 * apart], w[r + 3 * apart]
+        b = 0
+        while b < rows:
+            b = min(b, rows - 4)
+            x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+            a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
+            d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = np.float32(0.0)
+            for i in range(n_in):
+                p, q, u, v = np.float32(w0[i]), np.float32(w1[i]), np.float32(w2[i]), np.float32(w3[i])
+                y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
+                a0, a1, a2, a3 = a0 + p * y0, a1 + p * y1, a2 + p * y2, a3 + p * y3
+                c0, c1, c2, c3 = c0 + q * y0, c1 + q * y1, c2 + q * y2, c3 + q * y3
+                d0, d1, d2, d3 = d0 + u * y0, d1 + u * y1, d2 + u * y2, d3 + u * y3
+                e0, e1, e2, e3 = e0 + v * y0, e1 + v * y1, e2 + v * y2, e3 + v * y3
+            _column(out, b, r, (a0, a1, a2, a3), scale, bias)
+            _column(out, b, r + apart, (c0, c1, c2, c3), scale, bias)
+            _column(out, b, r + 2 * apart, (d0, d1, d2, d3), scale, bias)
+            _column(out, b, r + 3 * apart, (e0, e1, e2, e3), scale, bias)
+            b += 4
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any, tiled: bool) -> None:
         """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
-        row (`scale`, else empty): 16 output rows a task, by `_tiles` where `tiled` and x has four rows
-        or more, else by `_rows`."""
+        row (`scale`, else empty). By `_rows`, 16 output rows a task; or where `tiled` and x has four
+        rows or more, by `_tile` over rows a quarter of the matrix apart (each thread then reads four
+        long runs of consecutive rows, which the CPU's prefetcher follows: four adjacent rows a tile
+        ran a batch of 8 1.5 times slower on this machine's AMD EPYC, the quarters 1.5 times faster
+        than `_rows`), the rows past four quarters by `_rows`."""
         n_out = w.shape[0]
-        for task in prange((n_out + 15) // 16):
-            start, end = task * 16, min(n_out, task * 16 + 16)
-            if tiled and x.shape[0] >= 4:
-                _tiles(w, scale, x, bias, out, start, end)
-            else:
-                _rows(w, scale, x, bias, out, start, end)
+        if tiled and x.shape[0] >= 4:
+            quarter = n_out // 4
+            for r in prange(quarter):
+                _tile(w, scale, x, bias, out, r, quarter)
+            _rows(w, scale, x, bias, out, 4 * quarter, n_out)
+        else:
+            for task in prange((n_out + 15) // 16):
+                _rows(w, scale, x, bias, out, task * 16, min(n_out, task * 16 + 16))
 
     @njit(fastmath=_FAST, cache=_CACHE)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
