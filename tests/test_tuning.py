@@ -188,3 +188,13 @@ def test_a_layout_is_measured_on_three_loads_per_machine_and_model_then_remember
     monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "file"))
     (tmp_path / "file").write_text("")
     assert pick_layout("auto", forms, always_b, key)[0] == "b" and len(timed) == 7
+
+
+def test_a_choice_is_looked_at_again_soon_then_ever_less_often() -> None:
+    """After a first choice the trial runs again 4 steps later (`first_look`), then 8, then 16, never
+    more than `every` apart: a choice made in a moment of load is not kept for a whole generation."""
+    pool, clock = Pool(), Clock()
+    tuner = ThreadTuner(pool.get, pool.set, [1, 2], trials=1, every=12, first_look=4, clock=clock)
+    used = run_steps(tuner, pool, clock, {1: 1.0, 2: 2.0}, 2 + 4 + 2 + 8 + 2 + 12 + 2 + 12 + 2)
+    trials = [i for i in range(1, len(used)) if used[i] == 2]
+    assert trials == [1, 7, 17, 31, 45]  # each after 4, 8, 12 (16 capped at `every`), 12 steps on 1 thread

@@ -8,7 +8,10 @@ Here a block is one call: its norms, the fused Q/K/V product, rotary positions, 
 attention over the cache, the output projection and the MLP, each matrix product a loop over the
 matrix's rows in the file's (out, in) layout (every row a contiguous dot product, which LLVM vectorises
 for the CPU it runs on), the rows split between threads. With B rows (a batch of samples, a server's
-clients), each weight row is read once and used B times from the L1 cache. The same kernels read int8
+clients), each weight row is read once and used B times from the L1 cache; from four rows on, where the
+engine measured that it pays, four weight rows at once by four rows of the batch (`_tile`), so that each
+value loaded serves four products. The exps of GELU, SwiGLU and the softmax are a polynomial the
+vectoriser keeps in vector registers (`_exp`), not a library call per element. The same kernels read int8
 rows with one float32 scale each (`--quantize int8`): a quarter of the bytes, converted to float32 in
 registers, the activations staying float32.
 
@@ -429,10 +432,10 @@ def _array(a: np.ndarray | None) -> np.ndarray:
 
 
 def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
-    """Whether batches of four rows or more go through `_tiles` for w: its rows are `tile_from` long or
-    longer (None: never). Which lengths gain depends on the CPU's caches (here, rows of 1,024 and 1,536
-    floats ran a batch of 8 1.7-1.8 times as fast by tiles, rows of 256-512 up to twice as slow), so the
-    engine measures it (`minigpt.engines.numpy`)."""
+    """Whether batches of four rows or more go through `_tile` for w: its rows are `tile_from` long or
+    longer (None: never). Which lengths gain depends on the CPU (here, within a model's step, rows of
+    1,024 and 1,536 floats gained and rows of 384 lost), so the engine measures it
+    (`NumpyEngine._pick_tiles`)."""
     return tile_from is not None and w.weight.shape[1] >= tile_from
 
 
@@ -460,7 +463,7 @@ BlockArgs = tuple[Any, ...]
 
 def block_args(w: BlockWeights[np.ndarray], tile_from: int | None = None) -> BlockArgs:
     """A block's weights, shapes and options as `block_step` hands them to the kernel: built once per
-    engine, not at every step; batches go through `_tiles` for rows `tile_from` long or longer."""
+    engine, not at every step; batches go through `_tile` for rows `tile_from` long or longer."""
     a = w.attn
     hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
     qk = (_EMPTY, _EMPTY, 0.0)

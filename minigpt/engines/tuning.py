@@ -15,7 +15,10 @@ threads can be several times slower than one. The best count depends on the CPU,
 rows and the load of the moment, so the engine measures it: for each number of rows, its first steps (and
 separately its first prefills, per token) run on each candidate count in turn (`trials` each, a count
 more than 1.5 times slower than the best dropped after its first step), the count with the lowest median
-time is kept, and every `every` steps the trial runs again, so a change of load is followed. A trial step
+time is kept, and the trial runs again after 25 steps, then 50, 100... up to every `every` steps, so a
+change of load is followed, and a choice made in a moment of load (three steps each) is soon looked at
+again (here a batch of 8 that chose one thread while another process held a core decoded at two-thirds
+of its speed on two for the rest of a 250-token run). A trial step
 is a real step: measuring costs no start-up time, only the difference between the counts over a few
 steps. The first pass of a kind runs on the smallest count, one thread: on a busy machine a first pass on
 every core can take a second.
@@ -204,11 +207,12 @@ class _Trial:
 
     PRUNE = 1.5
 
-    def __init__(self, candidates: Sequence[int]) -> None:
+    def __init__(self, candidates: Sequence[int], first_look: int) -> None:
         self.candidates = candidates
         self.times: dict[int, list[float]] = {n: [] for n in candidates}
         self.chosen: int | None = None
         self.since = 0  # steps since the count was chosen
+        self.look = first_look  # steps until the next trial: doubles after each, up to `every`
 
     @property
     def trying(self) -> bool:
@@ -224,8 +228,8 @@ class _Trial:
     def record(self, threads: int, seconds: float, trials: int, every: int) -> None:
         if not self.trying:
             self.since += 1
-            if self.since >= every:  # time to look again
-                self.times = {n: [] for n in self.candidates}
+            if self.since >= min(self.look, every):  # time to look again
+                self.times, self.look = {n: [] for n in self.candidates}, 2 * self.look
             return
         self.times[threads].append(seconds)
         if all(self.times.values()):
@@ -252,6 +256,7 @@ class ThreadTuner:
         *,
         trials: int = 3,
         every: int = 500,
+        first_look: int = 25,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not candidates:
@@ -259,6 +264,7 @@ class ThreadTuner:
         self.candidates = list(candidates)
         self.trials = trials
         self.every = every
+        self.first_look = first_look
         self._get, self._set = get_threads, set_threads
         self._clock = clock
         self._by_key: dict[Hashable, _Trial] = {}
@@ -286,7 +292,7 @@ class ThreadTuner:
             self.use(self.candidates[0])
             yield
             return
-        trial = self._by_key.setdefault(key, _Trial(self.candidates))
+        trial = self._by_key.setdefault(key, _Trial(self.candidates, self.first_look))
         threads = trial.next()
         self.use(threads)
         start = self._clock()
