@@ -538,9 +538,12 @@ class NumpyEngine:
 
             return run
 
-        key = {"engine": "numpy tiles", "numpy": np.__version__, "model": model_key(self.config)}
+        key = {
+            "engine": "numpy tiles", "numpy": np.__version__, "model": model_key(self.config),
+            "quantize": quantize,
+        }  # fmt: skip
         chosen = remembered(
-            {**key, "quantize": quantize},
+            key,
             list(choices),
             lambda: best_times({name: step(t) for name, t in choices.items()}),
         )
