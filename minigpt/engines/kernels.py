@@ -43,6 +43,7 @@ __all__ = [
     "block_step",
     "get_threads",
     "matvec",
+    "norm",
     "set_threads",
     "supported",
     "tiled",
@@ -456,6 +457,16 @@ def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = 
     weight, scale, bias, tile = _lin(w, tile_from)
     _matvec(weight, scale, np.ascontiguousarray(x), bias, out, tile)
     return out
+
+
+def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """x (..., C) through a LayerNorm or RMSNorm, as `numpy.norm`, in one compiled call: the final norm
+    of a one-token step, whose dozen NumPy operations each start from cold caches once a token's weights
+    have streamed through them (36 us against 7 here)."""
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    out = np.empty_like(rows)
+    _norm(rows, w.weight, _array(w.bias), float(w.eps), w.rms, out)
+    return out.reshape(x.shape)
 
 
 BlockArgs = tuple[Any, ...]

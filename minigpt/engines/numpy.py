@@ -266,9 +266,11 @@ def transformer(
     cache: Cache | None,
     inverse: np.ndarray | None = None,
     block: Callable[..., np.ndarray] = block,
+    final_norm: Callable[[NormWeights[np.ndarray], np.ndarray], np.ndarray] = norm,
 ) -> np.ndarray:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones, each
-    layer computed by `block` (`fused_block` for a one-token step through the kernels)."""
+    layer computed by `block` and the last norm by `final_norm` (`fused_block` and `kernels.norm` for a
+    one-token step through the kernels)."""
     T = idx.shape[1]
     start = first_position(cache, T, None if w.wpe is None else w.wpe.shape[0])
     x = w.wte[idx]
@@ -288,7 +290,7 @@ def transformer(
         x = block(b, x, layer, cache, rope, idx)
     if cache is not None:
         cache.advance(T)
-    return norm(w.ln_f, x)
+    return final_norm(w.ln_f, x)
 
 
 def head(
@@ -577,9 +579,10 @@ class NumpyEngine:
         every_position: bool,
     ) -> np.ndarray:
         step = self.kernels and cache is not None and idx.shape == (cache.batch, 1)
+        layers, final_norm = (self._step_block, _kernels.norm) if step else (block, norm)
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
-            x = transformer(weights, idx, cache, self._inverse, self._step_block if step else block)
+            x = transformer(weights, idx, cache, self._inverse, layers, final_norm)
         logits = head(
             weights, lm_head, x if every_position else x[:, -1], self._head_product if step else linear
         )
