@@ -117,9 +117,32 @@ def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> No
     for _ in range(4):
         engine, _ = engine_of(config)
         assert engine.tile_from in (None, 55, 220)
-    assert timed == [["rows", "tiles from 55", "tiles from 220"]] * 3
+        assert engine.kernel_rows in (0, *engine_module.PREFILL_PROBES)
+    probes = [[f"{way} {rows}" for rows in engine_module.PREFILL_PROBES for way in ("kernels", "numpy")]]
+    assert timed == [["rows", "tiles from 55", "tiles from 220"], *probes] * 3
     with pytest.raises(UsageError, match="unknown tile_from 'sometimes'"):
         engine_of(config, tile_from="sometimes")
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("name", ["gpt2", "modern", "value-embeds-skips-cap-dot"])
+def test_a_prefill_through_the_kernels_computes_what_numpy_computes(name: str, quantize: str) -> None:
+    """A prefill of 3 rows of 9 tokens (27 rows a product: tiles of four and a rest of three) with every
+    product through the kernels and with none: the logits of every position within twice the float32
+    bound of each other (float32: the last within the bound of the exact logits), the caches equal."""
+    config = CONFIGS[name]
+    engine, model = engine_of(config, quantize=quantize)
+    ids = torch.randint(0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(4))
+    logits, caches = [], []
+    for rows in (10**9, 0):  # every product through the kernels, then none
+        engine.kernel_rows = rows
+        caches.append(engine.new_cache(3))
+        logits.append(engine.forward(ids.tolist(), caches[-1], every_position=True))
+    if quantize == "none":
+        assert_near_exact(logits[0][:, -1], float64_logits(model, ids), config, f"{name}, kernels")
+    assert np.abs(logits[0] - logits[1]).max() <= 2 * float32_bound(config, logits[1]), name
+    for mine, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
 @numba.njit

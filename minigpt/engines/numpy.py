@@ -39,6 +39,7 @@ __all__ = ["LAYOUTS", "NumpyEngine", "int8_linear", "log_softmax", "packed", "sa
 
 Cache = KVCache[np.ndarray]
 Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
+Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 
 
@@ -136,13 +137,18 @@ def attention_mask(queries: int, keys: int, window: int) -> np.ndarray:
 
 
 def qkv(
-    w: AttentionWeights[np.ndarray], x: np.ndarray, rope: Rotary | None, idx: np.ndarray | None = None
+    w: AttentionWeights[np.ndarray],
+    x: np.ndarray,
+    rope: Rotary | None,
+    idx: np.ndarray | None = None,
+    product: Product = linear,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Project x (B, T, C) to queries (B, H, T, hd) and keys and values (B, n_kv_head, T, hd), with
-    QK-norm, rotary positions and the value embeddings of the tokens idx applied when the model has them."""
+    QK-norm, rotary positions and the value embeddings of the tokens idx applied when the model has them
+    (`product`: how x goes through a linear layer, here and in `attend`, `mlp`, `block`)."""
     B, T, C = x.shape
     H, kv = w.n_head, w.n_kv_head
-    heads = linear(w.c_attn, x).reshape(B, T, H + 2 * kv, C // H)  # a new array: changed in place
+    heads = product(w.c_attn, x).reshape(B, T, H + 2 * kv, C // H)  # a new array: changed in place
     if w.score == "general":  # W acts on the projected queries, so it folds into W_Q: (B, T, H, 1, hd)
         heads[:, :, :H] = (heads[:, :, :H, None] @ w.score_maps[0].swapaxes(-1, -2))[:, :, :, 0]
     if w.v_embed is not None and idx is not None:
@@ -195,11 +201,12 @@ def attend(
     cache: Cache | None,
     rope: Rotary | None,
     idx: np.ndarray | None = None,
+    product: Product = linear,
 ) -> np.ndarray:
     """Causal self-attention of x (B, T, C) over itself and, with a cache, the positions cached before,
     each query seeing at most the layer's window (idx: the tokens, for value embeddings)."""
     B, T, C = x.shape
-    q, k, v = qkv(w, x, rope, idx)
+    q, k, v = qkv(w, x, rope, idx, product)
     if cache is not None:
         k, v = cache.update(layer, k, v)
     group = w.n_head // w.n_kv_head
@@ -208,11 +215,11 @@ def attend(
         by_position = scores.reshape(B, w.n_kv_head, group, T, -1)
         by_position[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf
     y = (softmax(scores) @ v).reshape(B, w.n_head, T, -1)
-    return linear(w.c_proj, y.transpose(0, 2, 1, 3).reshape(B, T, C))
+    return product(w.c_proj, y.transpose(0, 2, 1, 3).reshape(B, T, C))
 
 
-def mlp(w: MLPWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    h = linear(w.c_fc, x)
+def mlp(w: MLPWeights[np.ndarray], x: np.ndarray, product: Product = linear) -> np.ndarray:
+    h = product(w.c_fc, x)
     if w.activation == "gelu":
         h = gelu_tanh(h)
     elif w.activation == "relu2":
@@ -224,8 +231,8 @@ def mlp(w: MLPWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
         gate *= h[..., half:]
         h = gate
     elif w.c_gate is not None:
-        h = silu(linear(w.c_gate, x)) * h
-    return linear(w.c_proj, h)
+        h = silu(product(w.c_gate, x)) * h
+    return product(w.c_proj, h)
 
 
 def block(
@@ -235,10 +242,11 @@ def block(
     cache: Cache | None,
     rope: Rotary | None,
     idx: np.ndarray | None = None,
+    product: Product = linear,
 ) -> np.ndarray:
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, idx)
-    x += mlp(w.mlp, norm(w.ln_2, x))
+    x = x + attend(w.attn, norm(w.ln_1, x), layer, cache, rope, idx, product)
+    x += mlp(w.mlp, norm(w.ln_2, x), product)
     return x
 
 
@@ -297,7 +305,7 @@ def head(
     w: ModelWeights[np.ndarray],
     lm_head: LinearWeights[np.ndarray],
     x: np.ndarray,
-    product: Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray] = linear,
+    product: Product = linear,
 ) -> np.ndarray:
     """The logits of hidden states x: the LM head (`lm_head`, in the engine's layout, applied by
     `product`), soft-capped when the model caps them."""
@@ -343,6 +351,7 @@ def sample_next(
 
 LAYOUTS = ("auto", "output-major", "input-major")
 TILE_ROWS = 8  # the batch the kernels' tiling is measured at (`NumpyEngine._pick_tiles`)
+PREFILL_PROBES = (16, 128, 512)  # rows a prefill's products are timed at (`NumpyEngine._pick_kernel_rows`)
 
 
 def transposed(a: np.ndarray, band: int = 128) -> np.ndarray:
@@ -442,8 +451,9 @@ class NumpyEngine:
 
     A one-token step over a cache runs each block as one compiled call (`minigpt.engines.kernels`, where
     numba is installed and `kernels` is not False; over the file's (out, in) matrices); prefills and
-    the attention scores the kernels lack run as NumPy array operations. Without the kernels the
-    weights are held in the form BLAS's matrix products stream fastest on this machine: `layout`
+    the attention scores the kernels lack run as NumPy array operations, a prefill's matrix products
+    through the kernels up to `kernel_rows` rows (measured at load: `_pick_kernel_rows`). Without the
+    kernels the weights are held in the form BLAS's matrix products stream fastest on this machine: `layout`
     'output-major' keeps the file's (out, in) matrices, 'input-major' holds transposed copies, and 'auto'
     times a one-token step in each and keeps the faster (the file is never changed); with them 'auto'
     is 'output-major'. Threads (BLAS's and the kernels'): `threads` fixes them, else the environment
@@ -483,6 +493,7 @@ class NumpyEngine:
             threads, (_kernels.get_threads, _kernels.set_threads) if use_kernels else None
         )
         self.kernels = False  # while the layouts are timed: the array path's steps
+        self.kernel_rows = 0  # a prefill's products of up to this many rows run through the kernels
         self._inverse = (
             None if config.pos != "rope" else inverse_frequencies(config.rope_base, config.head_dim)
         )
@@ -503,6 +514,7 @@ class NumpyEngine:
             idx = np.zeros((1, 1), dtype=np.int64)
             self._forward(self.weights, self._head, idx, self.new_cache(1), False)
             self._use_tiles(self._pick_tiles(quantize) if isinstance(tile_from, str) else tile_from)
+            self.kernel_rows = self._pick_kernel_rows(quantize)
 
     @property
     def threads(self) -> int:
@@ -551,6 +563,54 @@ class NumpyEngine:
         )
         return choices[chosen]
 
+    def _pick_kernel_rows(self, quantize: str) -> int:
+        """Up to how many rows a prefill's products run fastest through the kernels (`kernels.matvec`)
+        rather than NumPy's matrix product, on this CPU for these shapes: timed on the first block's
+        largest matrix at PREFILL_PROBES rows, as `remembered` keeps it.
+
+        BLAS runs a prefill on one thread (`blas_tuner`), and for a few rows it repacks the whole matrix
+        before multiplying: 6 tokens took 11 ms through the 6x6x384 model where one took 1.5, and the
+        kernels' products, bound by the memory as in a step, beat it up to a few hundred rows; from about
+        a thousand BLAS's blocked products win."""
+        lins = [self.weights.h[0].attn.c_attn, self.weights.h[0].mlp.c_fc, self.weights.h[0].mlp.c_proj]
+        lin = max(lins, key=lambda w: w.weight.size)
+        rng = np.random.default_rng(0)
+        xs = {
+            rows: rng.standard_normal((rows, lin.weight.shape[1]), dtype=np.float32)
+            for rows in PREFILL_PROBES
+        }
+        self.tuner.use(self.tuner.candidates[-1])  # a prefill on a quiet machine takes every core
+        runs: dict[str, Callable[[], object]] = {}
+        for rows, x in xs.items():
+            runs[f"kernels {rows}"] = functools.partial(_kernels.matvec, lin, x, 0)
+            runs[f"numpy {rows}"] = functools.partial(linear, lin, x)
+        choices = {"never": 0, **{f"up to {rows} rows": rows for rows in PREFILL_PROBES}}
+
+        def measure() -> dict[str, float]:
+            t = best_times(runs, rounds=2)
+            # each probe weighs the same: its time over the faster way's, summed over the probes
+            cost = {r: {"k": t[f"kernels {r}"], "n": t[f"numpy {r}"]} for r in PREFILL_PROBES}
+            return {
+                name: sum(c["k" if r <= limit else "n"] / min(c.values()) for r, c in cost.items())
+                for name, limit in choices.items()
+            }
+
+        key = {
+            "engine": "numpy prefill", "numpy": np.__version__, "model": model_key(self.config),
+            "quantize": quantize,
+        }  # fmt: skip
+        return choices[remembered(key, list(choices), measure)]
+
+    def _product(self, w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
+        """x (..., in) through the linear layer w in a prefill: by the kernels up to `kernel_rows` rows (by
+        tiles at every width: a prefill's rows are many, 128 went 1.6x as fast through the 6x6x384 model
+        as by rows of 384 floats), else by NumPy's matrix product (`linear`)."""
+        rows = x.size // x.shape[-1]
+        if rows > self.kernel_rows:
+            return linear(w, x)
+        out = _kernels.matvec(w, x.reshape(rows, x.shape[-1]), 0)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
     def new_cache(self, batch: int, capacity: int | None = None) -> Cache:
         """Empty keys and values for `batch` rows: each layer's window (`capacity`: at most that many
         positions, a ring)."""
@@ -579,12 +639,16 @@ class NumpyEngine:
         every_position: bool,
     ) -> np.ndarray:
         step = self.kernels and cache is not None and idx.shape == (cache.batch, 1)
-        layers, final_norm = (self._step_block, _kernels.norm) if step else (block, norm)
+        layers, final_norm = (
+            (self._step_block, _kernels.norm)
+            if step
+            else (functools.partial(block, product=self._product), norm)
+        )
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
             x = transformer(weights, idx, cache, self._inverse, layers, final_norm)
         logits = head(
-            weights, lm_head, x if every_position else x[:, -1], self._head_product if step else linear
+            weights, lm_head, x if every_position else x[:, -1], self._head_product if step else self._product
         )
         if cache is None or logits.shape[0] == cache.batch:
             return logits
