@@ -213,8 +213,9 @@ def full_recompute(model: GPT, tok: Tokenizer, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def end_to_end(run_dir: Path, n: int, *extra: str, env: dict[str, str]) -> float:
-    """Wall seconds of `python -m minigpt generate` as a user runs it: start-up, loading, generation."""
+def end_to_end(run_dir: Path, n: int, *extra: str, env: dict[str, str], code: Path = ROOT) -> float:
+    """Wall seconds of `python -m minigpt generate` as a user runs it: start-up, loading, generation
+    (`code`: the checkout whose minigpt runs; `python -m` imports it from the working directory)."""
     cmd = [
         sys.executable,
         "-m",
@@ -231,8 +232,33 @@ def end_to_end(run_dir: Path, n: int, *extra: str, env: dict[str, str]) -> float
     clean = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")
     run_env = {k: v for k, v in os.environ.items() if k not in clean}
     t0 = time.perf_counter()
-    subprocess.run([*cmd, *extra], cwd=ROOT, check=True, capture_output=True, env={**run_env, **env})
+    subprocess.run([*cmd, *extra], cwd=code, check=True, capture_output=True, env={**run_env, **env})
     return time.perf_counter() - t0
+
+
+def end_to_end_table(run_dir: Path, n: int, runs: int, against: Path | None) -> None:
+    """The end-to-end rows, round robin; with `against`, that checkout's default command too, and the
+    median over rounds of its time over this checkout's."""
+    variants = [(what, extra, env, ROOT) for what, extra, env in E2E]
+    if against is not None:
+        variants.insert(1, (f"the same, the code at {against}", (), {}, against))
+    for _, extra, env, code in variants:  # untimed: numba compiles a new checkout's kernels once
+        end_to_end(run_dir, 5, *extra, env=env, code=code)
+    times: dict[str, list[float]] = {what: [] for what, *_ in variants}
+    for _ in range(runs):
+        for what, extra, env, code in variants:
+            times[what].append(end_to_end(run_dir, n, *extra, env=env, code=code))
+    for what, each in times.items():
+        print(
+            f"| {what} | {statistics.median(each):.2f} s | {', '.join(f'{t:.2f}' for t in each)} |",
+            flush=True,
+        )
+    if against is not None:
+        here, there = times[variants[0][0]], times[variants[1][0]]
+        ratio = statistics.median(b / a for a, b in zip(here, there, strict=True))
+        print(
+            f"\nthe code at {against} over this checkout, end to end (median of {runs} rounds' ratios): {ratio:.3f}x"
+        )
 
 
 def import_torch_seconds() -> float:
@@ -397,6 +423,12 @@ def main() -> None:
     )
     ap.add_argument("--skip-baseline", action="store_true", help="skip the slow full-recompute loop")
     ap.add_argument(
+        "--e2e-against",
+        type=Path,
+        help="another checkout (say `git worktree add /tmp/before HEAD~3`): its default `generate` joins the "
+        "end-to-end round robin, and the median of each round's ratio is printed",
+    )
+    ap.add_argument(
         "--long",
         type=int,
         default=4000,
@@ -441,15 +473,7 @@ def main() -> None:
             f"\n| {args.e2e_tokens} tokens, end to end (start-up included), GPT-2 architecture | median of {args.e2e_runs} | each |"
         )
         print("| --- | ---: | --- |", flush=True)
-        times: dict[str, list[float]] = {what: [] for what, _, _ in E2E}
-        for _ in range(args.e2e_runs):  # round robin, as everywhere
-            for what, extra, env in E2E:
-                times[what].append(end_to_end(runs["GPT-2"], args.e2e_tokens, *extra, env=env))
-        for what, each in times.items():
-            print(
-                f"| {what} | {statistics.median(each):.2f} s | {', '.join(f'{t:.2f}' for t in each)} |",
-                flush=True,
-            )
+        end_to_end_table(runs["GPT-2"], args.e2e_tokens, args.e2e_runs, args.e2e_against)
     print(f"| `python -c 'import torch'` alone | {import_torch_seconds():.2f} s | |")
     if args.long:
         print(
