@@ -12,12 +12,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT
 from numerics import assert_near_exact, float64_logits
 
-from minigpt.chat.data import ConversationSplit, prepare_conversations
+from minigpt.chat.data import ConversationSplit, padded_width, prepare_conversations
 from minigpt.chat.template import CHAT_TOKENS, ChatTemplate, Message, with_chat_tokens
 from minigpt.config import GPTConfig
 from minigpt.data import DataConfig
@@ -171,6 +172,28 @@ def test_conversations_split_and_count_assistant_tokens(
     assert len(split) == len(conversations()[-1]["completion"]) + 1  # its answer and the closing <|end|>
     answers = [r.get("completion") or r["messages"][-1]["content"] for r in conversations()[-4:]]
     assert data.val_bytes == sum(map(len, answers))  # the answers' text; <|end|> is no text
+
+
+def test_batches_are_padded_to_a_few_widths_that_change_no_loss() -> None:
+    """Widths round up to 16 tokens (an eighth of their power of two from 128 on), never past the split's
+    longest conversation; the padding predicts nothing, so the loss is what the unpadded batch gives."""
+    assert [padded_width(n, 10**6) for n in (1, 16, 17, 127, 129, 255, 257, 1000)] == [
+        16, 16, 32, 128, 144, 256, 288, 1024,
+    ]  # fmt: skip
+    assert padded_width(40, 37) == 37
+    rng = np.random.default_rng(0)
+    rendered = [(rng.integers(1, 30, n).tolist(), [False] + [True] * (n - 1)) for n in (11, 23, 70)]
+    split = ConversationSplit.of(rendered)
+    assert split.widest == 69
+    x, y = split.batch([0, 1])
+    assert x.shape == (2, 32) and (y[0, 10:] == -1).all() and (y[1, 22:] == -1).all()
+    assert split.batch([0, 2])[0].shape == (2, 69)  # 80 would pass the longest conversation
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, block_size=69, n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():
+        padded = model(x, y)[1]
+        exact = model(x[:, :22], y[:, :22])[1]
+    torch.testing.assert_close(padded, exact, rtol=1e-6, atol=1e-6)
 
 
 def test_the_loss_gives_no_gradient_to_what_the_assistant_does_not_say(base_run: Path) -> None:
