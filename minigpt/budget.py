@@ -278,8 +278,11 @@ def window_at(cfg: TrainConfig, block_size: int, progress: float) -> int:
 
 
 def _ramp(full: int, fraction: float, progress: float) -> int:
-    """A quarter of `full` (at least 1) growing linearly to all of it over the first `fraction` of the budget."""
+    """A quarter of `full` (at least 1) growing linearly to all of it over the first `fraction` of the budget,
+    in steps of a sixteenth of it: each new shape costs a compiled graph (torch.compile) or, on the CPU in
+    bfloat16, kernels oneDNN builds and keeps (minigpt.chat.data.padded_width), so a ramp takes a dozen."""
     if fraction <= 0 or progress >= fraction:
         return full
     start = max(1, full // 4)
-    return start + math.floor((full - start) * progress / fraction)
+    value = start + math.floor((full - start) * progress / fraction)
+    return max(start, value - value % max(1, full // 16))

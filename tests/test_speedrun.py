@@ -343,7 +343,8 @@ def test_the_batch_ramps_from_a_quarter_to_the_whole_batch() -> None:
 
 def test_the_windows_ramp_from_a_quarter_to_the_whole_block() -> None:
     cfg = TrainConfig(seq_ramp=0.5)
-    assert [window_at(cfg, 128, p) for p in (0.0, 0.125, 0.25, 0.49, 0.5, 0.9)] == [32, 56, 80, 126, 128, 128]
+    assert [window_at(cfg, 128, p) for p in (0.0, 0.125, 0.25, 0.49, 0.5, 0.9)] == [32, 56, 80, 120, 128, 128]
+    assert len({window_at(cfg, 1024, p / 1000) for p in range(1001)}) == 13  # 256, 320, ..., 1024
     assert window_at(TrainConfig(), 128, 0.0) == 128
     assert window_at(TrainConfig(seq_ramp=1.0), 2, 0.0) == 1
     for bad in (-0.1, 1.5):
