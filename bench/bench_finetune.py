@@ -11,7 +11,7 @@ many there are (in letters), or the words in capitals. The held-out prompts are 
 the fine-tuning never saw together.
 
 Every step is a whole `minigpt` command, timed from outside, with its peak RSS (wait4): the base is
-`minigpt train tinyshakespeare.txt --tokenizer char --block-size 128 --max-time PRETRAIN`, each fine-tuning
+`minigpt train tinyshakespeare.txt --tokenizer char --block-size 128 --max-time PRETRAIN` (`--tokenizer`), each fine-tuning
 `minigpt train --init-from BASE train.jsonl --max-time FINETUNE` (plus `--lora-rank R` and the --lora flags), and each model
 answers every held-out prompt through `minigpt chat RUN -t 0 --json` (piped, greedy). "base" is the
 pretrained model answering through the same chat template before any fine-tuning (its new chat tokens at
@@ -206,6 +206,11 @@ def main() -> None:
         help="a LoRA fine-tuning: its rank and extra flags, e.g. '4:--lora-targets all,embedding,head' "
         f"(repeatable; 'none' for none; default: {' and '.join(repr(v) for v in LORA_DEFAULT)})",
     )  # fmt: skip
+    parser.add_argument(
+        "--tokenizer",
+        default="char",
+        help="the base's tokenizer (default char; bpe: minigpt's default, 512 tokens)",
+    )
     parser.add_argument("--train", type=int, default=20000, help="training conversations")
     parser.add_argument("--test", type=int, default=500, help="held-out prompts")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temp folder)")
@@ -228,7 +233,7 @@ def main() -> None:
             if args.pretrain_steps
             else ["--max-time", args.pretrain]
         )
-        pre = command(["train", str(SHAKESPEARE), "--tokenizer", "char", "--block-size", "128", *budget,
+        pre = command(["train", str(SHAKESPEARE), "--tokenizer", args.tokenizer, "--block-size", "128", *budget,
                        "--out", str(base), "--overwrite"], work)  # fmt: skip
         print(f"pretrained {base} in {pre['wall']:.1f} s (load {load()})", flush=True)
     ft_budget = (
