@@ -171,8 +171,9 @@ for batch in batches:
     gen.run()
     out.append([gen.tokens_per_second, gen.time_to_first_token, engine.threads])
 layout = engine.layout
-if engine.kernels:  # the batched steps' form the engine measured (README: "Generation")
+if engine.kernels:  # the batched steps' form and the prefills' products the engine measured (README: "Generation")
     layout += ", rows" if engine.tile_from is None else f", tiles from {engine.tile_from}"
+    layout += f"; prefill kernels to {engine.kernel_rows} rows"
 print(json.dumps({"results": out, "layout": layout}), "torch" in sys.modules)
 """
 
