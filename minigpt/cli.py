@@ -295,7 +295,7 @@ def prepare(
 
 
 @app.command("eval")
-@with_options(options_of(EvalConfig), options_of(EngineConfig, skip=("backend", "dtype")))
+@with_options(options_of(EvalConfig), options_of(EngineConfig, skip=("backend", "dtype", "kv_cache")))
 def eval_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `minigpt train`.")],
     files: Annotated[

@@ -63,6 +63,7 @@ class Engine(Protocol):
     device: str
     dtype: str
     quantize: str  # how the linear layers' weights are stored: "none" (in dtype) or "int8"
+    kv_cache: str  # what the KV cache holds keys and values in: "float32", "float16", "bfloat16"
     block_size: int
     # rotary positions: cached keys carry no absolute position, so past block_size the cache drops its
     # oldest entries and decoding goes on; learned positions slide the window and re-read it instead
@@ -453,6 +454,7 @@ class Generation:
             "device": self.engine.device,
             "dtype": self.engine.dtype,
             "quantize": self.engine.quantize,
+            "kv_cache": self.engine.kv_cache,
             "threads": self.engine.threads if self.engine.device == "cpu" else None,
             "time_to_first_token_s": round(self.time_to_first_token, 4),
             "seconds": round(self.seconds, 4),

@@ -16,6 +16,7 @@ from minigpt.settings import setting
 
 SEED_MAX = 2**63 - 1  # torch and NumPy both take seeds in 0..2**63-1
 QUANTIZATIONS = ("none", "int8")
+KV_CACHES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class EngineConfig:
     )  # fmt: skip
     device: str = setting("auto", "Where to run: auto picks CUDA, then MPS, then the CPU.", choices=DEVICES)
     dtype: str = setting(
-        "auto", "Weights and KV cache type: auto is bfloat16 on CUDA, float16 on MPS, float32 on the CPU.",
+        "auto", "Weights' type (and the KV cache's on torch, unless --kv-cache says otherwise): auto is bfloat16 "
+        "on CUDA, float16 on MPS, float32 on the CPU.",
         choices=DTYPES,
     )  # fmt: skip
     quantize: str = setting(
@@ -37,6 +39,12 @@ class EngineConfig:
         "chat run it on the NumPy engine's kernels, eval and --backend torch on torch's; per-channel scales, "
         "activations stay in --dtype).",
         choices=QUANTIZATIONS,
+    )  # fmt: skip
+    kv_cache: str = setting(
+        "auto", "What the KV cache holds keys and values in: float16 halves its memory and what each step reads "
+        "of it (as llama.cpp does; values past float16's 65,504 are clamped). auto: float16 on the NumPy "
+        "engine, --dtype on torch.",
+        choices=KV_CACHES,
     )  # fmt: skip
 
 

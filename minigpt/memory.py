@@ -112,16 +112,19 @@ def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return None
 
 
-def inference_bytes(config: GPTConfig, batch: int = 1) -> int:
-    """float32 weights plus a full KV cache for `batch` rows (each layer holds its window of positions) and
-    the additive score's chunk."""
+KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # by an engine's `kv_cache`
+
+
+def inference_bytes(config: GPTConfig, batch: int = 1, kv_element: int = FLOAT32) -> int:
+    """float32 weights plus a full KV cache for `batch` rows (each layer holds its window of positions, each
+    value `kv_element` bytes) and the additive score's chunk."""
     weights = count_params(config).exact_total * FLOAT32
-    return weights + kv_cache_bytes(config, batch) + score_bytes(config, batch, training=False)
+    return weights + kv_cache_bytes(config, batch, kv_element) + score_bytes(config, batch, training=False)
 
 
-def kv_cache_bytes(config: GPTConfig, batch: int = 1) -> int:
-    """float32 keys and values of `batch` rows over every position each layer keeps."""
-    return 2 * batch * config.kv_heads * config.head_dim * FLOAT32 * config.cached_positions
+def kv_cache_bytes(config: GPTConfig, batch: int = 1, element: int = FLOAT32) -> int:
+    """Keys and values of `batch` rows over every position each layer keeps, `element` bytes each."""
+    return 2 * batch * config.kv_heads * config.head_dim * element * config.cached_positions
 
 
 def activation_bytes(config: GPTConfig, batch: int) -> int:

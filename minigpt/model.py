@@ -242,13 +242,16 @@ class GPT(nn.Module):
         # the new rows join the frozen ones on every call, so their gradient reaches `added`
         return weights_by_name(self.config, join_added_rows(tensors, torch.cat), self.lora.scale)
 
-    def new_cache(self, batch: int) -> Cache:
-        """An empty KV cache of `batch` rows, each layer as long as its window, in the model's dtype and
-        on its device."""
+    def new_cache(self, batch: int, dtype: torch.dtype | None = None) -> Cache:
+        """An empty KV cache of `batch` rows, each layer as long as its window, in `dtype` (None: the
+        model's) on the model's device."""
         c = self.config
         w = self.transformer.wte.weight
         shapes = [(batch, c.kv_heads, window, c.head_dim) for window in c.layer_windows]
-        keys, values = [w.new_zeros(s) for s in shapes], [w.new_zeros(s) for s in shapes]
+        keys, values = (
+            [w.new_zeros(s, dtype=dtype) for s in shapes],
+            [w.new_zeros(s, dtype=dtype) for s in shapes],
+        )
         return KVCache(keys, values, c.block_size if c.pos == "learned" else None, torch.cat)
 
     def forward(
@@ -418,6 +421,17 @@ def qkv(
     return q, k, v
 
 
+def as_cached(dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """New keys and values in a cache's type: float16 rounds them (clamped to its largest finite value
+    first, so that a huge key is a large score rather than inf), as `minigpt.engines.numpy.as_cached`."""
+    if dtype == k.dtype:
+        return k, v
+    if dtype == torch.float16:
+        top = torch.finfo(torch.float16).max
+        k, v = k.clamp(-top, top), v.clamp(-top, top)
+    return k.to(dtype), v.to(dtype)
+
+
 def attend(
     w: AttentionWeights[torch.Tensor],
     x: torch.Tensor,
@@ -437,8 +451,9 @@ def attend(
     """
     B, T, C = x.shape
     q, k, v = qkv(w, x, rope, idx)
-    if cache is not None:
-        k, v = cache.update(layer, k, v)
+    if cache is not None:  # a cache in another type (float16) stores the keys and values rounded to it
+        k, v = cache.update(layer, *as_cached(cache.k[layer].dtype, k, v))
+        k, v = k.to(q.dtype), v.to(q.dtype)
     if attention is None and w.score != "additive":
         y = _fused_attention(q, k, v, w.window, dropout, None if w.score == "scaled" else 1.0)
     else:

@@ -109,11 +109,11 @@ def tiny_model(seed: int = 0, config: GPTConfig = TINY, scale: float = 50.0) -> 
     return model
 
 
-def numpy_twin(model: GPT, kernels: bool | None = None) -> NumpyEngine:
+def numpy_twin(model: GPT, kernels: bool | None = None, kv_cache: str = "float32") -> NumpyEngine:
     """The NumPy engine over the very weights of `model`, named as a run's weights file names them
     (`kernels`: its compiled one-token steps; None: where numba runs them)."""
     tensors = {k: v.detach().float().numpy() for k, v in model_tensors(model).items()}
-    return NumpyEngine(model.config, tensors, kernels=kernels)
+    return NumpyEngine(model.config, tensors, kernels=kernels, kv_cache=kv_cache)
 
 
 def numpy_arrays(model: GPT) -> NumpyEngine:

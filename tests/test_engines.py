@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from numerics import assert_near_exact, float64_logits
-from test_decode import ENGINES, GREEDY, TINY, rows, tiny_model
+from test_decode import ENGINES, GREEDY, TINY, numpy_twin, rows, tiny_model
 from threadpoolctl import threadpool_limits
 
 from minigpt import engines
@@ -117,6 +118,66 @@ def test_both_engines_compute_gpt_forward(case: Case, blas_threads: int) -> None
         assert_near_exact(feed_in_pieces(engine, ids), exact[:, positions], config, f"{name}, cached")
         full = np.asarray(engine.forward(ids.tolist(), None))  # no cache: the plain forward pass
         assert_near_exact(full, exact[:, -1], config, f"{name}, one pass")
+
+
+FLOAT16_CACHE = {
+    "torch": lambda model: TorchEngine(model, kv_cache="float16"),
+    "numpy": lambda model: numpy_twin(model, kv_cache="float16"),
+    "numpy-arrays": lambda model: numpy_twin(model, kernels=False, kv_cache="float16"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_a_float16_kv_cache_stores_rounded_keys_and_reads_them(case: Case) -> None:
+    """Both engines (the NumPy one on both paths) with keys and values cached in float16, fed a prefill,
+    two tokens, then one at a time. The first layer's keys and values (which no attention precedes) are
+    the float32 engines' rounded to float16, bit for bit. The logits are within float32's bound of
+    GPT.forward in float64 over a float16 cache (what the rounding does, computed exactly), plus half of
+    what that rounding changes: float32's arithmetic lands a few keys on the other side of a float16
+    rounding boundary than float64's, each then a whole float16 step away where rounding moved every key
+    by up to half a step. And they are further from the float32 model than that allowance: the keys and
+    values were rounded."""
+    config = case.config()
+    model = tiny_model(case.seed, config)
+    draw = torch.Generator().manual_seed(case.seed)
+    ids = torch.randint(0, config.vocab_size, (max(case.batch, 2), config.block_size), generator=draw)
+    split = config.block_size // 2
+    positions = [split - 1, split + 1, *range(split + 2, config.block_size)]
+    exact = float64_logits(model, ids, all_logits=True)[:, positions]
+    exact16 = feed_in_pieces(TorchEngine(copy.deepcopy(model).double(), kv_cache="float16"), ids)
+    change = float(np.abs(exact16 - exact).max())
+    for name, make in FLOAT16_CACHE.items():
+        half, full = make(model), ENGINES[name](model)
+        got = feed_in_pieces(half, ids)
+        assert_near_exact(got, exact16, config, f"{name}, float16 cache", slack=change / 2)
+        assert np.abs(got - exact).max() > change / 2, name
+        assert str(half.new_cache(1).k[0].dtype).removeprefix("torch.") == "float16", name
+        h, f = half.new_cache(ids.size(0)), full.new_cache(ids.size(0))
+        half.forward(ids.tolist(), h), full.forward(ids.tolist(), f)
+        for mine, theirs in ((h.k[0], f.k[0]), (h.v[0], f.v[0])):
+            mine, theirs = np.asarray(mine.float() if name == "torch" else mine), np.asarray(theirs)
+            np.testing.assert_array_equal(mine, theirs.astype(np.float16).astype(np.float32), err_msg=name)
+
+
+def test_a_float16_kv_cache_clamps_what_it_cannot_hold() -> None:
+    """Keys and values past float16's largest finite value (65,504) are cached as that value, not as
+    infinity, on both engines and both NumPy paths: the logits stay finite and agree within float32's
+    rounding of the clamped values."""
+    model = tiny_model(0, scale=50.0)
+    with torch.no_grad():  # the key and value rows of c_attn: outputs around 10^6
+        model.transformer.h[0].attn.c_attn.weight[TINY.n_embd :] *= 1e4
+    ids = [[1, 2, 3, 4, 5]]
+    logits = {}
+    for name, make in FLOAT16_CACHE.items():
+        engine = make(model)
+        cache = engine.new_cache(1)
+        engine.forward([ids[0][:3]], cache)
+        steps = [np.asarray(engine.forward([[t]], cache), dtype=np.float64) for t in ids[0][3:]]
+        keys = np.asarray(cache.k[0][0, :, :5].float() if name == "torch" else cache.k[0][0, :, :5])
+        assert np.isfinite(keys).all() and np.abs(keys).max() == 65504.0, name
+        logits[name] = np.stack(steps)
+        assert np.isfinite(logits[name]).all(), name
+    np.testing.assert_allclose(logits["numpy"], logits["numpy-arrays"], rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)

@@ -175,7 +175,20 @@ def run(tmp_path: Path) -> Path:
 )
 def test_generate_past_an_address_space_limit(run: Path, backend: str, detail: str) -> None:
     """The issue's case: `generate -s 1000000` on a model whose KV cache for that many rows is 3.81 GiB."""
-    args = ("generate", "-m", str(run), "-s", "1000000", "-n", "2", "--backend", backend, "a")
+    args = (
+        "generate",
+        "-m",
+        str(run),
+        "-s",
+        "1000000",
+        "-n",
+        "2",
+        "--backend",
+        backend,
+        "--kv-cache",
+        "float32",
+        "a",
+    )
     estimated = one_error_line(limited(*args, fool_the_estimate=False))
     assert "1,000,000 samples needs about" in estimated and "lower --num-samples" in estimated
     failed = one_error_line(limited(*args, fool_the_estimate=True))

@@ -98,12 +98,13 @@ def load_engine(
     dtype: str = "auto",
     quantize: str = "none",
     threads: int | None = None,
+    kv_cache: str = "auto",
 ) -> tuple[Engine, Tokenizer]:
     """The engine (best weights, eval mode) and tokenizer of a run directory, for backend 'torch' (on
     `device` in `dtype`, 'auto' resolved as minigpt.device does, linear layers in `quantize` form) or
     'numpy' (the CPU in float32), with its weights in the layout its steps run fastest in. CPU threads:
     `threads` fixes them, else the environment does, else each engine chooses them by timing its steps
-    (`minigpt.engines.tuning`)."""
+    (`minigpt.engines.tuning`). `kv_cache`: the KV cache's type, 'auto' as `EngineConfig.kv_cache` says."""
     run = RunDir(run_dir)
     if backend == "torch":
         from minigpt.device import resolve_device, resolve_dtype
@@ -114,7 +115,11 @@ def load_engine(
         check_quantize(quantize, torch_device)
         model, tokenizer, _ = run.load_model(str(torch_device))
         engine = TorchEngine(
-            model.to(resolve_dtype(dtype, torch_device)), quantize, layout="auto", threads=threads
+            model.to(resolve_dtype(dtype, torch_device)),
+            quantize,
+            layout="auto",
+            threads=threads,
+            kv_cache=None if kv_cache == "auto" else kv_cache,
         )
         return engine, tokenizer
     if backend != "numpy":
@@ -129,8 +134,9 @@ def load_engine(
         )
     weights = run.load_weights(config, framework="np")
     engine = NumpyEngine(
-        config, weights, layout="auto", threads=threads, quantize=quantize, notice=_say_on_stderr
-    )
+        config, weights, layout="auto", threads=threads, quantize=quantize, notice=_say_on_stderr,
+        kv_cache="float16" if kv_cache == "auto" else kv_cache,
+    )  # fmt: skip
     return engine, tokenizer
 
 
@@ -144,7 +150,7 @@ def generation_engine(
     """The engine and tokenizer `generate` and `chat` decode with: the backend `choose_backend` picks for
     `run_on` (--explain needs torch's model), loaded with `load_engine`, and the memory `num_samples`
     rows of KV cache need checked before any is allocated."""
-    from minigpt.memory import check_fits, inference_bytes
+    from minigpt.memory import KV_ELEMENT_BYTES, check_fits, inference_bytes
 
     if explain and run_on.quantize != "none":
         raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
@@ -154,10 +160,12 @@ def generation_engine(
         quantize=run_on.quantize,
     )  # fmt: skip
     # threads: the engine times its steps on each count (README: "Generate"); the environment fixes them
-    engine, tokenizer = load_engine(run_dir, backend, run_on.device, run_on.dtype, run_on.quantize)
+    engine, tokenizer = load_engine(
+        run_dir, backend, run_on.device, run_on.dtype, run_on.quantize, kv_cache=run_on.kv_cache
+    )
     if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
         check_fits(
-            inference_bytes(run.model_config(), num_samples),
+            inference_bytes(run.model_config(), num_samples, KV_ELEMENT_BYTES[engine.kv_cache]),
             f"{num_samples:,} samples",
             "lower --num-samples",
         )

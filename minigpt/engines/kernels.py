@@ -13,7 +13,8 @@ engine measured that it pays, four weight rows at once by four rows of the batch
 value loaded serves four products. The exps of GELU, SwiGLU and the softmax are a polynomial the
 vectoriser keeps in vector registers (`_exp`), not a library call per element. The same kernels read int8
 rows with one float32 scale each (`--quantize int8`): a quarter of the bytes, converted to float32 in
-registers, the activations staying float32.
+registers, the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over as
+its bits: numba has no float16 on the CPU), half the bytes attention reads, widened in registers.
 
 The kernels compute what `minigpt.engines.numpy`'s functions compute, in float32, with sums in whatever
 order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward within the same
@@ -149,6 +150,50 @@ if numba is not None:
             return builder.bitcast(v, context.get_value_type(types.float32))
 
         return types.float32(bits), codegen
+
+    @intrinsic
+    def _widen(typingctx: Any, v: Any) -> Any:
+        """A cached key or value as float32: a float16's bits (a uint16, as a float16 KV cache is handed
+        to the kernels: numba has no float16 on the CPU) converted by LLVM's fpext, which vectorises to the
+        CPU's half-to-float instruction (F16C, AVX-512, NEON); a float32 as it is."""
+        if isinstance(v, types.Integer) and v.bitwidth == 16:
+
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+            return types.float32(v), codegen
+        if v == types.float32:
+            return types.float32(v), lambda context, builder, signature, args: args[0]
+        return None
+
+    @intrinsic
+    def _narrow(typingctx: Any, x: Any, like: Any) -> Any:
+        """The float32 x as an element of the array `like` stores: a float16's bits (LLVM's fptrunc, round
+        to nearest even, as NumPy's astype) or x itself."""
+        if not (x == types.float32 and isinstance(like, types.Array)):
+            return None
+        if like.dtype == types.uint16:
+
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+            return types.uint16(x, like), codegen
+        if like.dtype == types.float32:
+            return types.float32(x, like), lambda context, builder, signature, args: args[0]
+        return None
+
+    @intrinsic
+    def _largest(typingctx: Any, like: Any) -> Any:
+        """The largest finite float32 an element of the array `like` holds (float16: 65,504), as a
+        constant; a float32 array: infinity (nothing to clamp)."""
+        if not isinstance(like, types.Array) or like.dtype not in (types.uint16, types.float32):
+            return None
+        top = 65504.0 if like.dtype == types.uint16 else math.inf
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return context.get_constant(types.float32, top)
+
+        return types.float32(like), codegen
 
     @njit(fastmath=_FAST, cache=_CACHE, inline="always")
     def _exp(x: Any) -> Any:
@@ -329,16 +374,16 @@ if numba is not None:
                 k0, k1, k2, k3 = kb[j], kb[j + 1], kb[j + 2], kb[j + 3]
                 s0 = s1 = s2 = s3 = np.float32(0.0)
                 for i in range(hd):
-                    s0 += q[i] * k0[i]
-                    s1 += q[i] * k1[i]
-                    s2 += q[i] * k2[i]
-                    s3 += q[i] * k3[i]
+                    s0 += q[i] * _widen(k0[i])
+                    s1 += q[i] * _widen(k1[i])
+                    s2 += q[i] * _widen(k2[i])
+                    s3 += q[i] * _widen(k3[i])
                 scores[j], scores[j + 1], scores[j + 2], scores[j + 3] = s0, s1, s2, s3
                 j += 4
             for rest in range(j, keys):
                 s = np.float32(0.0)
                 for i in range(hd):
-                    s += q[i] * kb[rest, i]
+                    s += q[i] * _widen(kb[rest, i])
                 scores[rest] = s
             top = scores[0]
             for j in range(keys):
@@ -351,7 +396,7 @@ if numba is not None:
             for j in range(keys):
                 p = scores[j]
                 for i in range(hd):
-                    acc[i] += p * vb[j, i]
+                    acc[i] += p * _widen(vb[j, i])
             out[b, h * hd : (h + 1) * hd] = acc * (np.float32(1.0) / total)
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
@@ -378,6 +423,18 @@ if numba is not None:
                         np.float32(1.0) + _exp(np.float32(-2.0) * c * (x + np.float32(0.044715) * x * x * x))
                     )
         return h
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _store_kv(qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, slot: int) -> None:
+        """Each row's new keys and values into cache slot `slot`, in the cache's type (a float16 cache:
+        clamped to float16's largest finite value first, so that a huge key is a large score, not inf)."""
+        top = _largest(kc)
+        for b in range(qkv.shape[0]):
+            for g in range(n_kv):
+                k0, v0 = (n_head + g) * hd, (n_head + n_kv + g) * hd
+                for i in range(hd):
+                    kc[b, g, slot, i] = _narrow(min(max(qkv[b, k0 + i], -top), top), kc)
+                    vc[b, g, slot, i] = _narrow(min(max(qkv[b, v0 + i], -top), top), vc)
 
     @njit(fastmath=_FAST, cache=_CACHE)
     def _block_step(
@@ -408,11 +465,7 @@ if numba is not None:
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
         capacity = kc.shape[2]
-        slot = pos % capacity
-        for b in range(rows):
-            for g in range(n_kv):
-                kc[b, g, slot] = qkv[b, (n_head + g) * hd : (n_head + g + 1) * hd]
-                vc[b, g, slot] = qkv[b, (n_head + n_kv + g) * hd : (n_head + n_kv + g + 1) * hd]
+        _store_kv(qkv, n_head, n_kv, hd, kc, vc, pos % kc.shape[2])
         y = np.empty((rows, n_head * hd), dtype=np.float32)
         _attend(qkv, kc, vc, n_head, n_kv, min(pos + 1, capacity), scale, y)
         out = np.empty_like(x)
@@ -504,9 +557,9 @@ def block_step(
 ) -> np.ndarray:
     """One new token of each row of x (B, C) through the block `args` holds (`block_args`), as
     `numpy.block` with T = 1: its keys and values written into the layer's cache buffers (B, n_kv_head,
-    capacity, hd) at slot pos % capacity, attending over min(pos + 1, capacity) slots. rope: this
-    position's cos and sin rows; v_rows: the tokens' value embeddings. Returns the block's output (a new
-    array)."""
+    capacity, hd; float32, or float16's bits as uint16) at slot pos % capacity, attending over
+    min(pos + 1, capacity) slots. rope: this position's cos and sin rows; v_rows: the tokens' value
+    embeddings. Returns the block's output (a new array)."""
     ln1, ln2, eps, rms, attn, mlp, heads, qk, scale, activation = args
     rope = (_EMPTY, _EMPTY) if rope is None else rope
     v_rows = _EMPTY_ROWS if v_rows is None else v_rows

@@ -20,7 +20,7 @@ from minigpt.config import GPTConfig
 from minigpt.engines import kernels as _kernels
 from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout, remembered
 from minigpt.errors import UsageError
-from minigpt.genconfig import QUANTIZATIONS
+from minigpt.genconfig import KV_CACHES, QUANTIZATIONS
 from minigpt.kvcache import KVCache, first_position, gather_rows
 from minigpt.memory import available_bytes, inference_bytes, score_chunks
 from minigpt.weights import (
@@ -194,6 +194,17 @@ def _additive_logits(w: AttentionWeights[np.ndarray], q: np.ndarray, k: np.ndarr
     return logits
 
 
+F16_LARGEST = np.float32(np.finfo(np.float16).max)
+
+
+def as_cached(dtype: np.dtype, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """New keys and values in a cache's type: rounded to float16 for a float16 cache (clamped to its
+    largest finite value first, as the kernels store them), as they are for a float32 one."""
+    if dtype == np.float32:
+        return k, v
+    return tuple(np.clip(t, -F16_LARGEST, F16_LARGEST).astype(dtype) for t in (k, v))  # type: ignore[return-value]
+
+
 def attend(
     w: AttentionWeights[np.ndarray],
     x: np.ndarray,
@@ -208,7 +219,7 @@ def attend(
     B, T, C = x.shape
     q, k, v = qkv(w, x, rope, idx, product)
     if cache is not None:
-        k, v = cache.update(layer, k, v)
+        k, v = cache.update(layer, *as_cached(cache.k[layer].dtype, k, v))
     group = w.n_head // w.n_kv_head
     scores = attention_logits(w, q, k)  # (B, n_kv_head, group * T, S)
     if T > 1:  # one new query sees every key the cache hands back
@@ -264,8 +275,13 @@ def fused_block(
     assert cache is not None and idx is not None
     v_rows = None if w.attn.v_embed is None else w.attn.v_embed[idx[:, 0]]
     here = None if rope is None else (rope[0][0], rope[1][0])
-    kv = (cache.k[layer], cache.v[layer])
+    kv = (_kernel_view(cache.k[layer]), _kernel_view(cache.v[layer]))
     return _kernels.block_step(args[layer], x[:, 0], kv, cache.pos, here, v_rows)[:, None]
+
+
+def _kernel_view(a: np.ndarray) -> np.ndarray:
+    """A cache buffer as the kernels take it: float16 as its bits (numba has no float16 on the CPU)."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
 def transformer(
@@ -463,6 +479,8 @@ class NumpyEngine:
     (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does, else they are chosen from the steps' timings
     (`minigpt.engines.tuning`). `quantize` 'int8': every block's linear layers as int8 rows with one
     scale each (`int8_linear`), output-major; the embeddings, the head and the activations stay float32.
+    `kv_cache` 'float16': the cache holds keys and values rounded to float16 (half the bytes a step reads of
+    it; the kernels widen them in registers), which a forward without a cache does not round.
     """
 
     name = "numpy"
@@ -480,15 +498,21 @@ class NumpyEngine:
         quantize: str = "none",
         notice: Callable[[str], None] | None = None,
         tile_from: int | None | str = "auto",
+        kv_cache: str = "float32",
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
         `kernels`: compiled one-token steps (None: where numba is installed); `notice` is told when they
         are about to be compiled rather than read from numba's cache; `tile_from`: the kernels' batched
-        steps by tiles for weight rows that long or longer (None: never; 'auto': `_pick_tiles`)."""
+        steps by tiles for weight rows that long or longer (None: never; 'auto': `_pick_tiles`); `kv_cache`:
+        what the KV cache holds keys and values in, float32 or float16 (`as_cached`)."""
         if isinstance(tile_from, str) and tile_from != "auto":
             raise UsageError(f"unknown tile_from {tile_from!r}: a row length, None or 'auto'")
+        if kv_cache not in KV_CACHES[1:]:
+            raise UsageError(f"unknown KV cache type {kv_cache!r}: choose one of {', '.join(KV_CACHES[1:])}")
         fused, layout, use_kernels = _decoding_tree(config, tensors, layout, kernels, quantize)
         self.quantize = quantize
+        self.kv_cache = kv_cache
+        self.kv_dtype = np.dtype(kv_cache)
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
@@ -621,8 +645,8 @@ class NumpyEngine:
         shapes = [
             (batch, c.kv_heads, min(window, capacity or window), c.head_dim) for window in c.layer_windows
         ]
-        keys = [np.zeros(s, dtype=np.float32) for s in shapes]
-        values = [np.zeros(s, dtype=np.float32) for s in shapes]
+        keys = [np.zeros(s, dtype=self.kv_dtype) for s in shapes]
+        values = [np.zeros(s, dtype=self.kv_dtype) for s in shapes]
         return KVCache(keys, values, c.block_size if c.pos == "learned" else None, np.concatenate)
 
     def forward(

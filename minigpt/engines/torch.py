@@ -17,6 +17,7 @@ from minigpt.engines.tuning import (
     thread_candidates,
 )
 from minigpt.errors import UsageError
+from minigpt.genconfig import KV_CACHES
 from minigpt.kvcache import KVCache, gather_rows
 from minigpt.model import GPT
 from minigpt.quantize import quantize_weights
@@ -77,10 +78,20 @@ class TorchEngine:
     name = "torch"
 
     def __init__(
-        self, model: GPT, quantize: str = "none", *, layout: str = "output-major", threads: int | None = None
+        self,
+        model: GPT,
+        quantize: str = "none",
+        *,
+        layout: str = "output-major",
+        threads: int | None = None,
+        kv_cache: str | None = None,
     ) -> None:
+        """`kv_cache`: what the KV cache holds keys and values in, float32 or float16 (None: the model's
+        dtype); attention widens them to the model's dtype as it reads them."""
         if layout not in LAYOUTS:
             raise UsageError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if kv_cache not in (None, *KV_CACHES[1:]):
+            raise UsageError(f"unknown KV cache type {kv_cache!r}: choose one of {', '.join(KV_CACHES[1:])}")
         self.model = model
         self.block_size = model.config.block_size
         self.rotary = model.config.pos == "rope"
@@ -89,6 +100,7 @@ class TorchEngine:
         self.device = str(w.device)
         self.dtype = str(w.dtype).removeprefix("torch.")
         self.quantize = quantize
+        self.kv_cache = self.dtype if kv_cache is None else kv_cache
         cpu = w.device.type == "cpu"
         self.tuner = torch_tuner(threads) if cpu else ThreadTuner(lambda: 1, lambda n: None, [1])
         with torch.no_grad():
@@ -110,7 +122,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def new_cache(self, batch: int) -> KVCache[torch.Tensor]:
-        return self.model.new_cache(batch)
+        return self.model.new_cache(batch, getattr(torch, self.kv_cache))
 
     @torch.inference_mode()
     def forward(
@@ -151,7 +163,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def gather(self, parts: Sequence[tuple[KVCache[torch.Tensor], int, int]]) -> KVCache[torch.Tensor]:
-        return gather_rows(self.model.new_cache, parts)
+        return gather_rows(self.new_cache, parts)
 
     @torch.inference_mode()
     def log_probs(self, logits: torch.Tensor) -> np.ndarray:

@@ -102,7 +102,11 @@ def load_models(
         if any(m.id == name for m in served):
             raise MinigptError(f"two runs are named {name!r}: model ids are folder names, so rename one")
         engine, tokenizer = load_engine(
-            run.path, choose_backend(backend, device, dtype, weights=run.weights_path), device, dtype
+            run.path,
+            choose_backend(backend, device, dtype, weights=run.weights_path),
+            device,
+            dtype,
+            kv_cache=run_on.kv_cache,
         )
         batcher = Batcher(
             engine, tokenizer, max_rows=cfg.max_batch, max_waiting=cfg.queue, admit_wait=admit_wait

@@ -22,5 +22,6 @@ def prompt_log_probs(engine: Engine, prompts: Sequence[Sequence[int]]) -> np.nda
     length = len(prompts[0])
     if any(len(p) != length for p in prompts) or length > engine.block_size:
         raise ValueError("prompt_log_probs takes prompts of one length, at most block_size tokens")
-    logits = engine.forward(prompts, engine.new_cache(len(prompts)), every_position=True)
+    # no cache: nothing is decoded after it, and a float16 cache would round what the prompt's scores read
+    logits = engine.forward(prompts, None, every_position=True)
     return engine.log_probs(logits)[:, :-1]
