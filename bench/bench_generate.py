@@ -15,8 +15,9 @@ each row also reads is left out of it. Weights that fit in the last-level cache 
 Engines are timed as `minigpt generate` runs them: `load_engine` on a saved run (which loads the NumPy
 engine's compiled kernels, or picks the weights' layout by timing where they do not run), the decode loop
 and its text, with the threads the engine chooses itself (minigpt.engines.tuning: its first steps try each
-count) and, for the NumPy engine, with one thread; its int8 form (`--quantize int8`), and its array path
-(the engine without the kernels) for comparison.
+count) and, for the NumPy engine, with one thread; its int8 form (`--quantize int8`), its KV cache in
+float32 (`--kv-cache float32`; generate's default holds it in float16) and its array path (the engine
+without the kernels) for comparison.
 The NumPy engine runs in a process of its own, as `generate` runs it, without torch. Everything is
 measured round-robin, `--repeats` times, medians shown: on a shared machine interleaving spreads the
 noise over every row alike, and the ratios (to the bound, batch 8 to batch 1, int8 to float32) hold
@@ -74,11 +75,13 @@ class Setup:
     quantize: str = "none"
     threads: int | None = None
     kernels: bool = True  # the NumPy engine's compiled one-token steps (False: its array path)
+    kv_cache: str = "auto"  # --kv-cache: auto is float16 on the NumPy engine, the dtype on torch
 
 
 SETUPS = [
     Setup("NumPy (generate's default)", "numpy"),
     Setup("NumPy, one thread", "numpy", threads=1),
+    Setup("NumPy `--kv-cache float32`", "numpy", kv_cache="float32"),
     Setup("torch", "torch"),
     Setup("NumPy `--quantize int8` (generate's default for it)", "numpy", "int8"),
     Setup("torch `--quantize int8`", "torch", "int8"),
@@ -155,14 +158,14 @@ from pathlib import Path
 from minigpt.decode import Generation, encode_prompt
 from minigpt.engines import load_engine
 threads = None if sys.argv[5] == "auto" else int(sys.argv[5])
-engine, tok = load_engine(Path(sys.argv[2]), "numpy", quantize=sys.argv[7], threads=threads)
+engine, tok = load_engine(Path(sys.argv[2]), "numpy", quantize=sys.argv[7], threads=threads, kv_cache=sys.argv[8])
 if sys.argv[6] == "off":  # the array path: the same run, the same weights, no compiled steps
     from minigpt.engines.numpy import NumpyEngine
     from minigpt.rundir import RunDir
     run = RunDir(Path(sys.argv[2]))
     config = run.open()[1]
     engine = NumpyEngine(config, run.load_weights(config, framework="np"), layout="auto", threads=threads,
-                         kernels=False)
+                         kernels=False, kv_cache=engine.kv_cache)
 n, batches = int(sys.argv[3]), json.loads(sys.argv[4])
 out = []
 for batch in batches:
@@ -185,13 +188,14 @@ def numpy_round(
     threads: int | None,
     kernels: bool = True,
     quantize: str = "none",
+    kv_cache: str = "auto",
 ) -> tuple[list[Any], str]:
     """One round of the NumPy engine over every batch size, in a process of its own as `minigpt generate`
     runs it: no torch loaded, whose idle OpenMP threads would otherwise share the cores. Returns each
     batch's (tokens/s, first token, threads) and the layout the engine chose."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
     args = [str(ROOT), str(run_dir), str(n), json.dumps(batches), str(threads or "auto")]
-    args += ["on" if kernels else "off", quantize]
+    args += ["on" if kernels else "off", quantize, kv_cache]
     out = subprocess.run(
         [sys.executable, "-c", NUMPY_TIMING, *args], check=True, capture_output=True, text=True, env=env
     ).stdout.rsplit(" ", 1)
@@ -301,7 +305,7 @@ def measure(
     for row in rows:
         setup = row.setup
         engine, _ = load_engine(
-            runs[row.arch], setup.backend, "cpu", "float32", setup.quantize, setup.threads
+            runs[row.arch], setup.backend, "cpu", "float32", setup.quantize, setup.threads, setup.kv_cache
         )
         row.bytes_per_step = step_bytes(engine.weights)  # type: ignore[attr-defined]
         row.layout = engine.layout  # type: ignore[attr-defined]
@@ -314,7 +318,7 @@ def measure(
             if row.setup.backend == "numpy":
                 setup = row.setup
                 results, row.layout = numpy_round(
-                    runs[row.arch], n, batches, setup.threads, setup.kernels, setup.quantize
+                    runs[row.arch], n, batches, setup.threads, setup.kernels, setup.quantize, setup.kv_cache
                 )
             else:
                 engine = engines[(row.arch, row.setup.label)]
@@ -385,14 +389,18 @@ def print_targets(rows: list[Row], bw: float) -> None:
             by[(a, SETUPS[0].label)].median(8) / by[(a, SETUPS[0].label)].median(1)
         ),
         "int8 (NumPy) batch 1 / NumPy float32 batch 1 (>= 2)": lambda a: (
-            by[(a, SETUPS[3].label)].median(1) / by[(a, SETUPS[0].label)].median(1)
+            by[(a, SETUPS[4].label)].median(1) / by[(a, SETUPS[0].label)].median(1)
         ),
         "torch int8 batch 1 / torch float32 batch 1": lambda a: (
-            by[(a, SETUPS[4].label)].median(1) / by[(a, SETUPS[2].label)].median(1)
+            by[(a, SETUPS[5].label)].median(1) / by[(a, SETUPS[3].label)].median(1)
+        ),
+        "NumPy batch 8, float16 KV cache / float32": lambda a: (
+            by[(a, SETUPS[0].label)].median(8) / by[(a, SETUPS[2].label)].median(8)
         ),
     }
     if 8 not in rows[0].speeds:  # --batches without 8
         del lines["NumPy batch 8 / batch 1, generate's threads (>= 4)"]
+        del lines["NumPy batch 8, float16 KV cache / float32"]
     for what, value in lines.items():
         print(f"| {what} | " + " | ".join(f"{value(a):.2f}" for a in ARCHS) + " |")
 
