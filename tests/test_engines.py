@@ -159,6 +159,29 @@ def test_a_float16_kv_cache_stores_rounded_keys_and_reads_them(case: Case) -> No
             np.testing.assert_array_equal(mine, theirs.astype(np.float16).astype(np.float32), err_msg=name)
 
 
+@pytest.mark.parametrize("head_dim", [64, 6])
+def test_the_rotary_table_gives_rotarys_rows(head_dim: int) -> None:
+    """`RotaryTable`: the rows `rotary` computes for any positions, bit for bit, one at a time as decoding
+    asks, across the ends of its chunks, and for a prefill longer than a chunk."""
+    table = numpy_engine.RotaryTable(10000.0, head_dim)
+    chunk = table.CHUNK
+    asks = [
+        (0, 5),
+        (5, 1),
+        (chunk - 1, 1),
+        (chunk, 1),
+        (chunk - 2, 4),
+        (3, 1),
+        (1000, chunk + 50),
+        (7 * chunk, 1),
+    ]
+    for start, length in asks:
+        got, want = table(start, length), numpy_engine.rotary(10000.0, head_dim, start, length)
+        assert got[0].shape == (length, head_dim), (start, length)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_a_float16_kv_cache_clamps_what_it_cannot_hold() -> None:
     """Keys and values past float16's largest finite value (65,504) are cached as that value, not as
     infinity, on both engines and both NumPy paths: the logits stay finite and agree within float32's

@@ -167,6 +167,29 @@ def test_the_kernels_exp_is_float32_exact_to_a_few_units_in_the_last_place() -> 
     assert (np.abs(np.float32(-5.0) / (np.float32(1.0) + big)) <= 5e-37).all()
 
 
+def test_the_compiled_draw_picks_what_a_cumulative_sum_and_a_search_pick() -> None:
+    """`kernels.draw`: for each row, the first token whose running sum of exp(z - max z) passes u times
+    the total, as a NumPy cumsum and searchsorted(side="right") give, for uniforms across [0, 1), every
+    temperature, rows with -inf logits (never drawn) and a row broadcast to many (stride 0)."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((6, 300)).astype(np.float32) * 4
+    logits[2, ::2] = -np.inf  # half the vocabulary impossible
+    logits[3, :-1] = -np.inf  # one possible token, the last
+    for temperature in (0.3, 0.8, 1.0, 2.5):
+        for u in (np.zeros(6), np.full(6, 1 - 2**-53), *rng.random((40, 6))):
+            z = logits.astype(np.float64) / temperature
+            cdf = np.cumsum(np.exp(z - z.max(-1, keepdims=True)), -1)
+            want = [min(np.searchsorted(cdf[r], u[r] * cdf[r, -1], side="right"), 299) for r in range(6)]
+            got = kernels.draw(logits, temperature, u)
+            assert got.tolist() == want
+            assert np.isfinite(logits[2, got[2]]) and got[3] == 299
+    row = np.broadcast_to(logits[:1], (4, 300))
+    u = rng.random(4)
+    assert kernels.draw(row, 1.0, u).tolist() == [
+        kernels.draw(logits[:1], 1.0, u[i : i + 1])[0] for i in range(4)
+    ]
+
+
 def test_kernels_run_only_where_they_compute_the_model() -> None:
     for score in ("general", "additive"):  # the scores the kernels lack stay on the array path
         engine, _ = engine_of(replace(CONFIGS["modern"], attn_score=score))

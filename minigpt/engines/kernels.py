@@ -42,6 +42,7 @@ __all__ = [
     "available",
     "block_args",
     "block_step",
+    "draw",
     "get_threads",
     "matvec",
     "norm",
@@ -424,6 +425,32 @@ if numba is not None:
                     )
         return h
 
+    @njit(cache=_CACHE)
+    def _draw(logits: Any, temperature: float, u: Any, out: Any) -> None:
+        """out[r] = the token drawn for row r of logits (B, V) at `temperature` by the uniform u[r] in [0, 1),
+        as `numpy.sample_next` draws without top-k or top-p: the first token whose running sum of the
+        weights exp(z - max z), z = logits / temperature in float64, passes u times their total. In order,
+        without fast-math: each sum is the same sum a NumPy cumsum makes."""
+        rows, vocab = logits.shape
+        cdf = np.empty(vocab, dtype=np.float64)
+        for r in range(rows):
+            top = -np.inf
+            for v in range(vocab):
+                top = max(top, np.float64(logits[r, v]) / temperature)
+            total = 0.0
+            for v in range(vocab):
+                total += np.exp(np.float64(logits[r, v]) / temperature - top)
+                cdf[v] = total
+            target = u[r] * total
+            lo, hi = 0, vocab  # the first v with cdf[v] > target: a zero weight's empty step is never it
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if cdf[mid] > target:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            out[r] = min(lo, vocab - 1)
+
     @njit(fastmath=_FAST, cache=_CACHE)
     def _store_kv(qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, slot: int) -> None:
         """Each row's new keys and values into cache slot `slot`, in the cache's type (a float16 cache:
@@ -520,6 +547,15 @@ def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     out = np.empty_like(rows)
     _norm(rows, w.weight, _array(w.bias), float(w.eps), w.rms, out)
     return out.reshape(x.shape)
+
+
+def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
+    """Token ids (B,) drawn from logits (B, V) at `temperature` > 0 by uniforms u (B,), in one compiled call
+    (`_draw`): sampling's dozen NumPy calls took 75-190 µs a token once a step's weights had streamed
+    through the caches."""
+    out = np.empty(logits.shape[0], dtype=np.int64)
+    _draw(logits, float(temperature), u, out)
+    return out
 
 
 BlockArgs = tuple[Any, ...]

@@ -120,6 +120,29 @@ def rotary(base: float, head_dim: int, start: int, length: int, inverse: np.ndar
     return np.cos(angles), sin
 
 
+class RotaryTable:
+    """`rotary`'s rows for any positions, computed CHUNK positions at a time and kept: a decoding step's
+    one row is then a slice. Computing it took about 20 µs of NumPy calls a token, and up to 90 once a
+    step's weights had streamed through the caches. The values are `rotary`'s (each row depends only on
+    its position). One chunk is kept, as a tuple read and replaced whole (a server's threads may share it);
+    decoding past it computes the next."""
+
+    CHUNK = 256
+
+    def __init__(self, base: float, head_dim: int) -> None:
+        self.base, self.head_dim = base, head_dim
+        self.inverse = inverse_frequencies(base, head_dim)
+        self._kept: tuple[int, np.ndarray, np.ndarray] = (0, *rotary(base, head_dim, 0, 0, self.inverse))
+
+    def __call__(self, start: int, length: int) -> Rotary:
+        first, cos, sin = self._kept
+        if not first <= start <= start + length <= first + len(cos):
+            first = start
+            cos, sin = rotary(self.base, self.head_dim, start, max(length, self.CHUNK), self.inverse)
+            self._kept = (first, cos, sin)
+        return cos[start - first : start - first + length], sin[start - first : start - first + length]
+
+
 def rotate(x: np.ndarray, rope: Rotary) -> np.ndarray:
     cos, sin = rope  # sin's first half negated (`rotary`): the turned half is (-x2, x1)
     half = x.shape[-1] // 2
@@ -288,13 +311,14 @@ def transformer(
     w: ModelWeights[np.ndarray],
     idx: np.ndarray,
     cache: Cache | None,
-    inverse: np.ndarray | None = None,
+    angles: Callable[[int, int], Rotary] | None = None,
     block: Callable[..., np.ndarray] = block,
     final_norm: Callable[[NormWeights[np.ndarray], np.ndarray], np.ndarray] = norm,
 ) -> np.ndarray:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones, each
     layer computed by `block` and the last norm by `final_norm` (`fused_block` and `kernels.norm` for a
-    one-token step through the kernels)."""
+    one-token step through the kernels); a rotary model's angles from `angles(start, T)` (a
+    `RotaryTable`; None: computed here)."""
     T = idx.shape[1]
     start = first_position(cache, T, None if w.wpe is None else w.wpe.shape[0])
     x = w.wte[idx]
@@ -302,7 +326,7 @@ def transformer(
     if w.wpe is not None:
         x += w.wpe[start : start + T]
     if w.rope_base is not None:
-        rope = rotary(w.rope_base, w.head_dim, start, T, inverse)
+        rope = rotary(w.rope_base, w.head_dim, start, T) if angles is None else angles(start, T)
     inputs: list[np.ndarray] = []  # the layers' inputs that U-net skips carry to later layers
     takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
     for layer, b in enumerate(w.h):
@@ -345,6 +369,8 @@ def sample_next(
     """Next-token ids (B,) from logits (B, V), by the rules of `Engine.sample` (the torch engine's)."""
     if temperature == 0:
         return logits.argmax(-1)
+    if top_k is None and top_p is None and _kernels.numba is not None:  # the common case, compiled
+        return _kernels.draw(logits, temperature, rng.random(logits.shape[0]))
     z = np.divide(logits, temperature, dtype=np.float64)
     rows, vocab = z.shape
     if top_k is not None and top_k < vocab:
@@ -521,9 +547,7 @@ class NumpyEngine:
         )
         self.kernels = False  # while the layouts are timed: the array path's steps
         self.kernel_rows = 0  # a prefill's products of up to this many rows run through the kernels
-        self._inverse = (
-            None if config.pos != "rope" else inverse_frequencies(config.rope_base, config.head_dim)
-        )
+        self._angles = None if config.pos != "rope" else RotaryTable(config.rope_base, config.head_dim)
         have = available_bytes()  # timing both layouts needs room for a second copy of every matrix
         self.layout, self.weights = pick_layout(
             layout,
@@ -673,7 +697,7 @@ class NumpyEngine:
         )
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
-            x = transformer(weights, idx, cache, self._inverse, layers, final_norm)
+            x = transformer(weights, idx, cache, self._angles, layers, final_norm)
         logits = head(
             weights, lm_head, x if every_position else x[:, -1], self._head_product if step else self._product
         )
