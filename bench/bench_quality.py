@@ -90,7 +90,7 @@ def main() -> None:
         )
         how = "one token at a time, cached" if cached else "whole windows, no cache"
         weights = "float32" if quantize == "none" else quantize
-        print(f"| {backend} | {weights} | {kv_cache} | {how} | {value:.5f} | {value - ref:+.5f} |")
+        print(f"| {backend} | {weights} | {kv_cache} | {how} | {value:.6f} | {value - ref:+.6f} |")
 
 
 if __name__ == "__main__":
