@@ -4,7 +4,9 @@
 # characters, random weights), served by `python -m minigpt serve` on loopback (the NumPy engine, as by
 # default on the CPU). Each client sends --requests streamed completions of --tokens tokens one after
 # another (the same empty prompt, seeds differing); all start together. The same loads against a server
-# with --max-batch 1 (one row decoding at a time, the others queued) show what batching gains.
+# with --max-batch 1 (one row decoding at a time, the others queued) show what batching gains, and with
+# --kv-cache float32 what the default float16 KV cache gains. At each client count the servers run one
+# after another, so that the machine's swings fall on all of them alike.
 #
 #     python bench/bench_serve.py                       # about a minute on 2 cores
 #     python bench/bench_serve.py --clients 1 8 --requests 2
@@ -116,6 +118,13 @@ def measure(
         proc.wait()
 
 
+SERVERS = [  # (label, serve's options)
+    ("batched (default)", ()),
+    ("batched, `--kv-cache float32`", ("--kv-cache", "float32")),
+    ("one row at a time (`--max-batch 1`)", ("--max-batch", "1")),
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16], help="concurrent clients")
@@ -128,13 +137,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "bench"
         RunDir(run_dir).save(GPT(CONFIG), tokenizer(), extra={})
-        for label, options in (
-            ("batched (default)", ()),
-            ("one row at a time (`--max-batch 1`)", ("--max-batch", "1")),
-        ):
-            for n in args.clients:
+        for n in args.clients:  # the servers side by side at each load: the machine's swings hit them alike
+            for label, options in SERVERS:
                 rows.append((label, n, *measure(run_dir, n, args, *options)))
                 print(f"{label}, {n} clients: {rows[-1][2]:.1f} tokens/s", file=sys.stderr)
+    rows.sort(key=lambda row: [label for label, _ in SERVERS].index(row[0]))
     print(
         f"\n{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
         f"vocab {CONFIG.vocab_size}; {args.requests} streamed requests of {args.tokens} tokens per client; "
