@@ -91,6 +91,21 @@ def test_json_output(runner, run_dir: Path) -> None:
     assert plain == SAMPLE_SEPARATOR.join(s["text"] for s in data["samples"])
 
 
+def test_the_kv_cache_type_is_chosen_and_shown(runner, run_dir: Path, backend: str) -> None:
+    """`--kv-cache`: auto is float16 on the NumPy engine and the dtype (float32 here) on torch; either type
+    by hand on both, shown in --json; a type it does not know is a usage error (exit 2)."""
+
+    def run(*args: str) -> dict:
+        return json.loads(ok(gen(runner, "the ", "-m", str(run_dir), "-n", "20", "-t", "0", "--json", *args)))
+
+    assert run()["kv_cache"] == ("float16" if backend == "numpy" else "float32")
+    half, full = run("--kv-cache", "float16"), run("--kv-cache", "float32")
+    assert (half["kv_cache"], full["kv_cache"]) == ("float16", "float32")
+    assert half["samples"][0]["completion_tokens"] == full["samples"][0]["completion_tokens"] == 20
+    bad = gen(runner, "the ", "-m", str(run_dir), "--kv-cache", "int8")
+    assert bad.exit_code == 2 and "--kv-cache" in bad.stderr
+
+
 def test_seeds_reproduce_and_greedy_ignores_them(runner, run_dir: Path) -> None:
     def text(*args: str) -> str:
         return ok(gen(runner, "a", "-m", str(run_dir), "-n", "50", *args))

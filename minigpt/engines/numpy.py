@@ -538,7 +538,6 @@ class NumpyEngine:
         fused, layout, use_kernels = _decoding_tree(config, tensors, layout, kernels, quantize)
         self.quantize = quantize
         self.kv_cache = kv_cache
-        self.kv_dtype = np.dtype(kv_cache)
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
@@ -669,8 +668,8 @@ class NumpyEngine:
         shapes = [
             (batch, c.kv_heads, min(window, capacity or window), c.head_dim) for window in c.layer_windows
         ]
-        keys = [np.zeros(s, dtype=self.kv_dtype) for s in shapes]
-        values = [np.zeros(s, dtype=self.kv_dtype) for s in shapes]
+        keys = [np.zeros(s, dtype=self.kv_cache) for s in shapes]
+        values = [np.zeros(s, dtype=self.kv_cache) for s in shapes]
         return KVCache(keys, values, c.block_size if c.pos == "learned" else None, np.concatenate)
 
     def forward(
