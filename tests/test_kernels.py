@@ -76,6 +76,22 @@ def test_kernel_steps_compute_the_forward_and_fill_the_cache_as_the_array_path(
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernels_on", [True, False])
+def test_a_token_outside_the_vocabulary_is_refused_not_read_past_the_table(kernels_on: bool) -> None:
+    """The compiled step indexes the embedding table without NumPy's bounds checks, so it checks each id
+    itself; the array path refuses negative ids, which NumPy would take from the end of the table: ids
+    past the vocabulary or negative raise IndexError on both paths, and the cache stays where it was."""
+    config = CONFIGS["gpt2"]
+    engine, _ = engine_of(config, kernels=kernels_on)
+    assert engine.kernels is kernels_on
+    cache = engine.new_cache(2)
+    engine.forward([[1, 2], [3, 4]], cache)
+    for bad in ([[config.vocab_size], [1]], [[1], [-1]]):
+        with pytest.raises(IndexError):
+            engine.forward(bad, cache)
+        assert cache.pos == 2
+
+
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("name", ["gpt2", "modern"])
 def test_batched_steps_by_tiles_compute_what_steps_by_rows_compute(name: str, quantize: str) -> None:

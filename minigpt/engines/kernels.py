@@ -1,10 +1,11 @@
-"""The NumPy engine's one-token step as compiled kernels (numba): a whole transformer block in one call.
+"""The NumPy engine's one-token step as compiled kernels (numba): the whole model in one call.
 
 A cached decoding step reads every weight once and does little else, so its speed is how fast the weights
 stream. Through NumPy it is a few hundred library calls: BLAS matrix-vector products that streamed 14.5
 GB/s on one thread of this machine's AMD EPYC where a plain sum over the same bytes reads 25, and some
 forty small element-wise operations a layer between them, each a Python call (a third of the step).
-Here a block is one call: its norms, the fused Q/K/V product, rotary positions, the cache write,
+Here a step is one call (`model_step`: the embeddings, every block, the final norm and the LM head), and
+each block within it (`_block_step`) its norms, the fused Q/K/V product, rotary positions, the cache write,
 attention over the cache, the output projection and the MLP, each matrix product a loop over the
 matrix's rows in the file's (out, in) layout (every row a contiguous dot product, which LLVM vectorises
 for the CPU it runs on), the rows split between threads. With B rows (a batch of samples, a server's
@@ -34,18 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from minigpt.weights import BlockWeights, LinearWeights, NormWeights
+from minigpt.weights import BlockWeights, LinearWeights, ModelWeights, NormWeights
 
 __all__ = [
     "ACTIVATIONS",
-    "BlockArgs",
+    "ModelArgs",
     "available",
-    "block_args",
-    "block_step",
     "draw",
     "get_threads",
     "matvec",
-    "norm",
+    "model_args",
+    "model_step",
     "set_threads",
     "supported",
     "tiled",
@@ -107,8 +107,8 @@ def will_compile() -> bool:
         return False
     if not _CACHE:
         return True
-    try:  # numba's cache file for `_block_step` (its own attributes: where they moved, say nothing)
-        return not os.path.exists(_block_step._cache._cache_file._index_path)
+    try:  # numba's cache file for `_model_step` (its own attributes: where they moved, say nothing)
+        return not os.path.exists(_model_step._cache._cache_file._index_path)
     except AttributeError:
         return False
 
@@ -125,7 +125,7 @@ def set_threads(n: int) -> None:
 
 
 def supported(block: BlockWeights[np.ndarray]) -> bool:
-    """Whether `block_step` computes this block (output-major float32 weights, a dot-product score)."""
+    """Whether `_block_step` computes this block (output-major float32 weights, a dot-product score)."""
     lins = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
     return (
         block.attn.score in ("scaled", "dot")
@@ -507,6 +507,70 @@ if numba is not None:
         out += down
         return out
 
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _model_step(
+        tokens: Any,
+        embeddings: tuple[Any, Any, int],
+        blocks: Any,
+        value_embeds: Any,
+        skips: tuple[Any, Any],
+        caches: Any,
+        pos: int,
+        rope: tuple[Any, Any],
+        final: tuple[tuple[Any, Any], float, bool],
+        head: tuple[Any, Any, Any, bool],
+        logit_cap: float,
+    ) -> Any:
+        wte, wpe, start = embeddings
+        rows, width = tokens.shape[0], wte.shape[1]
+        x = np.empty((rows, width), dtype=np.float32)
+        for b in range(rows):
+            if not 0 <= tokens[b] < wte.shape[0]:
+                raise IndexError("token id outside the vocabulary")
+            x[b] = wte[tokens[b]]
+            if wpe.size:
+                x[b] += wpe[start]
+        weights, pairs = skips
+        inputs = np.empty((pairs.shape[0], rows, width), dtype=np.float32)  # what U-net skips carry
+        for layer in range(len(blocks)):
+            for i in range(pairs.shape[0]):
+                if pairs[i, 1] == layer:
+                    x = x + weights[i] * inputs[pairs[i, 0]]
+            if layer < pairs.shape[0]:
+                inputs[layer] = x
+            table = value_embeds[layer]
+            v_rows = np.empty((rows, table.shape[1]), dtype=np.float32)
+            for b in range(rows if table.size else 0):
+                v_rows[b] = table[tokens[b]]
+            a = blocks[layer]
+            x = _block_step(
+                x,
+                a[0],
+                a[1],
+                a[2],
+                a[3],
+                a[4],
+                a[5],
+                a[6],
+                a[7],
+                rope,
+                v_rows,
+                caches[layer],
+                pos,
+                a[8],
+                a[9],
+            )
+        h = np.empty_like(x)
+        _norm(x, final[0][0], final[0][1], final[1], final[2], h)
+        logits = np.empty((rows, head[0].shape[0]), dtype=np.float32)
+        _matvec(head[0], head[1], h, head[2], logits, head[3])
+        if logit_cap > 0:
+            cap = np.float32(logit_cap)
+            for b in range(rows):
+                for v in range(logits.shape[1]):
+                    logits[b, v] = cap * np.tanh(logits[b, v] / cap)
+        return logits
+
 
 def _array(a: np.ndarray | None) -> np.ndarray:
     return _EMPTY if a is None else a
@@ -539,16 +603,6 @@ def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = 
     return out
 
 
-def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
-    """x (..., C) through a LayerNorm or RMSNorm, as `numpy.norm`, in one compiled call: the final norm
-    of a one-token step, whose dozen NumPy operations each start from cold caches once a token's weights
-    have streamed through them (36 us against 7 here)."""
-    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
-    out = np.empty_like(rows)
-    _norm(rows, w.weight, _array(w.bias), float(w.eps), w.rms, out)
-    return out.reshape(x.shape)
-
-
 def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
     """Token ids (B,) drawn from logits (B, V) at `temperature` > 0 by uniforms u (B,), in one compiled call
     (`_draw`): sampling's dozen NumPy calls took 75-190 µs a token once a step's weights had streamed
@@ -558,12 +612,8 @@ def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
     return out
 
 
-BlockArgs = tuple[Any, ...]
-
-
-def block_args(w: BlockWeights[np.ndarray], tile_from: int | None = None) -> BlockArgs:
-    """A block's weights, shapes and options as `block_step` hands them to the kernel: built once per
-    engine, not at every step; batches go through `_tile` for rows `tile_from` long or longer."""
+def _block_args(w: BlockWeights[np.ndarray], tile_from: int | None) -> tuple[Any, ...]:
+    """A block's weights, shapes and options as `_block_step` takes them."""
     a = w.attn
     hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
     qk = (_EMPTY, _EMPTY, 0.0)
@@ -583,22 +633,44 @@ def block_args(w: BlockWeights[np.ndarray], tile_from: int | None = None) -> Blo
     )
 
 
-def block_step(
-    args: BlockArgs,
-    x: np.ndarray,
-    cache: tuple[np.ndarray, np.ndarray],
+ModelArgs = tuple[Any, ...]
+
+
+def model_args(
+    w: ModelWeights[np.ndarray], head: LinearWeights[np.ndarray], tile_from: int | None = None
+) -> ModelArgs:
+    """A model's weights, shapes and options as `model_step` hands them to the kernel (every block
+    `supported`; `head`: the LM head as an output-major linear layer): built once per engine, not at every
+    step; batches go through `_tile` for weight rows `tile_from` long or longer."""
+    return (
+        w.wte,
+        _EMPTY_ROWS if w.wpe is None else w.wpe,
+        tuple(_block_args(b, tile_from) for b in w.h),
+        tuple(_EMPTY_ROWS if b.attn.v_embed is None else b.attn.v_embed for b in w.h),
+        (_array(w.skips), np.array(w.skip_pairs, dtype=np.int64).reshape(-1, 2)),
+        (_norm_args(w.ln_f), float(w.ln_f.eps), w.ln_f.rms),
+        _lin(head, tile_from),
+        0.0 if w.logit_cap is None else float(w.logit_cap),
+    )
+
+
+def model_step(
+    args: ModelArgs,
+    tokens: np.ndarray,
+    caches: tuple[tuple[np.ndarray, np.ndarray], ...],
     pos: int,
     rope: tuple[np.ndarray, np.ndarray] | None,
-    v_rows: np.ndarray | None,
 ) -> np.ndarray:
-    """One new token of each row of x (B, C) through the block `args` holds (`block_args`), as
-    `numpy.block` with T = 1: its keys and values written into the layer's cache buffers (B, n_kv_head,
-    capacity, hd; float32, or float16's bits as uint16) at slot pos % capacity, attending over
-    min(pos + 1, capacity) slots. rope: this position's cos and sin rows; v_rows: the tokens' value
-    embeddings. Returns the block's output (a new array)."""
-    ln1, ln2, eps, rms, attn, mlp, heads, qk, scale, activation = args
+    """The logits (B, V) of one new token of each row (`tokens` (B,), int64) at position `pos`, through
+    the model `args` holds (`model_args`), as one compiled call: `numpy.transformer` and `numpy.head` with
+    T = 1, each block `_block_step`. Each layer's keys and values are written into its cache buffers
+    (`caches`: (keys, values) a layer, B x n_kv_head x capacity x hd; float32, or float16's bits as
+    uint16) at slot pos % capacity, attention reading min(pos + 1, capacity) slots. rope: this position's
+    cos and sin rows (`numpy.rotary`). Between the blocks of the array path, a step's Python and NumPy
+    calls each start from caches the weights have just streamed through: 4-10% of a one-token step here.
+    A token id outside the vocabulary raises IndexError."""
+    wte, wpe, blocks, value_embeds, skips, final, head, cap = args
     rope = (_EMPTY, _EMPTY) if rope is None else rope
-    v_rows = _EMPTY_ROWS if v_rows is None else v_rows
-    return _block_step(
-        x, ln1, ln2, eps, rms, attn, mlp, heads, qk, rope, v_rows, cache, pos, scale, activation
+    return _model_step(
+        tokens, (wte, wpe, pos), blocks, value_embeds, skips, caches, pos, rope, final, head, cap
     )

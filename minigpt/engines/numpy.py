@@ -284,24 +284,6 @@ def block(
     return x
 
 
-def fused_block(
-    args: Sequence[_kernels.BlockArgs],
-    w: BlockWeights[np.ndarray],
-    x: np.ndarray,
-    layer: int,
-    cache: Cache | None,
-    rope: Rotary | None,
-    idx: np.ndarray | None = None,
-) -> np.ndarray:
-    """`block` for one new token of every row of the cache, as one compiled call (`kernels.block_step`
-    over the layer's `args`, `kernels.block_args` of w)."""
-    assert cache is not None and idx is not None
-    v_rows = None if w.attn.v_embed is None else w.attn.v_embed[idx[:, 0]]
-    here = None if rope is None else (rope[0][0], rope[1][0])
-    kv = (_kernel_view(cache.k[layer]), _kernel_view(cache.v[layer]))
-    return _kernels.block_step(args[layer], x[:, 0], kv, cache.pos, here, v_rows)[:, None]
-
-
 def _kernel_view(a: np.ndarray) -> np.ndarray:
     """A cache buffer as the kernels take it: float16 as its bits (numba has no float16 on the CPU)."""
     return a.view(np.uint16) if a.dtype == np.float16 else a
@@ -313,14 +295,14 @@ def transformer(
     cache: Cache | None,
     angles: Callable[[int, int], Rotary] | None = None,
     block: Callable[..., np.ndarray] = block,
-    final_norm: Callable[[NormWeights[np.ndarray], np.ndarray], np.ndarray] = norm,
 ) -> np.ndarray:
     """Final hidden states (B, T, C) of the tokens idx (B, T), placed after cache.pos cached ones, each
-    layer computed by `block` and the last norm by `final_norm` (`fused_block` and `kernels.norm` for a
-    one-token step through the kernels); a rotary model's angles from `angles(start, T)` (a
-    `RotaryTable`; None: computed here)."""
+    layer computed by `block` (`kernels.model_step` is this and `head` for a one-token step); a rotary
+    model's angles from `angles(start, T)` (a `RotaryTable`; None: computed here)."""
     T = idx.shape[1]
     start = first_position(cache, T, None if w.wpe is None else w.wpe.shape[0])
+    if idx.size and idx.min() < 0:  # NumPy would take a negative id from the end of the table
+        raise IndexError("token id outside the vocabulary")
     x = w.wte[idx]
     rope = None
     if w.wpe is not None:
@@ -338,7 +320,7 @@ def transformer(
         x = block(b, x, layer, cache, rope, idx)
     if cache is not None:
         cache.advance(T)
-    return final_norm(w.ln_f, x)
+    return norm(w.ln_f, x)
 
 
 def head(
@@ -574,9 +556,7 @@ class NumpyEngine:
         """Steps of four rows or more through the kernels' tiles for weight rows `tile_from` long or
         longer (None: never; `kernels.tiled`)."""
         self.tile_from = tile_from
-        args = [_kernels.block_args(b, tile_from) for b in self.weights.h] if self.kernels else []
-        self._step_block = functools.partial(fused_block, args)
-        self._head_product = functools.partial(_kernels.matvec, tile_from=tile_from)
+        self._model_args = _kernels.model_args(self.weights, self._head, tile_from) if self.kernels else ()
 
     def _pick_tiles(self, quantize: str) -> int | None:
         """The row length from which batched steps run fastest by tiles, on this CPU for these shapes:
@@ -688,21 +668,33 @@ class NumpyEngine:
         cache: Cache | None,
         every_position: bool,
     ) -> np.ndarray:
-        step = self.kernels and cache is not None and idx.shape == (cache.batch, 1)
-        layers, final_norm = (
-            (self._step_block, _kernels.norm)
-            if step
-            else (functools.partial(block, product=self._product), norm)
-        )
+        """The logits of the tokens idx through `weights` and `lm_head` (a one-token step over the cache
+        through the kernels: the engine's own weights, as `_model_args` holds them)."""
+        if self.kernels and cache is not None and idx.shape == (cache.batch, 1):
+            logits = self._step(idx[:, 0], cache)
+            return logits[:, None] if every_position else logits
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
-            x = transformer(weights, idx, cache, self._angles, layers, final_norm)
-        logits = head(
-            weights, lm_head, x if every_position else x[:, -1], self._head_product if step else self._product
-        )
+            x = transformer(
+                weights, idx, cache, self._angles, functools.partial(block, product=self._product)
+            )
+        logits = head(weights, lm_head, x if every_position else x[:, -1], self._product)
         if cache is None or logits.shape[0] == cache.batch:
             return logits
         return np.broadcast_to(logits, (cache.batch, *logits.shape[1:]))
+
+    def _step(self, tokens: np.ndarray, cache: Cache) -> np.ndarray:
+        """Logits (B, V) of one new token of each row of the cache, as one compiled call
+        (`kernels.model_step`)."""
+        pos = first_position(cache, 1, self.config.block_size if self.config.pos == "learned" else None)
+        rope = None
+        if self._angles is not None:
+            cos, sin = self._angles(pos, 1)
+            rope = (cos[0], sin[0])
+        caches = tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
+        logits = _kernels.model_step(self._model_args, tokens, caches, pos, rope)
+        cache.advance(1)
+        return logits
 
     def _step_times(self, trees: dict[str, ModelWeights[np.ndarray]]) -> dict[str, float]:
         """Each layout's best time for a one-token step, on the thread count a step starts with."""
