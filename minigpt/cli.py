@@ -278,8 +278,10 @@ def prepare(
     ],
     given: Given = NO_OPTIONS,
 ) -> None:
-    """Tokenize a corpus ahead of training, with `train`'s data options: `train` then reuses it and starts at
-    once. Under torchrun (`--nproc N`, or several machines) the processes split the files between them.
+    """Tokenize a corpus ahead of training: `train` then reuses it and starts at once.
+
+    Takes `train`'s data options. Under torchrun (`--nproc N`, or several machines) the processes split the
+    files between them.
     """
     launch = _launch(given)
     data = DataConfig(paths=tuple(files), **given.of(DataConfig))
@@ -307,8 +309,10 @@ def eval_cmd(
     given: Given = NO_OPTIONS,
     as_json: Annotated[bool, _json_option("one JSON object instead of a table")] = False,
 ) -> None:
-    """Loss, perplexity and bits-per-byte of a trained model on any text file, or on the assistant's
-    answers in conversation JSONL (windows are then conversations)."""
+    """Loss, perplexity and bits-per-byte of a trained model on text, or on conversations' answers.
+
+    Any text file, or the assistant's answers in conversation JSONL (windows are then conversations).
+    """
     from minigpt.evaluate import evaluate_run
     from minigpt.views import eval_view, print_json
 
@@ -388,8 +392,10 @@ def convert_from_hf(
     out: Annotated[Path, typer.Argument(help="minigpt run directory to write.")],
     given: Given = NO_OPTIONS,
 ) -> None:
-    """Import GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape), or a Llama or Qwen3 model with plain
-    rotary positions, as a minigpt run, offline.
+    """Import a Hugging Face GPT-2, Llama or Qwen3 model as a minigpt run, offline.
+
+    GPT-2 weights (gpt2 ... gpt2-xl, or any GPT-2 shape), or a Llama or Qwen3 model with plain rotary
+    positions.
 
     Example: `minigpt convert from-hf ./gpt2 checkpoints/gpt2`, then `minigpt params checkpoints/gpt2`
     or `minigpt train input.txt --init-from checkpoints/gpt2`.
@@ -412,9 +418,10 @@ def convert_to_hf(
     out: Annotated[Path, typer.Argument(help="Directory to write for transformers' from_pretrained.")],
     given: Given = NO_OPTIONS,
 ) -> None:
-    """Export a run for transformers' AutoModelForCausalLM.from_pretrained(OUT): GPT-2 architecture as
-    GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM, with --qk-norm (and
-    windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
+    """Export a run for transformers' AutoModelForCausalLM.from_pretrained(OUT).
+
+    GPT-2 architecture as GPT2LMHeadModel; rotary + RMSNorm + SwiGLU (any --n-kv-head) as LlamaForCausalLM,
+    with --qk-norm (and windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
     The tokenizer (any kind: bpe, char, tiktoken) is written as tokenizer.json for AutoTokenizer, GPT-2
     style ones also as vocab.json + merges.txt; a README.md model card describes the model.
@@ -433,9 +440,10 @@ def convert_to_gguf(
     out: Annotated[Path, typer.Argument(help="The GGUF file to write (e.g. model.gguf).")],
     given: Given = NO_OPTIONS,
 ) -> None:
-    """Export a run as one GGUF file for llama.cpp (needs the gguf extra): GPT-2 architecture as llama.cpp's
-    gpt2; rotary + RMSNorm + SwiGLU as llama, with --qk-norm as qwen3; the tokenizer included. An option
-    llama.cpp cannot run is an error naming it.
+    """Export a run as one GGUF file for llama.cpp, the tokenizer included (needs the gguf extra).
+
+    GPT-2 architecture as llama.cpp's gpt2; rotary + RMSNorm + SwiGLU as llama, with --qk-norm as qwen3. An
+    option llama.cpp cannot run is an error naming it.
 
     Example: `minigpt convert to-gguf checkpoints/input input.gguf`, then
     `llama-completion -m input.gguf -p "ROMEO:" -n 50 --temp 0`.
