@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
 KEY = "sk-test-key"
 PROMPT = "The dog"  # the fixture's char tokenizer knows only the letters of its corpus
+HOLD = 1_000_000  # tokens a request may ask of `small`: far more than the tiny model decodes in a test
 
 
 # --- a real server process -------------------------------------------------------------------------------
@@ -96,8 +97,9 @@ def server(runs: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def small(runs: Path) -> Iterator[Server]:
-    """One decoding row and one waiting place: the third concurrent request is turned away."""
-    s = Server(runs, str(runs / "tiny"), "--max-batch", "1", "--queue", "1")
+    """One decoding row and one waiting place: the third concurrent request is turned away (requests may ask
+    for HOLD tokens: a row held that long is held until its client leaves, however fast the decoding)."""
+    s = Server(runs, str(runs / "tiny"), "--max-batch", "1", "--queue", "1", "--max-tokens", str(HOLD))
     yield s
     s.stop()
 
@@ -467,7 +469,9 @@ def test_busy_server_says_429_and_a_client_that_leaves_frees_its_row(small: Serv
         model = request(small.url + "/health")[1]["models"][0]
         return model["active_rows"], model["waiting"]
 
-    first, second = open_stream(small), open_stream(small)  # one decoding, one waiting
+    # one decoding, one waiting; each asks for more tokens than the test could see decoded (256 were done
+    # before the third request came once a step became one compiled call)
+    first, second = open_stream(small, HOLD), open_stream(small, HOLD)
     status, out = request(small.url + "/v1/completions", {"prompt": PROMPT})
     assert status == 429 and out["error"]["type"] == "rate_limit_error" and "busy" in out["error"]["message"]
     assert load() == (1, 1)
