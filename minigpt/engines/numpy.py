@@ -476,7 +476,7 @@ def _decoding_tree(
 class NumpyEngine:
     """GPT weights in NumPy as the decode loop's Engine (the CPU; float32, or int8 linear layers).
 
-    A one-token step over a cache runs each block as one compiled call (`minigpt.engines.kernels`, where
+    A one-token step over a cache runs as one compiled call (`minigpt.engines.kernels`, where
     numba is installed and `kernels` is not False; over the file's (out, in) matrices); prefills and
     the attention scores the kernels lack run as NumPy array operations, a prefill's matrix products
     through the kernels up to `kernel_rows` rows (measured at load: `_pick_kernel_rows`). Without the
