@@ -510,7 +510,7 @@ if numba is not None:
     @njit(fastmath=_FAST, cache=_CACHE)
     def _model_step(
         tokens: Any,
-        embeddings: tuple[Any, Any, int],
+        embeddings: tuple[Any, Any],
         blocks: Any,
         value_embeds: Any,
         skips: tuple[Any, Any],
@@ -521,7 +521,7 @@ if numba is not None:
         head: tuple[Any, Any, Any, bool],
         logit_cap: float,
     ) -> Any:
-        wte, wpe, start = embeddings
+        wte, wpe = embeddings
         rows, width = tokens.shape[0], wte.shape[1]
         x = np.empty((rows, width), dtype=np.float32)
         for b in range(rows):
@@ -529,7 +529,7 @@ if numba is not None:
                 raise IndexError("token id outside the vocabulary")
             x[b] = wte[tokens[b]]
             if wpe.size:
-                x[b] += wpe[start]
+                x[b] += wpe[pos]
         weights, pairs = skips
         inputs = np.empty((pairs.shape[0], rows, width), dtype=np.float32)  # what U-net skips carry
         for layer in range(len(blocks)):
@@ -666,11 +666,10 @@ def model_step(
     T = 1, each block `_block_step`. Each layer's keys and values are written into its cache buffers
     (`caches`: (keys, values) a layer, B x n_kv_head x capacity x hd; float32, or float16's bits as
     uint16) at slot pos % capacity, attention reading min(pos + 1, capacity) slots. rope: this position's
-    cos and sin rows (`numpy.rotary`). Between the blocks of the array path, a step's Python and NumPy
-    calls each start from caches the weights have just streamed through: 4-10% of a one-token step here.
+    cos and sin rows (`numpy.rotary`). One call, not one a block: the Python and NumPy calls between
+    per-block calls each started from caches the weights had just streamed through (0-10% of a one-token
+    step here, more the busier the machine).
     A token id outside the vocabulary raises IndexError."""
     wte, wpe, blocks, value_embeds, skips, final, head, cap = args
     rope = (_EMPTY, _EMPTY) if rope is None else rope
-    return _model_step(
-        tokens, (wte, wpe, pos), blocks, value_embeds, skips, caches, pos, rope, final, head, cap
-    )
+    return _model_step(tokens, (wte, wpe), blocks, value_embeds, skips, caches, pos, rope, final, head, cap)
