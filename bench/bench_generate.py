@@ -21,7 +21,8 @@ without the kernels) for comparison.
 The NumPy engine runs in a process of its own, as `generate` runs it, without torch. Everything is
 measured round-robin, `--repeats` times, medians shown: on a shared machine interleaving spreads the
 noise over every row alike, and the ratios (to the bound, batch 8 to batch 1, int8 to float32) hold
-better than the absolute numbers.
+better than the absolute numbers; a ratio of two setups is the median of the rounds' ratios (each round
+measures both within a minute).
 
 The last tables time whole `minigpt generate` commands (start-up, loading, generation) and decoding past
 the block (a rotary model's ring-buffer cache against the learned-position slide).
@@ -297,6 +298,13 @@ class Row:
             self.first_token.append(ttft)
 
 
+def paired(top: Row, top_batch: int, bottom: Row, bottom_batch: int) -> float:
+    """The median over rounds of `top`'s tokens/s over `bottom`'s in the same round: both measured within
+    the round's minute, so the machine's drift from one round to the next cancels in each ratio."""
+    pairs = zip(top.speeds[top_batch], bottom.speeds[bottom_batch], strict=True)
+    return statistics.median(a / b for a, b in pairs)
+
+
 def measure(
     runs: dict[str, Path], tok: Tokenizer, n: int, batches: list[int], repeats: int
 ) -> tuple[list[Row], list[float]]:
@@ -366,7 +374,7 @@ def print_rows(rows: list[Row], batches: list[int], bw: float) -> None:
         bound = bw / row.bytes_per_step
         cells = [f"{row.median(b):,.0f} ({row.median(b) / (b * bound):.2f})" for b in batches]
         threads = " / ".join(_threads(row, b) for b in batches)
-        ratio = row.median(batches[-1]) / row.median(batches[0])
+        ratio = paired(row, batches[-1], row, batches[0])
         ttft = statistics.median(row.first_token) * 1000
         print(
             f"| {row.arch} | {row.setup.label} | {row.layout} | {threads} | {row.bytes_per_step / 1e6:.1f} | "
@@ -387,17 +395,17 @@ def print_targets(rows: list[Row], bw: float) -> None:
     lines = {
         "NumPy batch 1, generate's threads, of the bound (>= 0.7)": lambda a: frac(a, SETUPS[0].label),
         "NumPy batch 1, one thread, of the bound (>= 0.6)": lambda a: frac(a, SETUPS[1].label),
-        "NumPy batch 8 / batch 1, generate's threads (>= 4)": lambda a: (
-            by[(a, SETUPS[0].label)].median(8) / by[(a, SETUPS[0].label)].median(1)
+        "NumPy batch 8 / batch 1, generate's threads (>= 4)": lambda a: paired(
+            by[(a, SETUPS[0].label)], 8, by[(a, SETUPS[0].label)], 1
         ),
-        "int8 (NumPy) batch 1 / NumPy float32 batch 1 (>= 2)": lambda a: (
-            by[(a, SETUPS[4].label)].median(1) / by[(a, SETUPS[0].label)].median(1)
+        "int8 (NumPy) batch 1 / NumPy float32 batch 1 (>= 2)": lambda a: paired(
+            by[(a, SETUPS[4].label)], 1, by[(a, SETUPS[0].label)], 1
         ),
-        "torch int8 batch 1 / torch float32 batch 1": lambda a: (
-            by[(a, SETUPS[5].label)].median(1) / by[(a, SETUPS[3].label)].median(1)
+        "torch int8 batch 1 / torch float32 batch 1": lambda a: paired(
+            by[(a, SETUPS[5].label)], 1, by[(a, SETUPS[3].label)], 1
         ),
-        "NumPy batch 8, float16 KV cache / float32": lambda a: (
-            by[(a, SETUPS[0].label)].median(8) / by[(a, SETUPS[2].label)].median(8)
+        "NumPy batch 8, float16 KV cache / float32": lambda a: paired(
+            by[(a, SETUPS[0].label)], 8, by[(a, SETUPS[2].label)], 8
         ),
     }
     if 8 not in rows[0].speeds:  # --batches without 8
