@@ -11,10 +11,10 @@ many there are (in letters), or the words in capitals. The held-out prompts are 
 the fine-tuning never saw together.
 
 Every step is a whole `minigpt` command, timed from outside, with its peak RSS (wait4): the base is
-`minigpt train tinyshakespeare.txt --tokenizer char --block-size 128 --n-layer 4 --max-time PRETRAIN` (`--tokenizer`,
-`--base-flags`: the CPU recipe's `nano` shape with 4 blocks in place of 2, README "Fine-tuning and chat"), each fine-tuning
-`minigpt train --init-from BASE train.jsonl --max-time FINETUNE` (plus `--lora-rank R` and the --lora flags), and each model
-answers every held-out prompt through `minigpt chat RUN -t 0 --json` (piped, greedy). "base" is the
+`minigpt train tinyshakespeare.txt --tokenizer char --block-size 128 --n-layer 4 --max-time PRETRAIN`
+(`--tokenizer`; `--base-flags`: the CPU recipe's `nano` shape with 4 blocks in place of 2, README
+"Fine-tuning and chat"), each fine-tuning `minigpt train --init-from BASE train.jsonl --max-time FINETUNE`
+(plus `--lora-rank R` and the --lora flags), and each model answers every held-out prompt through `minigpt chat RUN -t 0 --json` (piped, greedy). "base" is the
 pretrained model answering through the same chat template before any fine-tuning (its new chat tokens at
 their initial rows). Trainable parameters and optimizer memory are read from the run's files.
 """
