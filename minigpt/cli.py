@@ -11,12 +11,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer._click import exceptions as click_errors  # typer vendors click as typer._click
 from typer.core import TyperGroup
-
-try:  # typer 0.2x vendors click as typer._click; older typer raises click's own exceptions
-    from typer._click import exceptions as click_errors
-except ImportError:  # pragma: no cover
-    from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from minigpt import __version__, startup
 from minigpt.attentionconfig import AttentionConfig
