@@ -14,9 +14,9 @@ Every step is a whole `minigpt` command, timed from outside, with its peak RSS (
 `minigpt train tinyshakespeare.txt --tokenizer char --block-size 128 --n-layer 4 --max-time PRETRAIN`
 (`--tokenizer`; `--base-flags`: the CPU recipe's `nano` shape with 4 blocks in place of 2, README
 "Fine-tuning and chat"), each fine-tuning `minigpt train --init-from BASE train.jsonl --max-time FINETUNE`
-(plus `--lora-rank R` and the --lora flags), and each model answers every held-out prompt through `minigpt chat RUN -t 0 --json` (piped, greedy). "base" is the
-pretrained model answering through the same chat template before any fine-tuning (its new chat tokens at
-their initial rows). Trainable parameters and optimizer memory are read from the run's files.
+(plus `--lora-rank R` and the --lora flags), and each model answers every held-out prompt through
+`minigpt chat RUN -t 0 --json` (piped, greedy). "base" is the pretrained model answering through the same
+chat template before any fine-tuning (its new chat tokens at their initial rows). Trainable parameters and optimizer memory are read from the run's files.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import platform
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -245,7 +246,7 @@ def main() -> None:
             else ["--max-time", args.pretrain]
         )
         pre = command(["train", str(SHAKESPEARE), "--tokenizer", args.tokenizer, "--block-size", "128", *budget,
-                       *args.base_flags.split(), "--out", str(base), "--overwrite"], work)  # fmt: skip
+                       *shlex.split(args.base_flags), "--out", str(base), "--overwrite"], work)  # fmt: skip
         print(f"pretrained {base} in {pre['wall']:.1f} s (load {load()})", flush=True)
     ft_budget = (
         ["--max-iters", str(args.finetune_steps)] if args.finetune_steps else ["--max-time", args.finetune]
