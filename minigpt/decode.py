@@ -81,13 +81,14 @@ class Engine(Protocol):
     def forward(
         self, ids: Sequence[Sequence[int]], cache: KVCache[Any] | None, *, every_position: bool = False
     ) -> Any:
-        """Last-position logits (B, V) after feeding ids (B rows of T tokens) at cache.pos; without a cache,
-        a full forward pass over ids. A 1-row feed into an empty cache of B rows gives logits for all B.
+        """Last-position logits (B, V) after feeding ids (B rows of T tokens) at the cache's positions (rows
+        at different positions take one token each); without a cache, a full forward pass over ids. A
+        1-row feed into an empty cache of B rows gives logits for all B.
         every_position: logits (B, T, V) of every fed position (scoring a prompt), the same pass."""
         ...
 
     def gather(self, parts: Sequence[tuple[KVCache[Any], int, int]]) -> KVCache[Any]:
-        """A new cache of rows start:stop of each (cache, start, stop), in order, at their common position."""
+        """A new cache of rows start:stop of each (cache, start, stop), in order, each row at its position."""
         ...
 
     def log_probs(self, logits: Any) -> np.ndarray:

@@ -10,6 +10,11 @@ layer, the window for a local one. Position p lives in slot p % capacity, so onc
 new token overwrites the oldest, the one that just left its window: a local layer, or any layer of a
 rotary model (whose scores depend only on distances), decodes past its capacity at constant cost. Learned
 positions stop at block_size (`limit`), and the decode loop re-reads a slid window instead.
+
+Each row keeps its own position. Rows fed together usually share one (a prompt's samples, a batch of
+prompts of one length); a server that joins requests begun at different times (`gather_rows`) makes a
+cache whose rows stand at different positions, which then take one token a row per step: each row's key
+goes into its own slot, and `key_mask` tells attention which of the returned slots each row has filled.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 from minigpt.errors import UsageError
 
-__all__ = ["KVCache", "first_position", "gather_rows"]
+__all__ = ["KVCache", "first_position", "gather_rows", "position_ids"]
 
 Array = TypeVar("Array", bound=Any)  # torch.Tensor or np.ndarray: both slice and assign alike
 
@@ -38,7 +45,20 @@ class KVCache(Generic[Array]):
         self.batch = k[0].shape[0]
         self.capacity = [layer.shape[2] for layer in k]
         self.limit = limit
-        self.pos = 0
+        self.positions = np.zeros(self.batch, dtype=np.int64)  # each row's cached positions
+        self._common: int | None = 0  # the rows' shared position; None while they differ
+
+    @property
+    def pos(self) -> int:
+        """The position every row stands at (rows at different positions have none: `mixed`)."""
+        if self._common is None:
+            raise UsageError("the cache's rows stand at different positions: feed them one token each")
+        return self._common
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the rows stand at different positions (a server's joined requests)."""
+        return self._common is None
 
     def update(self, layer: int, k: Array, v: Array) -> tuple[Array, Array]:
         """Store k, v (b, H, T, hd) for positions pos..pos+T and return the keys and values the new
@@ -50,6 +70,8 @@ class KVCache(Generic[Array]):
         """
         rows, new = k.shape[0], k.shape[2]
         self._check(rows, new)
+        if self._common is None:
+            return self._update_rows(layer, k, v)
         cap, end = self.capacity[layer], self.pos + new
         kl, vl = self.k[layer], self.v[layer]
         if end <= cap:  # nothing overwritten yet: the buffer's prefix is the sequence so far
@@ -68,10 +90,32 @@ class KVCache(Generic[Array]):
         vl[:, :, slots] = v[:, :, new - len(slots) :]
         return keys, values
 
+    def _update_rows(self, layer: int, k: Array, v: Array) -> tuple[Array, Array]:
+        """One new token a row, each row at its own position: its key and value into slot position %
+        capacity; returned, the slots any row has filled (`key_mask` says which are each row's)."""
+        if k.shape[2] != 1:
+            raise UsageError("the cache's rows stand at different positions: feed them one token each")
+        cap = self.capacity[layer]
+        rows, slots = list(range(self.batch)), (self.positions % cap).tolist()
+        kl, vl = self.k[layer], self.v[layer]
+        kl[rows, :, slots] = k[:, :, 0]
+        vl[rows, :, slots] = v[:, :, 0]
+        end = min(int(self.positions.max()) + 1, cap)
+        return kl[:, :, :end], vl[:, :, :end]
+
+    def key_mask(self, layer: int) -> np.ndarray | None:
+        """(batch, keys) booleans, True where a row's new token may see the key `update` returned in that
+        slot: the slots its own positions filled (None when the rows share a position: all of them)."""
+        if self._common is None:
+            seen = np.minimum(self.positions + 1, self.capacity[layer])
+            return np.arange(int(seen.max()))[None, :] < seen[:, None]
+        return None
+
     def _check(self, rows: int, new: int) -> None:
-        if self.limit is not None and self.pos + new > self.limit:
-            raise UsageError(f"KV cache overflow: {self.pos + new} positions, room for {self.limit}")
-        if rows != self.batch and not (rows == 1 and self.pos == 0):
+        end = (int(self.positions.max()) if self._common is None else self._common) + new
+        if self.limit is not None and end > self.limit:
+            raise UsageError(f"KV cache overflow: {end} positions, room for {self.limit}")
+        if rows != self.batch and not (rows == 1 and self._common == 0):
             raise UsageError(f"KV cache holds {self.batch} rows, got {rows}")
 
     def _in_order(self, buf: Array) -> Array:
@@ -83,37 +127,52 @@ class KVCache(Generic[Array]):
         return buf[:, :, list(range(split, cap)) + list(range(split))]
 
     def advance(self, n: int) -> None:
-        self.pos += n
+        self.positions += n
+        if self._common is not None:
+            self._common += n
 
     def reset(self) -> None:
         """Forget every cached position (the buffers are reused, not freed)."""
-        self.pos = 0
+        self.positions[:] = 0
+        self._common = 0
 
     def copy_rows(self, source: KVCache[Array], start: int, stop: int, row: int) -> None:
-        """Copy rows start:stop of `source` (at this cache's position) into this cache from `row` on."""
+        """Copy rows start:stop of `source`, with their positions, into this cache from `row` on."""
         for mine, theirs in ((self.k, source.k), (self.v, source.v)):
             for dst, src in zip(mine, theirs, strict=True):
                 dst[row : row + stop - start] = src[start:stop]
+        self.positions[row : row + stop - start] = source.positions[start:stop]
+        first = int(self.positions[0])
+        self._common = first if bool((self.positions == first).all()) else None
 
 
-def first_position(cache: KVCache[Any] | None, new: int, limit: int | None) -> int:
+def first_position(cache: KVCache[Any] | None, new: int, limit: int | None) -> int | np.ndarray:
     """The position of the first of `new` tokens fed after the cached ones (0 without a cache), checked to
-    leave the whole sequence inside `limit` positions (learned positions: block_size; None: no limit)."""
-    start = cache.pos if cache is not None else 0
-    if limit is not None and start + new > limit:
-        raise UsageError(f"sequence of {start + new} tokens is longer than the model's block_size {limit}")
+    leave the whole sequence inside `limit` positions (learned positions: block_size; None: no limit); for
+    a cache whose rows stand at different positions (`KVCache.mixed`), each row's (batch,)."""
+    start: int | np.ndarray = 0 if cache is None else cache.positions.copy() if cache.mixed else cache.pos
+    end = int(np.max(start)) + new
+    if limit is not None and end > limit:
+        raise UsageError(f"sequence of {end} tokens is longer than the model's block_size {limit}")
     return start
+
+
+def position_ids(start: int | np.ndarray, new: int) -> np.ndarray:
+    """The positions of `new` tokens from `first_position`'s answer: (new,), or (batch, 1) for rows at
+    different positions (which take one token each)."""
+    if isinstance(start, np.ndarray):
+        return start[:, None]
+    return np.arange(start, start + new)
 
 
 def gather_rows(
     new_cache: Callable[[int], KVCache[Array]], parts: Sequence[tuple[KVCache[Array], int, int]]
 ) -> KVCache[Array]:
-    """A new cache (made by `new_cache(rows)`) of rows start:stop of each part's cache, in order, at their
-    common position: how a server joins requests that reached one position and drops finished ones."""
+    """A new cache (made by `new_cache(rows)`) of rows start:stop of each part's cache, in order, each row
+    at its own position: how a server joins requests and drops finished ones."""
     out = new_cache(sum(stop - start for _, start, stop in parts))
     row = 0
     for cache, start, stop in parts:
         out.copy_rows(cache, start, stop, row)
         row += stop - start
-    out.advance(parts[0][0].pos)
     return out

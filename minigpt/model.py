@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from minigpt.config import GPTConfig
-from minigpt.kvcache import KVCache, first_position
+from minigpt.kvcache import KVCache, first_position, position_ids
 from minigpt.lora import LoRAConfig, base_config, join_added_rows
 from minigpt.memory import score_chunks
 from minigpt.weights import (
@@ -373,9 +373,13 @@ def rotary(base: float, head_dim: int, start: int, length: int, device: torch.de
     Dimension i and i + head_dim/2 turn together at frequency base^(-2i/head_dim), the pairing (and
     float32 arithmetic) of Hugging Face's Llama, so converted weights need no permutation.
     """
-    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim
-    positions = torch.arange(start, start + length, device=device, dtype=torch.int64).float()
-    angles = positions[:, None] * (1.0 / base**exponents)[None, :]
+    return rotary_at(base, head_dim, torch.arange(start, start + length, device=device, dtype=torch.int64))
+
+
+def rotary_at(base: float, head_dim: int, positions: torch.Tensor) -> Rotary:
+    """`rotary` at any positions (an integer tensor): cos and sin of shape positions.shape + (head_dim,)."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.int64).float() / head_dim
+    angles = positions.float()[..., None] * (1.0 / base**exponents)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
@@ -451,17 +455,22 @@ def attend(
     """
     B, T, C = x.shape
     q, k, v = qkv(w, x, rope, idx)
+    seen = None  # rows at different positions: (B, 1, 1, keys), the cache slots each row has filled
     if cache is not None:  # a cache in another type (float16) stores the keys and values rounded to it
         k, v = cache.update(layer, *as_cached(cache.k[layer].dtype, k, v))
         k, v = k.to(q.dtype), v.to(q.dtype)
+        if (filled := cache.key_mask(layer)) is not None:
+            seen = torch.from_numpy(filled).to(x.device)[:, None, None, :]
     if attention is None and w.score != "additive":
-        y = _fused_attention(q, k, v, w.window, dropout, None if w.score == "scaled" else 1.0)
+        y = _fused_attention(q, k, v, w.window, dropout, None if w.score == "scaled" else 1.0, seen)
     else:
         groups = w.n_head // w.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = attention_logits(w, q, k)
         if T > 1:
             scores = scores.masked_fill(~attention_mask(T, k.size(2), w.window, x.device), float("-inf"))
+        elif seen is not None:
+            scores = scores.masked_fill(~seen, float("-inf"))
         probs = scores.softmax(dim=-1)
         if attention is not None:
             attention.append(probs)
@@ -480,27 +489,40 @@ CPU_HALF_ATTENTION_MAX_KEYS = 256
 
 
 def _fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    dropout: float,
+    scale: float | None,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     S = k.size(2)
     half = q.dtype in (torch.bfloat16, torch.float16)
     if q.device.type == "cpu" and half and S <= CPU_HALF_ATTENTION_MAX_KEYS:
         with torch.autocast("cpu", enabled=False):
-            y = _sdpa(q.float(), k.float(), v.float(), window, dropout, scale)
+            y = _sdpa(q.float(), k.float(), v.float(), window, dropout, scale, seen)
         return y.to(q.dtype)
-    return _sdpa(q, k, v, window, dropout, scale)
+    return _sdpa(q, k, v, window, dropout, scale, seen)
 
 
 def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, dropout: float, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    dropout: float,
+    scale: float | None,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     T, S = q.size(2), k.size(2)
     gqa = k.size(1) != q.size(1)
-    # one new query sees every key the cache hands back (it keeps only the layer's window); T queries
-    # over T keys within the window are plain causal attention
+    # one new query sees every key the cache hands back (it keeps only the layer's window; rows at
+    # different positions: the slots `seen` marks); T queries over T keys within the window are plain
+    # causal attention
     if T == 1 or (S == T and window >= T):
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=T > 1, scale=scale, enable_gqa=gqa
+            q, k, v, attn_mask=seen, dropout_p=dropout, is_causal=T > 1, scale=scale, enable_gqa=gqa
         )
     # SDPA's is_causal aligns the mask top-left, wrong when queries start after cached keys
     mask = attention_mask(T, S, window, q.device)
@@ -588,10 +610,18 @@ def transformer(
     start = first_position(cache, T, None if w.wpe is None else w.wpe.size(0))
     x = F.embedding(idx, w.wte)
     rope = None
-    if w.wpe is not None:
-        x = x + w.wpe[start : start + T]
-    if w.rope_base is not None:
-        rope = rotary(w.rope_base, w.head_dim, start, T, x.device)
+    if isinstance(start, int):
+        if w.wpe is not None:
+            x = x + w.wpe[start : start + T]
+        if w.rope_base is not None:
+            rope = rotary(w.rope_base, w.head_dim, start, T, x.device)
+    else:  # rows at different positions, one token each: (B, 1) positions
+        ids = torch.from_numpy(position_ids(start, T)).to(x.device)
+        if w.wpe is not None:
+            x = x + w.wpe[ids]
+        if w.rope_base is not None:
+            cos, sin = rotary_at(w.rope_base, w.head_dim, ids)
+            rope = (cos[:, None], sin[:, None])  # (B, 1, 1, hd), as x's (B, H, T, hd)
     x = _dropout(x, dropout)
     inputs: list[torch.Tensor] = []  # the layers' inputs that U-net skips carry to later layers
     takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}

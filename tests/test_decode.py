@@ -30,7 +30,7 @@ from minigpt.decode import (
 from minigpt.engines.numpy import NumpyEngine
 from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
-from minigpt.kvcache import KVCache
+from minigpt.kvcache import KVCache, first_position, gather_rows
 from minigpt.model import GPT, model_tensors
 from minigpt.tokenizer import CharTokenizer, Tokenizer
 
@@ -291,6 +291,43 @@ def test_a_full_kv_cache_layer_keeps_its_latest_positions(kind: str) -> None:
     np.testing.assert_array_equal(np.asarray(got), np.asarray(keys)[:, :, 3:10])
     np.testing.assert_array_equal(np.asarray(cache.k[0]), np.asarray(keys)[:, :, [8, 9, 6, 7]])
     assert cache.capacity == [4, 11]
+
+
+@pytest.mark.parametrize("kind", ARRAYS)
+def test_kv_cache_rows_keep_their_own_positions(kind: str) -> None:
+    """Rows joined from caches at positions 2, 5 and 0 (`gather_rows`): each new key goes into its row's
+    slot, position % capacity; `key_mask` marks the slots each row has filled (all of a wrapped ring);
+    rows at different positions take one token each, and say how far each stands."""
+    new = ARRAYS[kind]
+    parts = []
+    for pos in (2, 5, 0):
+        part = _cache(kind, 1, [4, 8], limit=8)
+        part.update(0, new(1, 2, pos, 4), new(1, 2, pos, 4))
+        part.update(1, new(1, 2, pos, 4), new(1, 2, pos, 4))
+        part.advance(pos)
+        parts.append((part, 0, 1))
+    cache = gather_rows(lambda rows: _cache(kind, rows, [4, 8], limit=8), parts)
+    assert cache.mixed and cache.positions.tolist() == [2, 5, 0]
+    with pytest.raises(UsageError, match="different positions"):
+        _ = cache.pos
+    k = new(3, 2, 1, 4)
+    ring, _ = cache.update(0, k, k)
+    full, _ = cache.update(1, k, k)
+    assert tuple(ring.shape) == (3, 2, 4, 4) and tuple(full.shape) == (3, 2, 6, 4)
+    for row, slot in enumerate([2, 1, 0]):  # position 5 wraps to slot 1 of the 4-slot ring
+        np.testing.assert_array_equal(np.asarray(cache.k[0][row, :, slot]), np.asarray(k[row, :, 0]))
+    for row, slot in enumerate([2, 5, 0]):
+        np.testing.assert_array_equal(np.asarray(cache.k[1][row, :, slot]), np.asarray(k[row, :, 0]))
+    assert cache.key_mask(0).tolist() == [[True] * 3 + [False], [True] * 4, [True] + [False] * 3]
+    assert cache.key_mask(1).tolist() == [[True] * 3 + [False] * 3, [True] * 6, [True] + [False] * 5]
+    with pytest.raises(UsageError, match="one token each"):
+        cache.update(0, new(3, 2, 2, 4), new(3, 2, 2, 4))
+    cache.advance(1)
+    assert cache.positions.tolist() == [3, 6, 1] and first_position(cache, 1, 8).tolist() == [3, 6, 1]
+    with pytest.raises(UsageError, match="block_size"):
+        first_position(cache, 3, 8)
+    cache.reset()
+    assert not cache.mixed and cache.pos == 0 and cache.key_mask(0) is None
 
 
 # --- sampling settings ----------------------------------------------------------------------------------

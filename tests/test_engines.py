@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from numerics import assert_near_exact, float64_logits
+from numerics import assert_near_exact, float32_bound, float64_logits
 from test_decode import ENGINES, GREEDY, TINY, numpy_twin, rows, tiny_model
 from threadpoolctl import threadpool_limits
 
@@ -353,6 +353,47 @@ KEPT = [  # (top_k, top_p, the tokens that can be drawn)
     (2, 0.99, {1, 3}),  # they compose: top-k first, then top-p
     (3, 0.6, {1, 3}),
 ]
+
+
+# --- rows at different positions, stepped together (a server's joined requests) ------------------------
+
+
+def _prefilled(engine: Any, prompt: list[int]) -> Any:
+    cache = engine.new_cache(1)
+    engine.forward([prompt], cache)
+    return cache
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("name", LAYOUT_CONFIGS)
+def test_rows_at_different_positions_step_together(name: str, backend: str) -> None:
+    """Three requests prefilled alone (3, 9 and 1 tokens) and joined into one cache (`gather`) take one
+    token a row a step: inside the block, each row's logits are the float64 model's over its own text;
+    a rotary model goes on past the block (its rings wrapping at different steps for different rows) with
+    each row as it decodes alone (the kernels: bit for bit), over every architecture option and score."""
+    config = LAYOUT_CONFIGS[name]
+    model = tiny_model(1, config)
+    engine = ENGINES[backend](model)
+    draw = np.random.default_rng(0)
+    prompts = [draw.integers(0, config.vocab_size, n).tolist() for n in (3, 9, 1)]
+    steps = draw.integers(0, config.vocab_size, (3, 16 if config.pos == "rope" else 6)).tolist()
+    cache = engine.gather([(_prefilled(engine, p), 0, 1) for p in prompts])
+    alone = [_prefilled(engine, p) for p in prompts]
+    for t in range(len(steps[0])):
+        got = np.asarray(engine.forward([[row[t]] for row in steps], cache))
+        for r, (prompt, row) in enumerate(zip(prompts, steps, strict=True)):
+            solo = np.asarray(engine.forward([[row[t]]], alone[r]))[0]
+            text = prompt + row[: t + 1]
+            if len(text) <= config.block_size:
+                exact = float64_logits(model, torch.tensor([text]))[0]
+                assert_near_exact(got[r], exact, config, f"row {r}, step {t}")
+            elif backend == "numpy" and engine.kernels:
+                np.testing.assert_array_equal(got[r], solo)
+            else:  # two float32 computations of the same logits, each within the bound of the exact ones
+                assert_near_exact(
+                    got[r], solo, config, f"row {r}, step {t}", slack=float32_bound(config, solo)
+                )
+    assert cache.positions.tolist() == [len(p) + len(row) for p, row in zip(prompts, steps, strict=True)]
 
 
 def rng_state(rng: Any) -> Any:

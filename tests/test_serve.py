@@ -151,8 +151,10 @@ def collecting_job(
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_batched_requests_give_what_generate_gives(backend: str) -> None:
-    """Requests decoded together (one batch, merged groups, windows sliding past block_size 32) each get
-    exactly the text a lone `Generation` with their settings gives."""
+    """Requests decoded together (prompts of five lengths admitted in two rounds, all stepped in one
+    forward pass from their second round on, each row at its own position, windows sliding past
+    block_size 32 one request at a time) each get exactly the text a lone `Generation` with their
+    settings gives."""
     engine, tok = load_engine(FIXTURE, backend)
     batcher = Batcher(engine, tok, max_rows=16)
     cases = [("The dog", 3, 0.8, 1, 80), ("Lazy a", 1, 0.8, 2, 50), ("To be", 2, 0.0, 3, 40),
@@ -160,16 +162,17 @@ def test_batched_requests_give_what_generate_gives(backend: str) -> None:
     jobs = [collecting_job(p, n, m, t, s) for p, n, t, s, m in cases]
     for job, _ in jobs[:3]:
         batcher.submit(job)
-    for _ in range(2):  # "The dog" (7 tokens) is prefilled, then stepped to position 8 ...
-        batcher.step()
+    batcher.step()  # three prefills (7, 6 and 5 tokens) ...
+    batcher.step()  # ... then one group at positions 7, 6 and 5
+    assert [len(g.jobs) for g in batcher.groups] == [3] and batcher.forwards == 4
     for job, _ in jobs[3:]:
         batcher.submit(job)
-    batcher.step()  # ... and 9 in the round that prefills "The foxes" (9 tokens): from now on one group
-    batcher.step()
-    merged = [len(g.jobs) for g in batcher.groups]
+    batcher.step()  # the group's step beside the prefills of "The foxes" (9 tokens) and "a" (1) ...
+    batcher.step()  # ... which then join it
+    assert [len(g.jobs) for g in batcher.groups] == [5] and batcher.forwards == 8
     while batcher.groups or batcher.waiting:
         batcher.step()
-    assert max(merged) == 2 and batcher.active_rows == 0
+    assert batcher.active_rows == 0
     for (job, texts), (prompt, n, t, seed, m) in zip(jobs, cases, strict=True):
         gen = Generation(
             engine, tok, job.prompt_ids, max_new_tokens=m, num_samples=n, temperature=t, seed=seed

@@ -346,27 +346,30 @@ if numba is not None:
     def _prepare_heads(
         qkv: Any, n_head: int, n_kv: int, hd: int, qn: Any, kn: Any, eps: float, cos: Any, sin: Any
     ) -> None:
-        """QK-norm and rotary positions on the queries and keys of every row, in place."""
+        """QK-norm and rotary positions on the queries and keys of every row, in place (cos and sin: a row
+        of angles for each row of qkv, or one row for all)."""
         for b in range(qkv.shape[0]):
+            at = min(b, cos.shape[0] - 1)
             for h in range(n_head + n_kv):
                 v = qkv[b, h * hd : (h + 1) * hd]
                 if qn.size:
                     _head_norm(v, qn if h < n_head else kn, eps)
                 if cos.size:
-                    _rotate(v, cos, sin)
+                    _rotate(v, cos[at], sin[at])
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _attend(
-        qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, keys: int, scale: float, out: Any
+        qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, positions: Any, scale: float, out: Any
     ) -> None:
-        """Each row's one query per head over the first `keys` cached positions of its key/value head
-        (the order of the slots does not matter to one query), into out (B, n_head * hd); four keys a
-        pass (one load of the query for four products)."""
+        """Each row's one query per head over the cache slots its key/value head has filled, the first
+        min(position + 1, capacity) (the order of the slots does not matter to one query), into out (B,
+        n_head * hd); four keys a pass (one load of the query for four products)."""
         hd = kc.shape[3]
         group = n_head // n_kv
         rows = qkv.shape[0]
         for task in prange(rows * n_head):
             b, h = task // n_head, task % n_head
+            keys = min(positions[b] + 1, kc.shape[2])
             q = qkv[b, h * hd : (h + 1) * hd]
             kb, vb = kc[b, h // group], vc[b, h // group]
             scores = np.empty(keys, dtype=np.float32)
@@ -452,11 +455,13 @@ if numba is not None:
             out[r] = min(lo, vocab - 1)
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _store_kv(qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, slot: int) -> None:
-        """Each row's new keys and values into cache slot `slot`, in the cache's type (a float16 cache:
-        clamped to float16's largest finite value first, so that a huge key is a large score, not inf)."""
+    def _store_kv(qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, positions: Any) -> None:
+        """Each row's new keys and values into its cache slot, position % capacity, in the cache's type (a
+        float16 cache: clamped to float16's largest finite value first, so that a huge key is a large
+        score, not inf)."""
         top = _largest(kc)
         for b in range(qkv.shape[0]):
+            slot = positions[b] % kc.shape[2]
             for g in range(n_kv):
                 k0, v0 = (n_head + g) * hd, (n_head + n_kv + g) * hd
                 for i in range(hd):
@@ -477,7 +482,7 @@ if numba is not None:
         rope: tuple[Any, Any],
         v_rows: Any,
         cache: tuple[Any, Any],
-        pos: int,
+        positions: Any,
         scale: float,
         activation: int,
     ) -> Any:
@@ -491,10 +496,9 @@ if numba is not None:
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
-        capacity = kc.shape[2]
-        _store_kv(qkv, n_head, n_kv, hd, kc, vc, pos % kc.shape[2])
+        _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions)
         y = np.empty((rows, n_head * hd), dtype=np.float32)
-        _attend(qkv, kc, vc, n_head, n_kv, min(pos + 1, capacity), scale, y)
+        _attend(qkv, kc, vc, n_head, n_kv, positions, scale, y)
         out = np.empty_like(x)
         _matvec(attn[1][0], attn[1][1], y, attn[1][2], out, attn[1][3])
         out += x
@@ -515,7 +519,7 @@ if numba is not None:
         value_embeds: Any,
         skips: tuple[Any, Any],
         caches: Any,
-        pos: int,
+        positions: Any,
         rope: tuple[Any, Any],
         final: tuple[tuple[Any, Any], float, bool],
         head: tuple[Any, Any, Any, bool],
@@ -529,7 +533,7 @@ if numba is not None:
                 raise IndexError("token id outside the vocabulary")
             x[b] = wte[tokens[b]]
             if wpe.size:
-                x[b] += wpe[pos]
+                x[b] += wpe[positions[b]]
         weights, pairs = skips
         inputs = np.empty((pairs.shape[0], rows, width), dtype=np.float32)  # what U-net skips carry
         for layer in range(len(blocks)):
@@ -556,7 +560,7 @@ if numba is not None:
                 rope,
                 v_rows,
                 caches[layer],
-                pos,
+                positions,
                 a[8],
                 a[9],
             )
@@ -658,18 +662,21 @@ def model_step(
     args: ModelArgs,
     tokens: np.ndarray,
     caches: tuple[tuple[np.ndarray, np.ndarray], ...],
-    pos: int,
+    positions: np.ndarray,
     rope: tuple[np.ndarray, np.ndarray] | None,
 ) -> np.ndarray:
-    """The logits (B, V) of one new token of each row (`tokens` (B,), int64) at position `pos`, through
-    the model `args` holds (`model_args`), as one compiled call: `numpy.transformer` and `numpy.head` with
-    T = 1, each block `_block_step`. Each layer's keys and values are written into its cache buffers
-    (`caches`: (keys, values) a layer, B x n_kv_head x capacity x hd; float32, or float16's bits as
-    uint16) at slot pos % capacity, attention reading min(pos + 1, capacity) slots. rope: this position's
-    cos and sin rows (`numpy.rotary`). One call, not one a block: the Python and NumPy calls between
-    per-block calls each started from caches the weights had just streamed through (0-10% of a one-token
-    step here, more the busier the machine).
+    """The logits (B, V) of one new token of each row (`tokens` (B,), int64) at its position (`positions`
+    (B,), int64; rows may stand at different positions), through the model `args` holds (`model_args`),
+    as one compiled call: `numpy.transformer` and `numpy.head` with T = 1, each block `_block_step`. Each
+    layer's keys and values are written into its cache buffers (`caches`: (keys, values) a layer, B x
+    n_kv_head x capacity x hd; float32, or float16's bits as uint16) at each row's slot position %
+    capacity, attention reading the first min(position + 1, capacity) slots of the row. rope: the cos and
+    sin rows of the rows' positions (`numpy.rotary`), one a row or one for all. One call, not one a block:
+    the Python and NumPy calls between per-block calls each started from caches the weights had just
+    streamed through (0-10% of a one-token step here, more the busier the machine).
     A token id outside the vocabulary raises IndexError."""
     wte, wpe, blocks, value_embeds, skips, final, head, cap = args
-    rope = (_EMPTY, _EMPTY) if rope is None else rope
-    return _model_step(tokens, (wte, wpe), blocks, value_embeds, skips, caches, pos, rope, final, head, cap)
+    rope = (_EMPTY_ROWS, _EMPTY_ROWS) if rope is None else rope
+    return _model_step(
+        tokens, (wte, wpe), blocks, value_embeds, skips, caches, positions, rope, final, head, cap
+    )

@@ -21,7 +21,7 @@ from minigpt.engines import kernels as _kernels
 from minigpt.engines.tuning import best_times, blas_tuner, model_key, pick_layout, remembered
 from minigpt.errors import UsageError
 from minigpt.genconfig import KV_CACHES, QUANTIZATIONS
-from minigpt.kvcache import KVCache, first_position, gather_rows
+from minigpt.kvcache import KVCache, first_position, gather_rows, position_ids
 from minigpt.memory import available_bytes, inference_bytes, score_chunks
 from minigpt.weights import (
     AttentionWeights,
@@ -112,11 +112,16 @@ def rotary(base: float, head_dim: int, start: int, length: int, inverse: np.ndar
     """cos and sin (length, head_dim) of the rotary angles of positions start..start+length (`inverse`:
     the frequencies, `inverse_frequencies(base, head_dim)`, when the caller keeps them), the first half
     of sin negated, as `rotate` applies it."""
+    return rotary_at(base, head_dim, np.arange(start, start + length), inverse)
+
+
+def rotary_at(base: float, head_dim: int, positions: np.ndarray, inverse: np.ndarray | None = None) -> Rotary:
+    """`rotary` at any positions (an integer array): cos and sin of shape positions.shape + (head_dim,)."""
     inverse = inverse_frequencies(base, head_dim) if inverse is None else inverse
-    angles = np.arange(start, start + length, dtype=np.float32)[:, None] * inverse[None, :]
+    angles = positions.astype(np.float32)[..., None] * inverse
     angles = np.concatenate((angles, angles), axis=-1)
     sin = np.sin(angles)
-    sin[:, : head_dim // 2] *= np.float32(-1.0)
+    sin[..., : head_dim // 2] *= np.float32(-1.0)
     return np.cos(angles), sin
 
 
@@ -141,6 +146,10 @@ class RotaryTable:
             cos, sin = rotary(self.base, self.head_dim, start, max(length, self.CHUNK), self.inverse)
             self._kept = (first, cos, sin)
         return cos[start - first : start - first + length], sin[start - first : start - first + length]
+
+    def at(self, positions: np.ndarray) -> Rotary:
+        """The rows of any positions (rows standing at different positions: one each)."""
+        return rotary_at(self.base, self.head_dim, positions, self.inverse)
 
 
 def rotate(x: np.ndarray, rope: Rotary) -> np.ndarray:
@@ -179,9 +188,9 @@ def qkv(
     if w.q_norm is not None and w.k_norm is not None:
         heads[:, :, :H] = norm(w.q_norm, heads[:, :, :H])
         heads[:, :, H:-kv] = norm(w.k_norm, heads[:, :, H:-kv])
-    if rope is not None:  # queries and keys turn together: (B, T, heads, hd) by (T, 1, hd)
+    if rope is not None:  # queries and keys turn together: (B, T, heads, hd) by (T, 1, hd) or (B, T, 1, hd)
         cos, sin = rope
-        heads[:, :, :-kv] = rotate(heads[:, :, :-kv], (cos[:, None], sin[:, None]))
+        heads[:, :, :-kv] = rotate(heads[:, :, :-kv], (cos[..., None, :], sin[..., None, :]))
     heads = heads.transpose(0, 2, 1, 3)
     return heads[:, :H], heads[:, H:-kv], heads[:, -kv:]
 
@@ -241,13 +250,17 @@ def attend(
     each query seeing at most the layer's window (idx: the tokens, for value embeddings)."""
     B, T, C = x.shape
     q, k, v = qkv(w, x, rope, idx, product)
+    seen = None
     if cache is not None:
         k, v = cache.update(layer, *as_cached(cache.k[layer].dtype, k, v))
+        seen = cache.key_mask(layer)
     group = w.n_head // w.n_kv_head
     scores = attention_logits(w, q, k)  # (B, n_kv_head, group * T, S)
     if T > 1:  # one new query sees every key the cache hands back
         by_position = scores.reshape(B, w.n_kv_head, group, T, -1)
         by_position[..., ~attention_mask(T, k.shape[2], w.window)] = -np.inf
+    elif seen is not None:  # rows at different positions: each sees the slots it has filled
+        scores = np.where(seen[:, None, None, :], scores, np.float32(-np.inf))
     y = (softmax(scores) @ v).reshape(B, w.n_head, T, -1)
     return product(w.c_proj, y.transpose(0, 2, 1, 3).reshape(B, T, C))
 
@@ -306,8 +319,10 @@ def transformer(
     x = w.wte[idx]
     rope = None
     if w.wpe is not None:
-        x += w.wpe[start : start + T]
-    if w.rope_base is not None:
+        x += w.wpe[position_ids(start, T)]
+    if w.rope_base is not None and isinstance(start, np.ndarray):  # rows at different positions
+        rope = rotary_at(w.rope_base, w.head_dim, position_ids(start, T))
+    elif w.rope_base is not None:
         rope = rotary(w.rope_base, w.head_dim, start, T) if angles is None else angles(start, T)
     inputs: list[np.ndarray] = []  # the layers' inputs that U-net skips carry to later layers
     takes = {taker: (i, giver) for i, (giver, taker) in enumerate(w.skip_pairs)}
@@ -686,13 +701,14 @@ class NumpyEngine:
     def _step(self, tokens: np.ndarray, cache: Cache) -> np.ndarray:
         """Logits (B, V) of one new token of each row of the cache, as one compiled call
         (`kernels.model_step`)."""
-        pos = first_position(cache, 1, self.config.block_size if self.config.pos == "learned" else None)
+        start = first_position(cache, 1, self.config.block_size if self.config.pos == "learned" else None)
+        mixed = isinstance(start, np.ndarray)  # rows at different positions
+        positions = start if mixed else np.full(len(tokens), start, dtype=np.int64)
         rope = None
         if self._angles is not None:
-            cos, sin = self._angles(pos, 1)
-            rope = (cos[0], sin[0])
+            rope = self._angles.at(positions) if mixed else self._angles(start, 1)
         caches = tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
-        logits = _kernels.model_step(self._model_args, tokens, caches, pos, rope)
+        logits = _kernels.model_step(self._model_args, tokens, caches, positions, rope)
         cache.advance(1)
         return logits
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -111,7 +112,8 @@ class Job:
 
 @dataclass
 class _Group:
-    """Rows at one position, so that one forward pass steps them all: each job's n rows in turn.
+    """Rows that one forward pass steps together: each job's n rows in turn, each row at its own position
+    once prefilled (a job's rows share theirs).
 
     `cache` is None until the rows are prefilled, and again after their windows slid (a re-prefill).
     """
@@ -123,23 +125,26 @@ class _Group:
     tokens: list[int] = field(default_factory=list)
 
     def key(self) -> tuple[bool, int]:
-        """Groups with one key can share their next forward: prefills of one length, or steps at one place."""
+        """Groups with one key can share their next forward: prefills of one length, or one-token steps
+        (each row at its own position: the cache's rows need not share one)."""
         if self.cache is None:
             return True, len(self.windows[0])
-        return False, self.cache.pos
+        return False, 0
 
 
 class Batcher:
     """Decodes the requests of one model in a worker thread, batching the rows that can share a forward pass.
 
-    An engine's KV cache holds one position for all its rows (learned positions, no padding mask), so rows
-    can only be stepped together while they sit at the same position. Requests are therefore grouped: those
-    admitted together with prompts of one length are prefilled as one batch, and groups that reach one
-    position (a new prompt as long as a running group's text so far) are merged by stacking their caches.
-    Each round samples every group's next tokens, then runs one forward pass per group, so groups at
-    different positions interleave step by step and none waits for another to finish. A finished or
-    cancelled request leaves its group at the next round; at most `max_rows` rows decode at once, and at
-    most `max_waiting` requests wait for room beyond them (`submit` raises QueueFull past that).
+    Requests admitted together with prompts of one length are prefilled as one batch (a prefill's rows
+    share their positions); once prefilled, every request's rows decode in one group, whatever position
+    each has reached: the engines' KV cache keeps a position per row, and a one-token step writes each
+    row's key into its own slot and lets each row attend to its own (`KVCache.key_mask`), so a request that
+    started later, or with a longer prompt, joins the others' forward pass at its next step (its cache
+    rows stacked onto theirs). Each round samples every group's next tokens, then runs one forward pass
+    per group: the decoding rows, and any prefills admitted that round. A finished or cancelled request
+    leaves its group at the next round, and one whose window slides (learned positions past block_size)
+    leaves it to be read again; at most `max_rows` rows decode at once, and at most `max_waiting` requests
+    wait for room beyond them (`submit` raises QueueFull past that).
 
     Waiting requests are admitted once the oldest has waited `admit_wait` seconds (or they fill the free
     rows), so requests sent together start together. Each round's updates go out in one call of
@@ -253,11 +258,13 @@ class Batcher:
     def step(self) -> None:
         """One round: sample each group's next tokens, retire the jobs that ended, admit what now fits, then
         one forward pass per group (merged where positions meet)."""
+        slid = []
         for group in self.groups:
             if group.logits is not None:
                 self._sample(group)
             self._retire(group)
-            self._advance(group)
+            slid += self._advance(group)
+        self.groups += slid
         self._admit()
         self.groups = self._merge([g for g in self.groups if g.jobs])
         for group in self.groups:
@@ -370,31 +377,36 @@ class Batcher:
         keep = [not (job.done or job.cancelled) for job in group.jobs]
         if all(keep):
             return
-        rows = [k for job, k in zip(group.jobs, keep, strict=True) for _ in range(job.n)]
         with self._wake:
             self.active_rows -= sum(job.n for job, k in zip(group.jobs, keep, strict=True) if not k)
-        if group.cache is not None and any(keep):
-            group.cache = self.engine.gather([(group.cache, a, b) for a, b in _runs(rows)])
-        group.jobs = [job for job, k in zip(group.jobs, keep, strict=True) if k]
-        group.windows = [w for w, k in zip(group.windows, rows, strict=True) if k]
-        group.tokens = [t for t, k in zip(group.tokens, rows, strict=True) if k] if group.tokens else []
+        _select(self.engine, group, keep)
 
-    def _advance(self, group: _Group) -> None:
-        """Append the sampled tokens to the windows; past block_size, slide them (decode's policy)."""
+    def _advance(self, group: _Group) -> list[_Group]:
+        """Append the sampled tokens to the windows; a job's windows past block_size slide (decode's
+        policy), and the job leaves the group to be read again: returned as a group of its own, unless it
+        was the whole group (whose cache is then dropped)."""
         if not group.tokens or not group.jobs:
-            return
+            return []
         for window, token in zip(group.windows, group.tokens, strict=True):
             window.append(token)
         group.tokens = []
-        drop = (
-            0
-            if self.engine.rotary
-            else window_drop(len(group.windows[0]), self.engine.block_size, self.slide)
-        )
-        if drop:
-            for window in group.windows:
+        if self.engine.rotary:
+            return []
+        firsts = list(itertools.accumulate((job.n for job in group.jobs[:-1]), initial=0))  # jobs' first rows
+        drops = [window_drop(len(group.windows[r]), self.engine.block_size, self.slide) for r in firsts]
+        if not any(drops):
+            return []
+        moved = _Group([], [])
+        for job, first, drop in zip(group.jobs, firsts, drops, strict=True):
+            for window in group.windows[first : first + job.n] if drop else ():
                 del window[:drop]
+                moved.windows.append(window)
+            moved.jobs += [job] if drop else []
+        if all(drops):
             group.cache = None
+            return []
+        _select(self.engine, group, [not drop for drop in drops])
+        return [moved]
 
     def _merge(self, groups: list[_Group]) -> list[_Group]:
         by_key: dict[tuple[bool, int], list[_Group]] = {}
@@ -432,6 +444,16 @@ def notify_each(updates: list[tuple[Job, Update]]) -> None:
     """Hand each update to its job's `notify` (the default `deliver`: on the decoding thread itself)."""
     for job, update in updates:
         job.notify(update)
+
+
+def _select(engine: Engine, group: _Group, keep: list[bool]) -> None:
+    """Keep the jobs of `group` that `keep` marks: their rows of its cache, windows and tokens."""
+    rows = [k for job, k in zip(group.jobs, keep, strict=True) for _ in range(job.n)]
+    if group.cache is not None and any(keep):
+        group.cache = engine.gather([(group.cache, a, b) for a, b in _runs(rows)])
+    group.jobs = [job for job, k in zip(group.jobs, keep, strict=True) if k]
+    group.windows = [w for w, k in zip(group.windows, rows, strict=True) if k]
+    group.tokens = [t for t, k in zip(group.tokens, rows, strict=True) if k] if group.tokens else []
 
 
 def _runs(mask: list[bool]) -> list[tuple[int, int]]:
