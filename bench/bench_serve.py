@@ -3,13 +3,17 @@
 # Prints a markdown table. The model is bench_generate.py's (6 layers, 6 heads, 384 wide, block 256, 65
 # characters, random weights), served by `python -m minigpt serve` on loopback (the NumPy engine, as by
 # default on the CPU). Each client sends --requests streamed completions of --tokens tokens one after
-# another (the same empty prompt, seeds differing); all start together. The same loads against a server
+# another (the same empty prompt, seeds differing; `--prompts varied`: each request its own prompt, 1 to 40
+# characters, so that requests stand at different positions, as a server's clients do); all start
+# together. `--against DIR` adds a default server run from another checkout (`git worktree add
+# /tmp/before HEAD~3`), to compare code with code under the same load. The same loads against a server
 # with --max-batch 1 (one row decoding at a time, the others queued) show what batching gains, and with
 # --kv-cache float32 what the default float16 KV cache gains. At each client count the servers run one
 # after another, so that the machine's swings fall on all of them alike.
 #
 #     python bench/bench_serve.py                       # about a minute on 2 cores
 #     python bench/bench_serve.py --clients 1 8 --requests 2
+#     python bench/bench_serve.py --clients 8 16 --prompts varied --against /tmp/before
 
 from __future__ import annotations
 
@@ -32,11 +36,21 @@ from bench_generate import CONFIG, ROOT, tokenizer  # also puts this checkout fi
 from minigpt.model import GPT
 from minigpt.rundir import RunDir
 
+PROMPT_TEXT = "ROMEO: But soft, what light through yonder window breaks? It is the east. "
 
-def start_server(run_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-    """`minigpt serve RUN --port 0 ARGS` in its own process, as a user starts it; (process, host:port)."""
+
+def prompt(varied: bool, client: int, request: int) -> str:
+    """A request's prompt: empty, or (varied) 1 to 40 characters, a different length for each request."""
+    return PROMPT_TEXT[: 1 + (client * 7 + request * 13) % 40] if varied else ""
+
+
+def start_server(
+    run_dir: Path, log: Path, *args: str, code: Path = ROOT
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`minigpt serve RUN --port 0 ARGS` in its own process, as a user starts it, from the checkout
+    `code`; (process, host:port)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(code)
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "minigpt", "serve", str(run_dir), "--port", "0", *args],
@@ -53,11 +67,11 @@ def start_server(run_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen
     raise SystemExit(f"the server did not start:\n{log.read_text()}")
 
 
-def stream(address: str, tokens: int, seed: int) -> tuple[int, float]:
+def stream(address: str, tokens: int, seed: int, text: str = "") -> tuple[int, float]:
     """One streamed completion read as a client reads it: (tokens generated, seconds to the first chunk)."""
     host, port = address.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
-    body = {"prompt": "", "max_tokens": tokens, "seed": seed, "stream": True,
+    body = {"prompt": text, "max_tokens": tokens, "seed": seed, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -82,7 +96,7 @@ def rows_per_forward(address: str) -> float:
     return json.loads(conn.getresponse().read())["models"][0]["rows_per_forward"]
 
 
-def load(address: str, clients: int, requests: int, tokens: int) -> tuple[float, float]:
+def load(address: str, clients: int, requests: int, tokens: int, varied: bool = False) -> tuple[float, float]:
     """(aggregate tokens/s, median time to first token) of `clients` threads sending `requests` each."""
     results: list[tuple[int, float]] = []
     start = threading.Barrier(clients + 1)
@@ -90,7 +104,7 @@ def load(address: str, clients: int, requests: int, tokens: int) -> tuple[float,
     def client(c: int) -> None:
         start.wait()
         for r in range(requests):
-            results.append(stream(address, tokens, seed=c * 1000 + r))
+            results.append(stream(address, tokens, seed=c * 1000 + r, text=prompt(varied, c, r)))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
@@ -105,23 +119,23 @@ def load(address: str, clients: int, requests: int, tokens: int) -> tuple[float,
 
 
 def measure(
-    run_dir: Path, clients: int, args: argparse.Namespace, *options: str
+    run_dir: Path, clients: int, args: argparse.Namespace, *options: str, code: Path = ROOT
 ) -> tuple[float, float, float]:
     """(tokens/s, time to first token, rows per forward) of a fresh server under one load."""
-    proc, address = start_server(run_dir, run_dir.parent / "serve.log", *options)
+    proc, address = start_server(run_dir, run_dir.parent / "serve.log", *options, code=code)
     try:
         load(address, 1, 1, 16)  # warm up: first-call allocations
-        tps, ttft = load(address, clients, args.requests, args.tokens)
+        tps, ttft = load(address, clients, args.requests, args.tokens, args.prompts == "varied")
         return tps, ttft, rows_per_forward(address)
     finally:
         proc.terminate()
         proc.wait()
 
 
-SERVERS = [  # (label, serve's options)
-    ("batched (default)", ()),
-    ("batched, `--kv-cache float32`", ("--kv-cache", "float32")),
-    ("one row at a time (`--max-batch 1`)", ("--max-batch", "1")),
+SERVERS = [  # (label, serve's options, checkout: None for this one)
+    ("batched (default)", (), None),
+    ("batched, `--kv-cache float32`", ("--kv-cache", "float32"), None),
+    ("one row at a time (`--max-batch 1`)", ("--max-batch", "1"), None),
 ]
 
 
@@ -130,22 +144,29 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16], help="concurrent clients")
     ap.add_argument("--requests", type=int, default=3, help="streamed requests per client (default 3)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens per request (default 128)")
+    ap.add_argument(
+        "--prompts", choices=("same", "varied"), default="same",
+        help="every request's prompt empty (default), or 1-40 characters, differing between requests",
+    )  # fmt: skip
+    ap.add_argument("--against", type=Path, help="another checkout: its default server joins each load")
     args = ap.parse_args()
 
+    servers = SERVERS + ([(f"batched, the code at {args.against}", (), args.against)] if args.against else [])
     torch.manual_seed(0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "bench"
         RunDir(run_dir).save(GPT(CONFIG), tokenizer(), extra={})
         for n in args.clients:  # the servers side by side at each load: the machine's swings hit them alike
-            for label, options in SERVERS:
-                rows.append((label, n, *measure(run_dir, n, args, *options)))
+            for label, options, code in servers:
+                rows.append((label, n, *measure(run_dir, n, args, *options, code=code or ROOT)))
                 print(f"{label}, {n} clients: {rows[-1][2]:.1f} tokens/s", file=sys.stderr)
-    rows.sort(key=lambda row: [label for label, _ in SERVERS].index(row[0]))
+    rows.sort(key=lambda row: [label for label, _, _ in servers].index(row[0]))
+    prompts = "empty prompts" if args.prompts == "same" else "prompts of 1-40 characters"
     print(
         f"\n{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
-        f"vocab {CONFIG.vocab_size}; {args.requests} streamed requests of {args.tokens} tokens per client; "
-        f"NumPy engine, one BLAS thread; load average {os.getloadavg()[0]:.1f} after\n"
+        f"vocab {CONFIG.vocab_size}; {args.requests} streamed requests of {args.tokens} tokens per client, "
+        f"{prompts}; NumPy engine, one BLAS thread; load average {os.getloadavg()[0]:.1f} after\n"
     )
     print("| server | clients | aggregate tokens/s | median time to first token | rows per forward pass |")
     print("| --- | ---: | ---: | ---: | ---: |")
