@@ -54,7 +54,7 @@ def start_server(
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "minigpt", "serve", str(run_dir), "--port", "0", *args],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=code,  # -m puts the cwd before PYTHONPATH
         )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -137,10 +137,12 @@ class KVCache(Generic[Array]):
         self._common = 0
 
     def copy_rows(self, source: KVCache[Array], start: int, stop: int, row: int) -> None:
-        """Copy rows start:stop of `source`, with their positions, into this cache from `row` on."""
+        """Copy rows start:stop of `source`, with their positions, into this cache from `row` on: the
+        slots they have filled (a server joins and parts requests often; the rest is never read)."""
+        cached = int(source.positions[start:stop].max(initial=0))
         for mine, theirs in ((self.k, source.k), (self.v, source.v)):
-            for dst, src in zip(mine, theirs, strict=True):
-                dst[row : row + stop - start] = src[start:stop]
+            for dst, src, cap in zip(mine, theirs, self.capacity, strict=True):
+                dst[row : row + stop - start, :, : min(cached, cap)] = src[start:stop, :, : min(cached, cap)]
         self.positions[row : row + stop - start] = source.positions[start:stop]
         first = int(self.positions[0])
         self._common = first if bool((self.positions == first).all()) else None
