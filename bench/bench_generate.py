@@ -176,7 +176,9 @@ for batch in batches:
     out.append([gen.tokens_per_second, gen.time_to_first_token, engine.threads])
 layout = engine.layout
 if engine.kernels:  # the batched steps' form and the prefills' products the engine measured (README: "Generation")
-    layout += ", rows" if engine.tile_from is None else f", tiles from {engine.tile_from}"
+    layout += ", " + "; ".join(
+        f"{rows} rows: " + ("rows" if t is None else f"tiles from {t}") for rows, t in engine.tiles.items()
+    )
     layout += f"; prefill kernels to {engine.kernel_rows} rows"
 print(json.dumps({"results": out, "layout": layout}), "torch" in sys.modules)
 """

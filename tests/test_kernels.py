@@ -116,9 +116,27 @@ def test_batched_steps_by_tiles_compute_what_steps_by_rows_compute(name: str, qu
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+def test_a_batch_takes_the_tiling_measured_for_its_width() -> None:
+    """Tiles chosen per batch width (TILE_ROWS): 5 rows step as the 8-row answer says (here never by
+    tiles), 16 rows as the 16-row answer says (every matrix by tiles), the same numbers, bit for bit, as
+    an engine that tiles that way for every batch."""
+    config = CONFIGS["gpt2"]
+    mixed, _ = engine_of(config, tile_from=None)
+    mixed._use_tiles({8: None, 16: 0})
+    ids = torch.randint(0, config.vocab_size, (16, 5), generator=torch.Generator().manual_seed(4)).tolist()
+    for rows, tile_from in ((5, None), (16, 0)):
+        alike, _ = engine_of(config, tile_from=tile_from)
+        got = []
+        for engine in (mixed, alike):
+            cache = engine.new_cache(rows)
+            engine.forward([row[:4] for row in ids[:rows]], cache)
+            got.append(engine.forward([row[4:] for row in ids[:rows]], cache))
+        np.testing.assert_array_equal(got[0], got[1])
+
+
 def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> None:
-    """'auto' times steps of eight rows with tiles never, or from each input width the model has, keeps
-    the fastest, and a later load reads the answer instead of timing again."""
+    """'auto' times steps of eight rows, and of sixteen, with tiles never, or from each input width the
+    model has, keeps the fastest for each, and a later load reads the answers instead of timing again."""
     from minigpt.engines import numpy as engine_module
 
     timed: list[list[str]] = []
@@ -132,10 +150,11 @@ def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> No
     config = replace(CONFIGS["gpt2"], n_embd=55)  # a model of its own: no answer kept for it yet
     for _ in range(4):
         engine, _ = engine_of(config)
-        assert engine.tile_from in (None, 55, 220)
+        assert set(engine.tiles) == {8, 16} and set(engine.tiles.values()) <= {None, 55, 220}
+        assert engine.tile_from == engine.tiles[8]
         assert engine.kernel_rows in (0, *engine_module.PREFILL_PROBES)
     probes = [[f"{way} {rows}" for rows in engine_module.PREFILL_PROBES for way in ("kernels", "numpy")]]
-    assert timed == [["rows", "tiles from 55", "tiles from 220"], *probes] * 3
+    assert timed == ([["rows", "tiles from 55", "tiles from 220"]] * 2 + probes) * 3
     with pytest.raises(UsageError, match="unknown tile_from 'sometimes'"):
         engine_of(config, tile_from="sometimes")
 

@@ -392,7 +392,9 @@ def sample_next(
 
 
 LAYOUTS = ("auto", "output-major", "input-major")
-TILE_ROWS = 8  # the batch the kernels' tiling is measured at (`NumpyEngine._pick_tiles`)
+# the batches the kernels' tiling is measured at (`NumpyEngine._pick_tiles`): the first's answer serves
+# steps of fewer rows than the second, the second's steps of as many or more (a server's wide batches)
+TILE_ROWS = (8, 16)
 PREFILL_PROBES = (16, 128, 512)  # rows a prefill's products are timed at (`NumpyEngine._pick_kernel_rows`)
 
 
@@ -567,16 +569,24 @@ class NumpyEngine:
     def threads(self) -> int:
         return self.tuner.last
 
-    def _use_tiles(self, tile_from: int | None) -> None:
+    def _use_tiles(self, tiles: dict[int, int | None] | int | None) -> None:
         """Steps of four rows or more through the kernels' tiles for weight rows `tile_from` long or
-        longer (None: never; `kernels.tiled`)."""
-        self.tile_from = tile_from
-        self._model_args = _kernels.model_args(self.weights, self._head, tile_from) if self.kernels else ()
+        longer (None: never; `kernels.tiled`): one row length for every batch, or one for each of
+        TILE_ROWS (`tiles`: the batch it was measured at -> its row length)."""
+        self.tiles = tiles if isinstance(tiles, dict) else dict.fromkeys(TILE_ROWS, tiles)
+        self.tile_from = self.tiles[TILE_ROWS[0]]
+        self._model_args = (
+            {rows: _kernels.model_args(self.weights, self._head, t) for rows, t in self.tiles.items()}
+            if self.kernels
+            else {}
+        )
 
-    def _pick_tiles(self, quantize: str) -> int | None:
-        """The row length from which batched steps run fastest by tiles, on this CPU for these shapes:
-        never, or from each of the model's input widths, as `remembered` keeps it from steps of TILE_ROWS
-        rows timed with each (the first loads on a machine measure, later ones read the answer)."""
+    def _pick_tiles(self, quantize: str) -> dict[int, int | None]:
+        """For each batch of TILE_ROWS, the row length from which its steps run fastest by tiles, on this
+        CPU for these shapes: never, or from each of the model's input widths, as `remembered` keeps it
+        from steps of that many rows timed with each (the first loads on a machine measure, later ones
+        read the answer). Here batches of 8 gained from tiles on rows of 1,024-1,536 floats only, batches
+        of 16 on every matrix (README: "Generate")."""
         widths: set[int] = set()
 
         def width(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
@@ -585,28 +595,33 @@ class NumpyEngine:
 
         map_linears((self.weights, self._head), width)
         choices = {"rows": None, **{f"tiles from {w}": w for w in sorted(widths)}}
-        cache = self.new_cache(TILE_ROWS, capacity=8)  # a few positions: what is timed is the weights
-        idx = np.zeros((TILE_ROWS, 1), dtype=np.int64)
         self.tuner.use(self.tuner.candidates[0])
-
-        def step(tile_from: int | None) -> Callable[[], object]:
-            def run() -> None:
-                self._use_tiles(tile_from)
-                cache.reset()
-                self._forward(self.weights, self._head, idx, cache, False)
-
-            return run
-
         key = {
             "engine": "numpy tiles", "numpy": np.__version__, "model": model_key(self.config),
             "quantize": quantize,
         }  # fmt: skip
-        chosen = remembered(
-            key,
-            list(choices),
-            lambda: best_times({name: step(t) for name, t in choices.items()}),
-        )
-        return choices[chosen]
+        picked = {}
+        for rows in TILE_ROWS:
+            cache = self.new_cache(rows, capacity=8)  # a few positions: what is timed is the weights
+            idx = np.zeros((rows, 1), dtype=np.int64)
+
+            def step(
+                tile_from: int | None, cache: Cache = cache, idx: np.ndarray = idx
+            ) -> Callable[[], object]:
+                def run() -> None:
+                    self._use_tiles(tile_from)
+                    cache.reset()
+                    self._forward(self.weights, self._head, idx, cache, False)
+
+                return run
+
+            chosen = remembered(
+                {**key, "rows": rows},
+                list(choices),
+                lambda step=step: best_times({name: step(t) for name, t in choices.items()}),
+            )
+            picked[rows] = choices[chosen]
+        return picked
 
     def _pick_kernel_rows(self, quantize: str) -> int:
         """Up to how many rows a prefill's products run fastest through the kernels (`kernels.matvec`)
@@ -708,7 +723,9 @@ class NumpyEngine:
         if self._angles is not None:
             rope = self._angles.at(positions) if mixed else self._angles(start, 1)
         caches = tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
-        logits = _kernels.model_step(self._model_args, tokens, caches, positions, rope)
+        wide = [rows for rows in TILE_ROWS if rows <= len(tokens)]  # the batch whose tiling this one takes
+        args = self._model_args[wide[-1] if wide else TILE_ROWS[0]]
+        logits = _kernels.model_step(args, tokens, caches, positions, rope)
         cache.advance(1)
         return logits
 
