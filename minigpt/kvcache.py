@@ -66,7 +66,7 @@ class KVCache(Generic[Array]):
         into a full layer gets the whole buffer in slot order (a single query needs no order).
 
         A 1-row update of an empty cache fills every row: that is how B samples share one prefill of
-        their common prompt.
+        their common prompt. Rows at different positions take one token each (`_update_rows`).
         """
         rows, new = k.shape[0], k.shape[2]
         self._check(rows, new)
