@@ -251,8 +251,7 @@ class Batcher:
                 self._fail_all("internal error while decoding (see the server log)")
             # a step holds the GIL throughout (one compiled call): hand it to the event loop now, so it sends
             # this step's text and takes new requests at once rather than after Python's 5 ms switch
-            # interval; clients that get their last chunk late send their next request late, off the others'
-            # position, and decode in a group of their own (README, Serve)
+            # interval (clients that get their last chunk late send their next request late: README, Serve)
             time.sleep(0)
 
     def step(self) -> None:
