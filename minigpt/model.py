@@ -497,25 +497,14 @@ def _fused_attention(
     scale: float | None,
     seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    S = k.size(2)
+    """torch's fused attention of q over k and v (`seen`: the cache slots each row may see, for rows at
+    different positions), in float32 where CPU_HALF_ATTENTION_MAX_KEYS says so."""
+    T, S = q.size(2), k.size(2)
     half = q.dtype in (torch.bfloat16, torch.float16)
     if q.device.type == "cpu" and half and S <= CPU_HALF_ATTENTION_MAX_KEYS:
         with torch.autocast("cpu", enabled=False):
-            y = _sdpa(q.float(), k.float(), v.float(), window, dropout, scale, seen)
+            y = _fused_attention(q.float(), k.float(), v.float(), window, dropout, scale, seen)
         return y.to(q.dtype)
-    return _sdpa(q, k, v, window, dropout, scale, seen)
-
-
-def _sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    window: int,
-    dropout: float,
-    scale: float | None,
-    seen: torch.Tensor | None = None,
-) -> torch.Tensor:
-    T, S = q.size(2), k.size(2)
     gqa = k.size(1) != q.size(1)
     # one new query sees every key the cache hands back (it keeps only the layer's window; rows at
     # different positions: the slots `seen` marks); T queries over T keys within the window are plain
