@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import re
 import shutil
 import socket
@@ -179,6 +180,40 @@ def test_batched_requests_give_what_generate_gives(backend: str) -> None:
         )
         assert texts == [s.text for s in gen.run()], prompt
         assert [c.tokens for c in job.choices] == [m] * n
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_requests_arriving_at_random_give_what_generate_gives(backend: str, seed: int) -> None:
+    """Fourteen requests of random prompt lengths, sample counts, temperatures and lengths (many past
+    block_size 32, so that their windows slide), submitted at random steps, some cancelled, a random room
+    of rows: each request that runs to its end gets exactly the text a lone `Generation` gives."""
+    draw = random.Random(seed)
+    engine, tok = load_engine(FIXTURE, backend)
+    batcher = Batcher(engine, tok, max_rows=draw.choice([4, 8, 16]), max_waiting=64)
+    words = "the lazy dog jumps over a fox and the foxes, to be or not to be"
+    cases = [
+        (words[: draw.randint(1, 30)], draw.choice([1, 1, 2, 3]), draw.choice([0.0, 0.7, 1.0]), j,
+         draw.randint(1, 90), draw.randint(0, 60), draw.random() < 0.15)
+        for j in range(14)
+    ]  # fmt: skip
+    made = [collecting_job(p, n, m, t, s) for p, n, t, s, m, _, _ in cases]
+    step = 0
+    while step < 61 or batcher.groups or batcher.waiting:
+        for (job, _), (_, _, _, _, _, at, cancel) in zip(made, cases, strict=True):
+            if at == step:
+                batcher.submit(job)
+            if cancel and step == at + 5:
+                batcher.cancel(job)
+        batcher.step()
+        step += 1
+    assert batcher.active_rows == 0 and batcher.rows_forwarded > batcher.forwards
+    for (job, texts), (_, n, t, s, m, _, cancel) in zip(made, cases, strict=True):
+        if not cancel:
+            gen = Generation(
+                engine, tok, job.prompt_ids, max_new_tokens=m, num_samples=n, temperature=t, seed=s
+            )
+            assert texts == [sample.text for sample in gen.run()], job.prompt_ids
 
 
 def test_batcher_queue_and_cancel() -> None:
