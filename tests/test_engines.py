@@ -320,6 +320,20 @@ def test_the_numpy_engine_holds_its_matrices_in_one_buffer(name: str, layout: st
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_cache", ["float32", "float16"])
+def test_the_numpy_engines_cache_is_one_buffer_of_separate_layers(kv_cache: str) -> None:
+    config = LAYOUT_CONFIGS["modern"]  # sliding-window layers: buffers of two capacities
+    tensors = {k: v.detach().numpy() for k, v in model_tensors(tiny_model(1, config)).items()}
+    cache = NumpyEngine(config, tensors, kv_cache=kv_cache).new_cache(3)
+    buffers = cache.k + cache.v
+    assert len({id(b.base) for b in buffers}) == 1 and buffers[0].base is not None
+    assert all(b.ctypes.data % 64 == 0 and b.flags.c_contiguous and not b.any() for b in buffers)
+    assert [b.shape[2] for b in cache.k] == [min(w, config.block_size) for w in config.layer_windows]
+    for i, b in enumerate(buffers):  # no two layers overlap: each holds what was written to it
+        b[...] = i
+    assert [int(b.min()) for b in buffers] == [int(b.max()) for b in buffers] == list(range(len(buffers)))
+
+
 def test_the_layout_and_threads_come_from_the_engine_loading_a_run(tmp_path: Path, monkeypatch) -> None:
     run = save(tmp_path / "run", tiny_model(8))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
