@@ -170,11 +170,16 @@ def run(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "backend, detail",
-    [("numpy", "an array of shape (1000000, 2, 32, 16) float32"), ("torch", "torch's CPU allocator")],
+    "backend, size, detail",
+    [
+        # the NumPy engine's cache is one buffer: 2 layers' keys and values (4 x 1,024,000,000 floats) and
+        # 16 to align them; torch's, a tensor a layer: one layer's keys first
+        ("numpy", "15.26 GiB", "an array of shape (4096000016,) float32"),
+        ("torch", "3.81 GiB", "torch's CPU allocator"),
+    ],
 )
-def test_generate_past_an_address_space_limit(run: Path, backend: str, detail: str) -> None:
-    """The issue's case: `generate -s 1000000` on a model whose KV cache for that many rows is 3.81 GiB."""
+def test_generate_past_an_address_space_limit(run: Path, backend: str, size: str, detail: str) -> None:
+    """The issue's case: `generate -s 1000000` on a model whose KV cache for that many rows is 15.26 GiB."""
     args = (
         "generate",
         "-m",
@@ -192,9 +197,9 @@ def test_generate_past_an_address_space_limit(run: Path, backend: str, detail: s
     estimated = one_error_line(limited(*args, fool_the_estimate=False))
     assert "1,000,000 samples needs about" in estimated and "lower --num-samples" in estimated
     failed = one_error_line(limited(*args, fool_the_estimate=True))
-    # one layer's keys: 1,000,000 rows x 2 heads x 32 positions x 16 dimensions x 4 bytes
+    # a layer's keys: 1,000,000 rows x 2 heads x 32 positions x 16 dimensions x 4 bytes
     assert failed == (
-        f"error: out of memory allocating 3.81 GiB ({detail}) for the KV cache and activations of 1,000,000 "
+        f"error: out of memory allocating {size} ({detail}) for the KV cache and activations of 1,000,000 "
         "rows: lower -s/--num-samples"
     )
 
