@@ -76,6 +76,44 @@ def test_kernel_steps_compute_the_forward_and_fill_the_cache_as_the_array_path(
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_prefill_through_the_kernels_is_the_forward_of_its_tokens(name: str) -> None:
+    """Prompts through the kernels as one call, each token attending to its row's slots up to its own
+    position: every position's logits within the float32 bound of GPT.forward in float64, a second prefill
+    after the first, one row of an empty cache serving three (samples of one prompt); where the ring
+    would wrap or the tokens pass `kernel_rows`, the array path. Each way, the cache and the next step
+    the array path's."""
+    config = CONFIGS[name]
+    fast, model = engine_of(config)
+    slow, _ = engine_of(config, kernels=False)
+    fast.kernel_rows = 64  # as if measured: the kernels' products win up to 64 rows
+    ids = torch.randint(0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(4))
+    shortest = min(fast.new_cache(1).capacity)
+    for rows, parts in ((3, (4, 3)), (1, (4,)), (2, (9,))):
+        caches = fast.new_cache(3 if rows == 1 else rows), slow.new_cache(3 if rows == 1 else rows)
+        start = 0
+        for new in parts:
+            idx = ids[:rows, start : start + new]
+            compiled = start + new <= shortest
+            assert fast._compiled_prefill(idx.numpy(), caches[0]) is compiled, (name, rows, start, new)
+            got, want = (
+                e.forward(idx.tolist(), c, every_position=True)
+                for e, c in zip((fast, slow), caches, strict=True)
+            )
+            exact = float64_logits(model, ids[:rows, : start + new], all_logits=True)[:, start:]
+            assert_near_exact(got[:rows], exact, config, f"{name}, rows {rows}, positions {start}+{new}")
+            assert got.shape == want.shape == (len(caches[0].k[0]), new, config.vocab_size)
+            start += new
+        for mine, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v, strict=True):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+        nxt = [[1]] * len(caches[0].k[0])
+        step = [np.asarray(e.forward(nxt, c)) for e, c in zip((fast, slow), caches, strict=True)]
+        assert np.abs(step[0] - step[1]).max() <= 2 * float32_bound(config, step[1]), name
+    fast.kernel_rows = 0  # BLAS's products won at every probe: compiled up to the smallest probe only
+    assert fast._compiled_prefill(np.zeros((2, 4), dtype=np.int64), fast.new_cache(2))
+    assert not fast._compiled_prefill(np.zeros((3, 6), dtype=np.int64), fast.new_cache(3))
+
+
 @pytest.mark.parametrize("kernels_on", [True, False])
 def test_a_token_outside_the_vocabulary_is_refused_not_read_past_the_table(kernels_on: bool) -> None:
     """The compiled step indexes the embedding table without NumPy's bounds checks, so it checks each id

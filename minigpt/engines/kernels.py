@@ -359,11 +359,20 @@ if numba is not None:
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _attend(
-        qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, positions: Any, scale: float, out: Any
+        qkv: Any,
+        kc: Any,
+        vc: Any,
+        n_head: int,
+        n_kv: int,
+        positions: Any,
+        cache_rows: Any,
+        scale: float,
+        out: Any,
     ) -> None:
-        """Each row's one query per head over the cache slots its key/value head has filled, the first
-        min(position + 1, capacity) (the order of the slots does not matter to one query), into out (B,
-        n_head * hd); four keys a pass (one load of the query for four products)."""
+        """Each row's one query per head over the slots its key/value head has filled in its cache row
+        (`cache_rows`), the first min(position + 1, capacity) (the order of the slots does not matter to
+        one query), into out (rows, n_head * hd); four keys a pass (one load of the query for four
+        products)."""
         hd = kc.shape[3]
         group = n_head // n_kv
         rows = qkv.shape[0]
@@ -371,7 +380,7 @@ if numba is not None:
             b, h = task // n_head, task % n_head
             keys = min(positions[b] + 1, kc.shape[2])
             q = qkv[b, h * hd : (h + 1) * hd]
-            kb, vb = kc[b, h // group], vc[b, h // group]
+            kb, vb = kc[cache_rows[b], h // group], vc[cache_rows[b], h // group]
             scores = np.empty(keys, dtype=np.float32)
             j = 0
             while j + 4 <= keys:
@@ -455,18 +464,20 @@ if numba is not None:
             out[r] = min(lo, vocab - 1)
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _store_kv(qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, positions: Any) -> None:
-        """Each row's new keys and values into its cache slot, position % capacity, in the cache's type (a
-        float16 cache: clamped to float16's largest finite value first, so that a huge key is a large
-        score, not inf)."""
+    def _store_kv(
+        qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, positions: Any, cache_rows: Any
+    ) -> None:
+        """Each row's new keys and values into its cache row (`cache_rows`) at slot position % capacity,
+        in the cache's type (a float16 cache: clamped to float16's largest finite value first, so that a
+        huge key is a large score, not inf)."""
         top = _largest(kc)
         for b in range(qkv.shape[0]):
-            slot = positions[b] % kc.shape[2]
+            slot, c = positions[b] % kc.shape[2], cache_rows[b]
             for g in range(n_kv):
                 k0, v0 = (n_head + g) * hd, (n_head + n_kv + g) * hd
                 for i in range(hd):
-                    kc[b, g, slot, i] = _narrow(min(max(qkv[b, k0 + i], -top), top), kc)
-                    vc[b, g, slot, i] = _narrow(min(max(qkv[b, v0 + i], -top), top), vc)
+                    kc[c, g, slot, i] = _narrow(min(max(qkv[b, k0 + i], -top), top), kc)
+                    vc[c, g, slot, i] = _narrow(min(max(qkv[b, v0 + i], -top), top), vc)
 
     @njit(fastmath=_FAST, cache=_CACHE)
     def _block_step(
@@ -483,6 +494,7 @@ if numba is not None:
         v_rows: Any,
         cache: tuple[Any, Any],
         positions: Any,
+        cache_rows: Any,
         scale: float,
         activation: int,
     ) -> Any:
@@ -496,9 +508,9 @@ if numba is not None:
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
-        _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions)
+        _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions, cache_rows)
         y = np.empty((rows, n_head * hd), dtype=np.float32)
-        _attend(qkv, kc, vc, n_head, n_kv, positions, scale, y)
+        _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, scale, y)
         out = np.empty_like(x)
         _matvec(attn[1][0], attn[1][1], y, attn[1][2], out, attn[1][3])
         out += x
@@ -520,10 +532,12 @@ if numba is not None:
         skips: tuple[Any, Any],
         caches: Any,
         positions: Any,
+        cache_rows: Any,
         rope: tuple[Any, Any],
         final: tuple[tuple[Any, Any], float, bool],
         head: tuple[Any, Any, Any, bool],
         logit_cap: float,
+        logit_rows: Any,
     ) -> Any:
         wte, wpe = embeddings
         rows, width = tokens.shape[0], wte.shape[1]
@@ -561,16 +575,17 @@ if numba is not None:
                 v_rows,
                 caches[layer],
                 positions,
+                cache_rows,
                 a[8],
                 a[9],
             )
-        h = np.empty_like(x)
-        _norm(x, final[0][0], final[0][1], final[1], final[2], h)
-        logits = np.empty((rows, head[0].shape[0]), dtype=np.float32)
+        h = np.empty((logit_rows.shape[0], width), dtype=np.float32)
+        _norm(x[logit_rows], final[0][0], final[0][1], final[1], final[2], h)
+        logits = np.empty((h.shape[0], head[0].shape[0]), dtype=np.float32)
         _matvec(head[0], head[1], h, head[2], logits, head[3])
         if logit_cap > 0:
             cap = np.float32(logit_cap)
-            for b in range(rows):
+            for b in range(h.shape[0]):
                 for v in range(logits.shape[1]):
                     logits[b, v] = cap * np.tanh(logits[b, v] / cap)
         return logits
@@ -658,25 +673,39 @@ def model_args(
     )
 
 
+@functools.cache
+def _every(n: int) -> np.ndarray:
+    """0..n-1 as the kernels' row indices (kept: a step would otherwise build two of them)."""
+    return np.arange(n, dtype=np.int64)
+
+
 def model_step(
     args: ModelArgs,
     tokens: np.ndarray,
     caches: tuple[tuple[np.ndarray, np.ndarray], ...],
     positions: np.ndarray,
     rope: tuple[np.ndarray, np.ndarray] | None,
+    cache_rows: np.ndarray | None = None,
+    logit_rows: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The logits (B, V) of one new token of each row (`tokens` (B,), int64) at its position (`positions`
-    (B,), int64; rows may stand at different positions), through the model `args` holds (`model_args`),
-    as one compiled call: `numpy.transformer` and `numpy.head` with T = 1, each block `_block_step`. Each
-    layer's keys and values are written into its cache buffers (`caches`: (keys, values) a layer, B x
-    n_kv_head x capacity x hd; float32, or float16's bits as uint16) at each row's slot position %
-    capacity, attention reading the first min(position + 1, capacity) slots of the row. rope: the cos and
-    sin rows of the rows' positions (`numpy.rotary`), one a row or one for all. One call, not one a block:
-    the Python and NumPy calls between per-block calls each started from caches the weights had just
-    streamed through (0-10% of a one-token step here, more the busier the machine).
-    A token id outside the vocabulary raises IndexError."""
+    """The logits of new tokens (`tokens` (N,), int64), each at its position (`positions` (N,), int64)
+    in its row of the cache (`cache_rows` (N,); None: token b in row b), through the model `args` holds
+    (`model_args`), as one compiled call: `numpy.transformer` and `numpy.head`, each block `_block_step`.
+    One token a row is a decoding step (rows may stand at different positions); several tokens of one
+    row at consecutive positions are a prefill (each attends to the slots up to its own position, so it
+    must not wrap the ring: position < capacity). Each layer's keys and values are written into its cache
+    buffers (`caches`: (keys, values) a layer, rows x n_kv_head x capacity x hd; float32, or float16's
+    bits as uint16) at slot position % capacity, attention reading the first min(position + 1, capacity)
+    slots of the row. rope: the cos and sin rows of the tokens' positions (`numpy.rotary`), one a token
+    or one for all. Logits (len(logit_rows), V) of the tokens `logit_rows` picks (None: every token).
+    One call, not one a block: the Python and NumPy calls between per-block calls each started from
+    caches the weights had just streamed through (0-10% of a one-token step here, more the busier the
+    machine). A token id outside the vocabulary raises IndexError."""
     wte, wpe, blocks, value_embeds, skips, final, head, cap = args
     rope = (_EMPTY_ROWS, _EMPTY_ROWS) if rope is None else rope
+    every = _every(len(tokens))
     return _model_step(
-        tokens, (wte, wpe), blocks, value_embeds, skips, caches, positions, rope, final, head, cap
-    )
+        tokens, (wte, wpe), blocks, value_embeds, skips, caches, positions,
+        every if cache_rows is None else cache_rows, rope, final, head, cap,
+        every if logit_rows is None else logit_rows,
+    )  # fmt: skip
