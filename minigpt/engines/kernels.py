@@ -1,10 +1,12 @@
-"""The NumPy engine's one-token step as compiled kernels (numba): the whole model in one call.
+"""The NumPy engine's one-token steps and short prefills as compiled kernels (numba): the whole model in
+one call.
 
 A cached decoding step reads every weight once and does little else, so its speed is how fast the weights
 stream. Through NumPy it is a few hundred library calls: BLAS matrix-vector products that streamed 14.5
 GB/s on one thread of this machine's AMD EPYC where a plain sum over the same bytes reads 25, and some
 forty small element-wise operations a layer between them, each a Python call (a third of the step).
-Here a step is one call (`model_step`: the embeddings, every block, the final norm and the LM head), and
+Here a step is one call (`model_step`: the embeddings, every block, the final norm and the LM head; a
+prefill the same call, its tokens as rows of one cache row at consecutive positions), and
 each block within it (`_block_step`) its norms, the fused Q/K/V product, rotary positions, the cache write,
 attention over the cache, the output projection and the MLP, each matrix product a loop over the
 matrix's rows in the file's (out, in) layout (every row a contiguous dot product, which LLVM vectorises
