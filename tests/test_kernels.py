@@ -226,6 +226,34 @@ def _exps(x: np.ndarray) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_attention_two_tasks_at_a_time_is_attention_one_at_a_time(dtype: type) -> None:
+    """`_attend` over 7 rows at their own positions (some past the ring's capacity) in 3 cache rows, 3
+    query heads sharing one key/value head (7 x 3 = 21 tasks: an odd count, pairs of tasks with
+    different key counts): taking tasks two at a time (few threads) and one at a time (many) gives the
+    softmax attention computed in float64, within float32's rounding of the sums."""
+    rng = np.random.default_rng(0)
+    rows, n_head, n_kv, hd, cap = 7, 3, 1, 16, 10
+    qkv = rng.standard_normal((rows, (n_head + 2 * n_kv) * hd), dtype=np.float32)
+    kc = rng.standard_normal((3, n_kv, cap, hd)).astype(dtype)
+    vc = rng.standard_normal((3, n_kv, cap, hd)).astype(dtype)
+    positions = np.array([0, 3, 9, 14, 1, 2, 30], dtype=np.int64)
+    cache_rows = np.array([0, 1, 2, 0, 1, 2, 2], dtype=np.int64)
+    want = np.zeros((rows, n_head * hd))
+    for b in range(rows):
+        keys = min(positions[b] + 1, cap)
+        k, v = kc[cache_rows[b], 0, :keys].astype(np.float64), vc[cache_rows[b], 0, :keys].astype(np.float64)
+        for h in range(n_head):
+            s = k @ qkv[b, h * hd : (h + 1) * hd].astype(np.float64) * 0.25
+            p = np.exp(s - s.max())
+            want[b, h * hd : (h + 1) * hd] = p @ v / p.sum()
+    bits = (lambda a: a.view(np.uint16)) if dtype == np.float16 else (lambda a: a)
+    for threads in (1, 2, 1000):  # 21 tasks: two at a time on 1 and 2 threads, one at a time on 1000
+        got = np.zeros((rows, n_head * hd), dtype=np.float32)
+        kernels._attend(qkv, bits(kc), bits(vc), n_head, n_kv, positions, cache_rows, 0.25, got, threads)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{threads} threads")
+
+
 def test_the_kernels_exp_is_float32_exact_to_a_few_units_in_the_last_place() -> None:
     """`_exp` (GELU, SwiGLU and the softmax): within 4 float32 ulps of exp in float64 wherever float32
     holds the result as a normal number (NumPy's own float32 exp: 2); 0 below -87.3; finite and at least
