@@ -400,12 +400,12 @@ if numba is not None:
                 acc[i] += p * _widen(values[j, i])
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _task(
-        qkv: Any, kc: Any, vc: Any, n_head: int, n_kv: int, positions: Any, cache_rows: Any, t: int
-    ) -> Any:
-        """Attention task t (query row t // n_head, head t % n_head): its query, its key/value head's
-        keys and values in its cache row, how many slots it reads (the first min(position + 1,
-        capacity): the order of the slots does not matter to one query), and its slice of the output."""
+    def _task(work: Any, t: int) -> Any:
+        """Attention task t (query row t // n_head, head t % n_head) of `work` (`_attend`'s arguments):
+        its query, its key/value head's keys and values in its cache row, how many slots it reads (the
+        first min(position + 1, capacity): the order of the slots does not matter to one query), and its
+        slice of the output."""
+        qkv, kc, vc, n_head, n_kv, positions, cache_rows = work[:7]
         hd = kc.shape[3]
         b, h = t // n_head, t % n_head
         g, c = h // (n_head // n_kv), cache_rows[b]
@@ -413,18 +413,10 @@ if numba is not None:
         return qkv[b, h * hd : (h + 1) * hd], kc[c, g], vc[c, g], keys, (b, h * hd, (h + 1) * hd)
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _attend_one(
-        qkv: Any,
-        kc: Any,
-        vc: Any,
-        heads: tuple[int, int],
-        at: tuple[Any, Any],
-        scale: float,
-        out: Any,
-        t: int,
-    ) -> None:
-        """Task t's query over its keys, its values weighed into its slice of out."""
-        q, keys, values, n, (b, lo, hi) = _task(qkv, kc, vc, heads[0], heads[1], at[0], at[1], t)
+    def _attend_one(work: Any, t: int) -> None:
+        """Task t's query over its keys, its values weighed into its slice of the output."""
+        scale, out = work[7:]
+        q, keys, values, n, (b, lo, hi) = _task(work, t)
         scores = np.empty(n, dtype=np.float32)
         _scores(q, keys, scores, 0, n)
         total = _softmax(scores, scale)
@@ -433,20 +425,12 @@ if numba is not None:
         out[b, lo:hi] = acc * (np.float32(1.0) / total)
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _attend_two(
-        qkv: Any,
-        kc: Any,
-        vc: Any,
-        heads: tuple[int, int],
-        at: tuple[Any, Any],
-        scale: float,
-        out: Any,
-        t: int,
-    ) -> None:
+    def _attend_two(work: Any, t: int) -> None:
         """Tasks t and t + 1 at once, the keys (then the values) of both read side by side: two streams
         from memory for the thread where one task's reads are one."""
-        qa, ka, va, na, (ra, la, ha) = _task(qkv, kc, vc, heads[0], heads[1], at[0], at[1], t)
-        qb, kb, vb, nb, (rb, lb, hb) = _task(qkv, kc, vc, heads[0], heads[1], at[0], at[1], t + 1)
+        scale, out = work[7:]
+        qa, ka, va, na, (ra, la, ha) = _task(work, t)
+        qb, kb, vb, nb, (rb, lb, hb) = _task(work, t + 1)
         sa, sb = np.empty(na, dtype=np.float32), np.empty(nb, dtype=np.float32)
         both, j = min(na, nb), 0
         while j + 2 <= both:  # two keys of each task a pass
@@ -494,13 +478,13 @@ if numba is not None:
         tasks = qkv.shape[0] * n_head
         paired = tasks >= 4 * threads
         items = (tasks + 1) // 2 if paired else tasks
-        heads, at = (n_head, n_kv), (positions, cache_rows)
+        work = (qkv, kc, vc, n_head, n_kv, positions, cache_rows, scale, out)
         for item in prange(items):
             t = np.int64(item) * (2 if paired else 1)  # prange's index may be unsigned
             if paired and t + 1 < tasks:
-                _attend_two(qkv, kc, vc, heads, at, scale, out, t)
+                _attend_two(work, t)
             else:
-                _attend_one(qkv, kc, vc, heads, at, scale, out, t)
+                _attend_one(work, t)
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
     def _activate(h: Any, activation: int) -> Any:
