@@ -626,7 +626,18 @@ def transformer(
     return norm(w.ln_f, x)
 
 
-HEAD_LOSS_ELEMENTS = 1 << 22  # logits per chunk of rows in head_loss (16 MB in float32)
+HEAD_LOSS_ELEMENTS = 1 << 22  # logits per chunk of rows in head_loss on the CPU (16 MB in float32)
+# on a GPU: 512 MB of float32 logits (2 GB with their softmax and gradient). A chunk of 16 MB is 83 rows of
+# GPT-2's vocabulary: a batch of 32 x 1,024 took 395 chunks, each adding its head gradient into a float32
+# copy of the head (154 MB read and written per chunk) and launching a dozen kernels: GPT-2 124M trained
+# at 76k tokens/s on an H200 against 183k with this chunk (README: "GPU")
+ACCELERATOR_HEAD_LOSS_ELEMENTS = 1 << 27
+# the head's products run on a vocabulary padded with zero rows to a multiple of this (its logits -inf), by
+# device type: a GPU's matrix kernels need 16-byte aligned rows, and at GPT-2's 50,257 tokens cuBLAS fell
+# back to kernels of an older generation that ran the head's three products at 119 TFLOP/s on an H200,
+# against 757 at 50,304 (bench/bench_gpu.py); the CPU's BLAS has no such cliff
+HEAD_ROW_MULTIPLE = {"cpu": 1}
+ACCELERATOR_HEAD_ROW_MULTIPLE = 128
 
 
 def head_loss(w: ModelWeights[torch.Tensor], x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -635,10 +646,13 @@ def head_loss(w: ModelWeights[torch.Tensor], x: torch.Tensor, targets: torch.Ten
     (_HeadLoss): the (B x T, V) logits, their softmax and their gradient, three times 200 MB for a batch
     of 16 x 64 over GPT-2's 50,257 tokens, never exist whole."""
     rows = x.reshape(-1, x.size(-1))
-    chunk = max(1, HEAD_LOSS_ELEMENTS // w.lm_head.size(0))
+    gpu = x.device.type != "cpu"
+    elements = ACCELERATOR_HEAD_LOSS_ELEMENTS if gpu else HEAD_LOSS_ELEMENTS
+    multiple = HEAD_ROW_MULTIPLE.get(x.device.type, ACCELERATOR_HEAD_ROW_MULTIPLE)
+    chunk = max(1, elements // w.lm_head.size(0))
     # forward() runs with grad mode off, so whether gradients are wanted (not in an evaluation) is read here
     grads = torch.is_grad_enabled() and (rows.requires_grad or w.lm_head.requires_grad)
-    return _HeadLoss.apply(rows, w.lm_head, targets.reshape(-1), w.logit_cap, chunk, grads)
+    return _HeadLoss.apply(rows, w.lm_head, targets.reshape(-1), w.logit_cap, chunk, grads, multiple)
 
 
 class _HeadLoss(torch.autograd.Function):
@@ -654,42 +668,63 @@ class _HeadLoss(torch.autograd.Function):
         cap: float | None,
         chunk: int,
         grads: bool,
+        multiple: int,
     ) -> torch.Tensor:
         wanted = targets >= 0
         count = wanted.sum()
+        vocab = weight.size(0)
         ctx.weight_dtype = weight.dtype  # type: ignore[attr-defined]
         wide = torch.promote_types(weight.dtype, torch.float32)  # sums in float32 at least
+        # zero rows, their logits set to -inf
+        padded = F.pad(weight, (0, 0, 0, -vocab % multiple)) if vocab % multiple else weight
         gx = torch.zeros_like(x) if grads else None
-        gw = torch.zeros_like(weight, dtype=wide) if grads else None
+        gw = torch.zeros_like(padded, dtype=wide) if grads else None
         total = torch.zeros((), dtype=wide, device=x.device)
         for start in range(0, x.size(0), chunk):
-            xs, ts, ok = (
-                x[start : start + chunk],
-                targets[start : start + chunk],
-                wanted[start : start + chunk],
-            )
-            z = F.linear(xs, weight).to(wide)
-            capped = None if cap is None else torch.tanh(z / cap)
-            logits = z if capped is None else cap * capped
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, ts.clamp(min=0)[:, None]).squeeze(1)
-            total += torch.where(ok, lse - picked, 0.0).sum()
-            if grads:
-                g = torch.exp(logits - lse[:, None])  # softmax, minus the target's one-hot below
-                g.scatter_add_(1, ts.clamp(min=0)[:, None], -ok[:, None].to(g.dtype))
-                g *= ok[:, None]
-                if capped is not None:
-                    g *= 1 - capped * capped  # through cap * tanh(z / cap)
-                gx[start : start + chunk] = (g.to(weight.dtype) @ weight).to(x.dtype)
-                gw += (g.t().to(xs.dtype) @ xs).to(wide)
-        ctx.save_for_backward(gx, gw, count)
+            part = slice(start, start + chunk)
+            loss, g = _chunk_loss(x[part], padded, vocab, targets[part], wanted[part], cap, wide, grads)
+            total += loss
+            if g is not None:
+                gx[part] = (g.to(weight.dtype) @ padded).to(x.dtype)
+                gw += (g.t().to(x.dtype) @ x[part]).to(wide)
+        ctx.save_for_backward(gx, None if gw is None else gw[:vocab], count)
         return total / count
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         gx, gw, count = ctx.saved_tensors  # type: ignore[attr-defined]
         scale = grad / count
-        return gx * scale.to(gx.dtype), (gw * scale).to(ctx.weight_dtype), None, None, None, None
+        return gx * scale.to(gx.dtype), (gw * scale).to(ctx.weight_dtype), None, None, None, None, None
+
+
+def _chunk_loss(
+    xs: torch.Tensor,
+    weight: torch.Tensor,
+    vocab: int,
+    targets: torch.Tensor,
+    ok: torch.Tensor,
+    cap: float | None,
+    wide: torch.dtype,
+    grads: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The summed cross-entropy of one chunk of rows against `weight`'s first `vocab` rows (any rows after
+    them take no part), and the gradient of that sum with respect to the logits (None unless `grads`)."""
+    z = F.linear(xs, weight).to(wide)
+    capped = None if cap is None else torch.tanh(z / cap)
+    logits = z if capped is None else cap * capped
+    if logits.size(1) > vocab:
+        logits[:, vocab:] = float("-inf")  # padding: no probability, no gradient
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+    loss = torch.where(ok, lse - picked, 0.0).sum()
+    if not grads:
+        return loss, None
+    g = torch.exp(logits - lse[:, None])  # softmax, minus the target's one-hot below
+    g.scatter_add_(1, targets.clamp(min=0)[:, None], -ok[:, None].to(g.dtype))
+    g *= ok[:, None]
+    if capped is not None:
+        g *= 1 - capped * capped  # through cap * tanh(z / cap)
+    return loss, g
 
 
 def head(w: ModelWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

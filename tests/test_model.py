@@ -42,13 +42,17 @@ def test_forward_shapes() -> None:
 
 @pytest.mark.parametrize("cap", [None, 3.0])
 @pytest.mark.parametrize("chunk_elements", [1 << 22, 3 * TINY.vocab_size])  # one chunk; chunks of 3 rows
+@pytest.mark.parametrize("multiple", [1, 7, 128])  # the head padded with zero rows, as on a GPU
 def test_loss_and_gradients_equal_cross_entropy_of_the_logits(
-    cap: float | None, chunk_elements: int, monkeypatch: pytest.MonkeyPatch
+    cap: float | None, chunk_elements: int, multiple: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loss (head_loss, chunked, gradients from the forward pass) against F.cross_entropy of the whole
     logits, in float64 so that only the order of the sums differs: value and every parameter's gradient,
-    with ignored (-1) targets scattered through the batch and none in one row."""
+    with ignored (-1) targets scattered through the batch and none in one row; also with the head's rows
+    padded to a multiple of 7 or 128 (the padding takes no probability and gets no gradient)."""
+    assert TINY.vocab_size % 7 and TINY.vocab_size % 128
     monkeypatch.setattr("minigpt.model.HEAD_LOSS_ELEMENTS", chunk_elements)
+    monkeypatch.setattr("minigpt.model.HEAD_ROW_MULTIPLE", {"cpu": multiple})
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**TINY.__dict__, "logit_cap": cap})).double()
     idx = torch.randint(0, TINY.vocab_size, (3, 10))
