@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
@@ -137,22 +138,36 @@ def activation_bytes(config: GPTConfig, batch: int) -> int:
     return kept + score_bytes(config, batch, training=True)
 
 
+def state_bytes(config: GPTConfig) -> int:
+    """Weights, gradients and AdamW's two moments in float32."""
+    return 4 * count_params(config).exact_total * FLOAT32
+
+
 def training_bytes(config: GPTConfig, batch: int) -> int:
     """Weights, gradients and AdamW's two moments in float32, plus one micro-batch's activations."""
-    return 4 * count_params(config).exact_total * FLOAT32 + activation_bytes(config, batch)
+    return state_bytes(config) + activation_bytes(config, batch)
 
 
 def size_text(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
-def check_fits(needed: int, what: str, fix: str) -> None:
-    """Refuse, with the numbers, work that needs more memory than the machine has available."""
-    have = available_bytes()
+def cuda_free_bytes(device: Any) -> int:
+    """The free memory of a CUDA GPU as its driver counts it (torch's per-process fraction not applied)."""
+    import torch
+
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:
+    """Refuse, with the numbers, work that needs more memory than the machine has available: the host's,
+    or a CUDA GPU's where `device` is one."""
+    gpu = getattr(device, "type", "cpu") == "cuda"
+    have = cuda_free_bytes(device) if gpu else available_bytes()
     if have is not None and needed > have:
         raise MinigptError(
-            f"{what} needs about {needed / 2**30:,.1f} GiB of memory but {have / 2**30:,.1f} GiB is "
-            f"available: {fix}"
+            f"{what} needs about {needed / 2**30:,.1f} GiB of {'GPU memory' if gpu else 'memory'} but "
+            f"{have / 2**30:,.1f} GiB is {'free' if gpu else 'available'}: {fix}"
         )
 
 

@@ -38,7 +38,7 @@ from minigpt.distributed import DistContext
 from minigpt.errors import MinigptError, UsageError
 from minigpt.finetune import adapter_settings, full_model, lora_model, plan_fine_tune
 from minigpt.finetune import describe as describe_lora
-from minigpt.memory import FLOAT32, Allocating, allocating, check_fits, training_bytes
+from minigpt.memory import FLOAT32, Allocating, allocating, check_fits, state_bytes, training_bytes
 from minigpt.model import GPT
 from minigpt.optimizers import make_optimizer
 from minigpt.params import count_params
@@ -396,10 +396,14 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
     shape = plan.shape or cfg.model_config(tokenizer.vocab_size)
     if tokenizer.vocab_size > shape.vocab_size:
         raise MinigptError("tokenizer is larger than the model's vocabulary")
-    fix = "lower batch_size, block_size or the model's size"
-    check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
-    n_params = count_params(shape).exact_total
     smaller = "pick a smaller model (--preset, --n-layer, --n-embd)"
+    if device.type == "cpu":
+        fix = "lower batch_size, block_size or the model's size"
+        check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
+    else:  # the estimate's activations are the CPU's (attention's T x T scores kept); a GPU's fused attention
+        # keeps none, so only the float32 state is checked first and the allocator's error names the rest
+        check_fits(state_bytes(shape), "the weights, gradients and AdamW's moments", smaller, device)
+    n_params = count_params(shape).exact_total
     with allocating(f"the model's {n_params:,} parameters", n_params * FLOAT32, smaller):
         if plan.lora is not None:
             model = lora_model(shape, plan.lora, plan.out, device, fresh=not plan.resume)

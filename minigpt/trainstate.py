@@ -90,9 +90,8 @@ class Trainables:
             prefix = f"optim/{name}/"
             saved = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
             if saved:
-                self.optimizer.load_state(
-                    p, {k: (v.to(p.device) if k != "step" else v) for k, v in saved.items()}
-                )
+                # the step count too: the fused AdamW kernel reads it on the parameter's device
+                self.optimizer.load_state(p, {k: v.to(p.device) for k, v in saved.items()})
         self.sampler.load_state_dict(
             {k.removeprefix("sampler/"): v for k, v in tensors.items() if k.startswith("sampler/")}
         )
