@@ -25,6 +25,7 @@ from minigpt import memory
 from minigpt.cli import app
 from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
+from minigpt.params import count_params
 
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
 CORPUS = ROOT / "tests" / "fixtures" / "corpus.txt"
@@ -221,3 +222,18 @@ def test_training_bytes_grow_with_the_batch() -> None:
     )
     with pytest.raises(MinigptError, match="needs about .* GiB of memory but"):
         memory.check_fits(1 << 62, "x", "y")
+
+
+def test_a_gpu_runs_state_is_checked_against_the_cards_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA device the weights, gradients and AdamW's moments (16 bytes a parameter) are held to the
+    card's free memory, not the host's (a GPU's activations are left to its allocator's one-line error)."""
+    from types import SimpleNamespace
+
+    config = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    assert memory.state_bytes(config) == 16 * count_params(config).exact_total
+    monkeypatch.setattr(memory, "available_bytes", lambda: pytest.fail("the host's memory was read"))
+    monkeypatch.setattr(memory, "cuda_free_bytes", lambda device: 3 << 30)
+    gpu = SimpleNamespace(type="cuda")
+    memory.check_fits(3 << 30, "x", "y", gpu)
+    with pytest.raises(MinigptError, match=r"^x needs about 4\.0 GiB of GPU memory but 3\.0 GiB is free: y$"):
+        memory.check_fits(4 << 30, "x", "y", gpu)
