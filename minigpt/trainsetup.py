@@ -402,7 +402,8 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
         check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
     else:  # the estimate's activations are the CPU's (attention's T x T scores kept); a GPU's fused attention
         # keeps none, so only the float32 state is checked first and the allocator's error names the rest
-        check_fits(state_bytes(shape), "the weights, gradients and AdamW's moments", smaller, device)
+        what = "the model's state (weights, gradients, AdamW's moments)"
+        check_fits(state_bytes(shape), what, smaller, device)
     n_params = count_params(shape).exact_total
     with allocating(f"the model's {n_params:,} parameters", n_params * FLOAT32, smaller):
         if plan.lora is not None:

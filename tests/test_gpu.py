@@ -218,7 +218,8 @@ def test_a_cuda_out_of_memory_is_one_error_line(runner, text_file: Path, tmp_pat
     torch.cuda.set_per_process_memory_fraction(0.01)
     try:
         args = ["train", str(text_file), "--device", "cuda", "--tokenizer", "char", "--n-layer", "4"]
-        args += ["--n-embd", "1024", "--block-size", "512", "--batch-size", "64", "--max-iters", "2"]
+        args += ["--n-embd", "1024", "--n-head", "8", "--block-size", "512", "--batch-size", "64"]
+        args += ["--max-iters", "2"]
         result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)

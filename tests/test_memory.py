@@ -237,3 +237,26 @@ def test_a_gpu_runs_state_is_checked_against_the_cards_free_memory(monkeypatch: 
     memory.check_fits(3 << 30, "x", "y", gpu)
     with pytest.raises(MinigptError, match=r"^x needs about 4\.0 GiB of GPU memory but 3\.0 GiB is free: y$"):
         memory.check_fits(4 << 30, "x", "y", gpu)
+
+
+def test_training_on_a_gpu_checks_the_card_before_building_the_model(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`minigpt train` on a CUDA device (faked: torch's device object, 3 GiB free) refuses a model whose
+    state needs 6 GiB in one line, before building it, without asking the host's memory."""
+    from minigpt import trainsetup
+
+    monkeypatch.setattr(trainsetup, "resolve_device", lambda name, local_rank=0: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(memory, "cuda_free_bytes", lambda device: 3 << 30)
+    monkeypatch.setattr(memory, "available_bytes", lambda: pytest.fail("the host's memory was read"))
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 300, encoding="utf-8")
+    args = ["train", str(text), "--tokenizer", "char", "--n-layer", "2", "--n-embd", "4096", "--n-head", "32"]
+    result = runner.invoke(app, [*args, "--max-iters", "1", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, (result.stderr, result.exception)
+    assert result.stderr.splitlines()[-1] == (
+        "error: the model's state (weights, gradients, AdamW's moments) needs about 6.0 GiB of GPU memory but "
+        "3.0 GiB is free: pick a smaller model (--preset, --n-layer, --n-embd)"
+    )
+    assert not (tmp_path / "run" / "model.safetensors").exists()
