@@ -634,8 +634,8 @@ HEAD_LOSS_ELEMENTS = 1 << 22  # logits per chunk of rows in head_loss on the CPU
 ACCELERATOR_HEAD_LOSS_ELEMENTS = 1 << 27
 # the head's products run on a vocabulary padded with zero rows to a multiple of this (its logits -inf), by
 # device type: a GPU's matrix kernels need 16-byte aligned rows, and at GPT-2's 50,257 tokens cuBLAS fell
-# back to kernels of an older generation that ran the head's three products at 119 TFLOP/s on an H200,
-# against 757 at 50,304 (bench/bench_gpu.py); the CPU's BLAS has no such cliff
+# back to kernels of an older generation that ran the head's three products at about 120 TFLOP/s on an
+# H200, against about 760 at 50,304 (bench/bench_gpu.py, twice); the CPU's BLAS has no such cliff
 HEAD_ROW_MULTIPLE = {"cpu": 1}
 ACCELERATOR_HEAD_ROW_MULTIPLE = 128
 
