@@ -299,6 +299,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--decode-tokens", type=int, default=256, help="0: no decoding")
     parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--profile", default="eager,compiled", help="the variants to profile 5 steps of")
     parser.add_argument(
         "--variants", default="eager,compiled", help=f"comma-separated, of: {', '.join(VARIANTS)}"
     )
@@ -314,11 +315,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     training = []
     for variant in args.variants.split(","):
-        profile = KernelProfile(args.device, first=args.steps - 8, steps=5) if variant == "eager" else None
+        profiled = variant in args.profile.split(",")
+        profile = KernelProfile(args.device, first=args.steps - 8, steps=5) if profiled else None
         training.append(train_rate(args, variant, work / variant, profile))
         print(json.dumps(training[-1]), flush=True)
         if profile is not None:
-            (out / "profile_eager.txt").write_text(profile.table())
+            (out / f"profile_{variant}.txt").write_text(profile.table())
     decoding = []
     run = next((work / n for n in VARIANTS if (work / n / RunDir.WEIGHTS).exists()), None)
     if args.decode_tokens and run is not None:
