@@ -127,9 +127,12 @@ class KVCache(Generic[Array]):
         return buf[:, :, list(range(split, cap)) + list(range(split))]
 
     def advance(self, n: int) -> None:
-        self.positions += n
-        if self._common is not None:
+        if self._common is None:
+            self.positions += n
+        else:  # `fill`, not a ufunc: after a step has streamed the weights through the CPU's caches,
+            # NumPy's ufunc machinery took 15-25 µs to come back to, fill 4-5
             self._common += n
+            self.positions.fill(self._common)
 
     def reset(self) -> None:
         """Forget every cached position (the buffers are reused, not freed)."""
@@ -153,7 +156,7 @@ def first_position(cache: KVCache[Any] | None, new: int, limit: int | None) -> i
     leave the whole sequence inside `limit` positions (learned positions: block_size; None: no limit); for
     a cache whose rows stand at different positions (`KVCache.mixed`), each row's (batch,)."""
     start: int | np.ndarray = 0 if cache is None else cache.positions.copy() if cache.mixed else cache.pos
-    end = int(np.max(start)) + new
+    end = (int(start.max()) if isinstance(start, np.ndarray) else start) + new  # no NumPy call per token
     if limit is not None and end > limit:
         raise UsageError(f"sequence of {end} tokens is longer than the model's block_size {limit}")
     return start

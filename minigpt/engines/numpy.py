@@ -38,9 +38,6 @@ from minigpt.weights import (
 __all__ = ["LAYOUTS", "NumpyEngine", "int8_linear", "log_softmax", "packed", "sample_next"]
 
 Cache = KVCache[np.ndarray]
-Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
-Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
-_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 
 
 # --- the computation: minigpt.model's functions in NumPy (inference only: no dropout) ---------------------
@@ -300,6 +297,28 @@ def block(
 def _kernel_view(a: np.ndarray) -> np.ndarray:
     """A cache buffer as the kernels take it: float16 as its bits (numba has no float16 on the CPU)."""
     return a.view(np.uint16) if a.dtype == np.float16 else a
+
+
+class KernelCache(KVCache[np.ndarray]):
+    """A KV cache that also holds its buffers as the kernels take them (`_kernel_view`), made once: the
+    dozen views, made at every step, took 30-60 µs of a token once its weights had streamed through the
+    CPU's caches."""
+
+    def __init__(self, k: Sequence[np.ndarray], v: Sequence[np.ndarray], limit: int | None) -> None:
+        super().__init__(k, v, limit, np.concatenate)
+        self.views = tuple((_kernel_view(a), _kernel_view(b)) for a, b in zip(k, v, strict=True))
+
+
+Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
+Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
+_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+
+
+def _views(cache: Cache) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Every layer's keys and values as the kernels take them (kept by the caches this engine makes)."""
+    if isinstance(cache, KernelCache):
+        return cache.views
+    return tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
 
 
 def transformer(
@@ -577,7 +596,10 @@ class NumpyEngine:
             if notice is not None and _kernels.will_compile():
                 notice("compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)")
             idx = np.zeros((1, 1), dtype=np.int64)
-            self._forward(self.weights, self._head, idx, self.new_cache(1), False)
+            logits = self._forward(self.weights, self._head, idx, self.new_cache(1), False)
+            # the draw's kernel too: read from numba's cache on its first call, it took 4-5 ms of the
+            # first token's time (a 200-token generate on two threads: 1.5% of its tokens/s)
+            sample_next(logits, 1.0, None, None, np.random.default_rng(0))
             self._use_tiles(self._pick_tiles(quantize) if isinstance(tile_from, str) else tile_from)
             self.kernel_rows = self._pick_kernel_rows(quantize)
 
@@ -698,7 +720,7 @@ class NumpyEngine:
         # 4 KB ones that a step's reads of it miss the TLB on (8 rows of the 6x6x384 model: 1.07x)
         buffers = arena(shapes + shapes, self.kv_cache, zeros=True)
         keys, values = buffers[: len(shapes)], buffers[len(shapes) :]
-        return KVCache(keys, values, c.block_size if c.pos == "learned" else None, np.concatenate)
+        return KernelCache(keys, values, c.block_size if c.pos == "learned" else None)
 
     def forward(
         self, ids: Sequence[Sequence[int]], cache: Cache | None, *, every_position: bool = False
@@ -738,11 +760,11 @@ class NumpyEngine:
         (`kernels.model_step`)."""
         start = first_position(cache, 1, self.config.block_size if self.config.pos == "learned" else None)
         mixed = isinstance(start, np.ndarray)  # rows at different positions
-        positions = start if mixed else np.full(len(tokens), start, dtype=np.int64)
+        positions = cache.positions  # each row's next position: read by the call, advanced after it
         rope = None
         if self._angles is not None:
             rope = self._angles.at(positions) if mixed else self._angles(start, 1)
-        caches = tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
+        caches = _views(cache)
         wide = [rows for rows in TILE_ROWS if rows <= len(tokens)]  # the batch whose tiling this one takes
         args = self._model_args[wide[-1] if wide else TILE_ROWS[0]]
         logits = _kernels.model_step(args, tokens, caches, positions, rope)
@@ -775,7 +797,7 @@ class NumpyEngine:
         rope = None
         if self._angles is not None:
             rope = tuple(np.tile(a, (rows, 1)) for a in self._angles(start, new))
-        caches = tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
+        caches = _views(cache)
         logits = _kernels.model_step(
             self._prefill_args, np.ascontiguousarray(idx).reshape(-1), caches, positions, rope,
             np.repeat(np.arange(rows, dtype=np.int64), new),
