@@ -33,11 +33,12 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from minigpt.weights import BlockWeights, LinearWeights, ModelWeights, NormWeights
+from minigpt.weights import BlockWeights, LinearWeights, ModelWeights
 
 __all__ = [
     "ACTIVATIONS",
@@ -65,6 +66,12 @@ except ImportError:  # pragma: no cover - exercised only where numba cannot be i
 ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
+# `model_args`' table of where a step's tensors lie: the model's slots (the token and position embeddings,
+# the U-net skips' weights, the final norm's weight and bias, the head's weight, scales and bias), then
+# `_LAYER` for each block (its norms' weights and biases, QK-norm's two weights, the value embeddings,
+# then the QKV, output, up and down products' weights, scales and biases, `_QKV` ... `_DOWN`)
+_WTE, _WPE, _SKIPS, _LNF, _HEAD, _GLOBALS = 0, 1, 2, 3, 5, 8
+_QK, _VE, _QKV, _PROJ, _FC, _DOWN, _LAYER = 4, 6, 7, 10, 13, 16, 19
 # sums may be reordered (vectorised) and multiply-adds fused; no assumption about inf or NaN: GELU's exp
 # overflows to inf on purpose (x / inf = 0), as on the array path
 _FAST = {"reassoc", "contract", "nsz"}
@@ -553,113 +560,117 @@ if numba is not None:
                     kc[c, g, slot, i] = _narrow(min(max(qkv[b, k0 + i], -top), top), kc)
                     vc[c, g, slot, i] = _narrow(min(max(qkv[b, v0 + i], -top), top), vc)
 
+    # A step's tensors lie in two buffers (`model_args`): the float32 one, and the one of the blocks'
+    # linear weights (the same buffer, or int8's); a row of the table for each, (offset, rows, cols),
+    # cols 0 for a vector, rows 0 for a tensor the model lacks.
+    @njit(cache=_CACHE, inline="always")
+    def _vec(buf: Any, table: Any, slot: int) -> Any:
+        return buf[table[slot, 0] : table[slot, 0] + table[slot, 1]]
+
+    @njit(cache=_CACHE, inline="always")
+    def _mat(buf: Any, table: Any, slot: int) -> Any:
+        start, rows, cols = table[slot, 0], table[slot, 1], table[slot, 2]
+        return buf[start : start + rows * cols].reshape((rows, cols))
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _linear(f32: Any, weights: Any, table: Any, slot: int, tiled: bool, x: Any) -> Any:
+        """x through the linear layer whose weight is at `slot` of `weights`, its scales and bias the next
+        two slots of f32 (`_matvec`)."""
+        out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
+        w, scale, bias = _mat(weights, table, slot), _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
+        _matvec(w, scale, x, bias, out, tiled)
+        return out
+
     @njit(fastmath=_FAST, cache=_CACHE)
     def _block_step(
         x: Any,
-        ln1: tuple[Any, Any],
-        ln2: tuple[Any, Any],
-        norm_eps: float,
-        rms: bool,
-        attn: tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]],
-        mlp: tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]],
-        heads: tuple[int, int, int],
-        qk: tuple[Any, Any, float],
+        model: tuple[Any, Any, Any],
+        first: int,
+        ints: Any,
+        reals: Any,
         rope: tuple[Any, Any],
         v_rows: Any,
         cache: tuple[Any, Any],
         positions: Any,
         cache_rows: Any,
-        scale: float,
-        activation: int,
         threads: int,
     ) -> Any:
+        """One block over x, its tensors from slot `first` of the table on (`_LAYER`), its shapes and
+        options `ints` (`_block_ints`) and `reals` (norm eps, QK-norm eps, score scale)."""
+        f32, weights, table = model
         rows, width = x.shape
-        n_head, n_kv, hd = heads
+        n_head, n_kv, hd, activation, rms = ints[0], ints[1], ints[2], ints[3], ints[4] != 0
         kc, vc = cache
         h = np.empty_like(x)
-        _norm(x, ln1[0], ln1[1], norm_eps, rms, h)
-        qkv = np.empty((rows, attn[0][0].shape[0]), dtype=np.float32)
-        _matvec(attn[0][0], attn[0][1], h, attn[0][2], qkv, attn[0][3])
+        _norm(x, _vec(f32, table, first), _vec(f32, table, first + 1), reals[0], rms, h)
+        qkv = _linear(f32, weights, table, first + _QKV, ints[5] != 0, h)
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
-        _prepare_heads(qkv, n_head, n_kv, hd, qk[0], qk[1], qk[2], rope[0], rope[1])
+        qn, kn = _vec(f32, table, first + _QK), _vec(f32, table, first + _QK + 1)
+        _prepare_heads(qkv, n_head, n_kv, hd, qn, kn, reals[1], rope[0], rope[1])
         _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions, cache_rows)
         y = np.empty((rows, n_head * hd), dtype=np.float32)
-        _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, scale, y, threads)
-        out = np.empty_like(x)
-        _matvec(attn[1][0], attn[1][1], y, attn[1][2], out, attn[1][3])
+        _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, reals[2], y, threads)
+        out = _linear(f32, weights, table, first + _PROJ, ints[6] != 0, y)
         out += x
-        _norm(out, ln2[0], ln2[1], norm_eps, rms, h)
-        up = np.empty((rows, mlp[0][0].shape[0]), dtype=np.float32)
-        _matvec(mlp[0][0], mlp[0][1], h, mlp[0][2], up, mlp[0][3])
-        act = _activate(up, activation)
-        down = np.empty_like(x)
-        _matvec(mlp[1][0], mlp[1][1], act, mlp[1][2], down, mlp[1][3])
-        out += down
+        _norm(out, _vec(f32, table, first + 2), _vec(f32, table, first + 3), reals[0], rms, h)
+        up = _linear(f32, weights, table, first + _FC, ints[7] != 0, h)
+        out += _linear(f32, weights, table, first + _DOWN, ints[8] != 0, _activate(up, activation))
         return out
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _model_step(
-        tokens: Any,
-        embeddings: tuple[Any, Any],
-        blocks: Any,
-        value_embeds: Any,
-        skips: tuple[Any, Any],
-        caches: Any,
-        positions: Any,
-        cache_rows: Any,
-        rope: tuple[Any, Any],
-        final: tuple[tuple[Any, Any], float, bool],
-        head: tuple[Any, Any, Any, bool],
-        logit_cap: float,
-        logit_rows: Any,
-        threads: int,
-    ) -> Any:
-        wte, wpe = embeddings
-        rows, width = tokens.shape[0], wte.shape[1]
-        x = np.empty((rows, width), dtype=np.float32)
-        for b in range(rows):
+    def _embed(tokens: Any, positions: Any, f32: Any, table: Any) -> Any:
+        """The token embeddings of `tokens`, plus learned positions' where the model has them."""
+        wte, wpe = _mat(f32, table, _WTE), _mat(f32, table, _WPE)
+        x = np.empty((tokens.shape[0], wte.shape[1]), dtype=np.float32)
+        for b in range(tokens.shape[0]):
             if not 0 <= tokens[b] < wte.shape[0]:
                 raise IndexError("token id outside the vocabulary")
             x[b] = wte[tokens[b]]
             if wpe.size:
                 x[b] += wpe[positions[b]]
-        weights, pairs = skips
+        return x
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _model_step(
+        tokens: Any,
+        model: tuple[Any, Any, Any, Any, Any, Any, tuple[float, bool, bool, float]],
+        cache: tuple[Any, Any, int],
+        positions: Any,
+        cache_rows: Any,
+        rope: tuple[Any, Any],
+        logit_rows: Any,
+        threads: int,
+    ) -> Any:
+        f32, weights, table, ints, reals, pairs, final = model
+        kv, slots, cache_batch = cache
+        x = _embed(tokens, positions, f32, table)
+        rows, width = x.shape
+        skips = _vec(f32, table, _SKIPS)
         inputs = np.empty((pairs.shape[0], rows, width), dtype=np.float32)  # what U-net skips carry
-        for layer in range(len(blocks)):
+        for layer in range(ints.shape[0]):
             for i in range(pairs.shape[0]):
                 if pairs[i, 1] == layer:
-                    x = x + weights[i] * inputs[pairs[i, 0]]
+                    x = x + skips[i] * inputs[pairs[i, 0]]
             if layer < pairs.shape[0]:
                 inputs[layer] = x
-            table = value_embeds[layer]
-            v_rows = np.empty((rows, table.shape[1]), dtype=np.float32)
-            for b in range(rows if table.size else 0):
-                v_rows[b] = table[tokens[b]]
-            a = blocks[layer]
+            first = _GLOBALS + layer * _LAYER
+            table_v = _mat(f32, table, first + _VE)
+            v_rows = np.empty((rows, table_v.shape[1]), dtype=np.float32)
+            for b in range(rows if table_v.size else 0):
+                v_rows[b] = table_v[tokens[b]]
+            shape = (cache_batch, ints[layer, 1], slots[layer, 2], ints[layer, 2])
+            size = shape[0] * shape[1] * shape[2] * shape[3]
+            kc = kv[slots[layer, 0] : slots[layer, 0] + size].reshape(shape)
+            vc = kv[slots[layer, 1] : slots[layer, 1] + size].reshape(shape)
             x = _block_step(
-                x,
-                a[0],
-                a[1],
-                a[2],
-                a[3],
-                a[4],
-                a[5],
-                a[6],
-                a[7],
-                rope,
-                v_rows,
-                caches[layer],
-                positions,
-                cache_rows,
-                a[8],
-                a[9],
-                threads,
-            )
+                x, (f32, weights, table), first, ints[layer], reals[layer], rope, v_rows, (kc, vc),
+                positions, cache_rows, threads,
+            )  # fmt: skip
+        eps, rms, tiled, logit_cap = final
         h = np.empty((logit_rows.shape[0], width), dtype=np.float32)
-        _norm(x[logit_rows], final[0][0], final[0][1], final[1], final[2], h)
-        logits = np.empty((h.shape[0], head[0].shape[0]), dtype=np.float32)
-        _matvec(head[0], head[1], h, head[2], logits, head[3])
+        _norm(x[logit_rows], _vec(f32, table, _LNF), _vec(f32, table, _LNF + 1), eps, rms, h)
+        logits = _linear(f32, f32, table, _HEAD, tiled, h)
         if logit_cap > 0:
             cap = np.float32(logit_cap)
             for b in range(h.shape[0]):
@@ -680,22 +691,12 @@ def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
     return tile_from is not None and w.weight.shape[1] >= tile_from
 
 
-def _lin(
-    w: LinearWeights[np.ndarray], tile_from: int | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    return w.weight, _array(w.scale), _array(w.bias), tiled(w, tile_from)
-
-
-def _norm_args(w: NormWeights[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    return w.weight, _array(w.bias)
-
-
 def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
     """x (B, in) through an output-major linear layer (float32, or int8 with its scales): (B, out), as
     `numpy.linear` (`tiled` by `tile_from`)."""
     out = np.empty((x.shape[0], w.weight.shape[0]), dtype=np.float32)
-    weight, scale, bias, tile = _lin(w, tile_from)
-    _matvec(weight, scale, np.ascontiguousarray(x), bias, out, tile)
+    x = np.ascontiguousarray(x)
+    _matvec(w.weight, _array(w.scale), x, _array(w.bias), out, tiled(w, tile_from))
     return out
 
 
@@ -708,25 +709,43 @@ def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
     return out
 
 
-def _block_args(w: BlockWeights[np.ndarray], tile_from: int | None) -> tuple[Any, ...]:
-    """A block's weights, shapes and options as `_block_step` takes them."""
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns a's memory (NumPy points every view's `base` at it)."""
+    return a if a.base is None else a.base
+
+
+def _place(a: np.ndarray | None, buffer: np.ndarray) -> tuple[int, int, int]:
+    """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector; (0, 0, 0) for none."""
+    if a is None or a.size == 0:
+        return (0, 0, 0)
+    offset = (a.ctypes.data - buffer.ctypes.data) // a.itemsize
+    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2) and 0 <= offset < buffer.size):
+        raise ValueError("the kernels read a model whose tensors are packed into one buffer (numpy.packed)")
+    return (offset, a.shape[0], a.shape[1] if a.ndim == 2 else 0)
+
+
+def _block_places(
+    w: BlockWeights[np.ndarray], f32: np.ndarray, weights: np.ndarray
+) -> list[tuple[int, int, int]]:
+    """A block's rows of the table, in `_LAYER`'s order."""
+    a = w.attn
+    places = [_place(n, f32) for n in (w.ln_1.weight, w.ln_1.bias, w.ln_2.weight, w.ln_2.bias)]
+    places += [_place(n and n.weight, f32) for n in (a.q_norm, a.k_norm)]
+    places.append(_place(a.v_embed, f32))
+    for lin in (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj):
+        places += [_place(lin.weight, weights), _place(lin.scale, f32), _place(lin.bias, f32)]
+    return places
+
+
+def _block_ints(w: BlockWeights[np.ndarray], tile_from: int | None) -> list[int]:
+    """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, and whether
+    each of its four products runs by tiles."""
     a = w.attn
     hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
-    qk = (_EMPTY, _EMPTY, 0.0)
-    if a.q_norm is not None and a.k_norm is not None:
-        qk = (a.q_norm.weight, a.k_norm.weight, float(a.q_norm.eps))
-    return (
-        _norm_args(w.ln_1),
-        _norm_args(w.ln_2),
-        float(w.ln_1.eps),
-        w.ln_1.rms,
-        (_lin(a.c_attn, tile_from), _lin(a.c_proj, tile_from)),
-        (_lin(w.mlp.c_fc, tile_from), _lin(w.mlp.c_proj, tile_from)),
-        (a.n_head, a.n_kv_head, hd),
-        qk,
-        1.0 / math.sqrt(hd) if a.score == "scaled" else 1.0,
-        ACTIVATIONS[w.mlp.activation],
-    )
+    lins = (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj)
+    return [a.n_head, a.n_kv_head, hd, ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)] + [
+        int(tiled(lin, tile_from)) for lin in lins
+    ]
 
 
 ModelArgs = tuple[Any, ...]
@@ -735,19 +754,51 @@ ModelArgs = tuple[Any, ...]
 def model_args(
     w: ModelWeights[np.ndarray], head: LinearWeights[np.ndarray], tile_from: int | None = None
 ) -> ModelArgs:
-    """A model's weights, shapes and options as `model_step` hands them to the kernel (every block
-    `supported`; `head`: the LM head as an output-major linear layer): built once per engine, not at every
-    step; batches go through `_tile` for weight rows `tile_from` long or longer."""
+    """A model as `model_step` hands it to the kernel, built once per engine (every block `supported`;
+    `head`: the LM head as an output-major linear layer; batches through `_tile` for weight rows
+    `tile_from` long or longer). Its tensors must lie in one float32 buffer, the blocks' linear weights
+    in it or in one int8 buffer (`numpy.packed`): the kernel is handed the two buffers and a table of
+    where each tensor lies, not the tensors, because numba reads every array it is handed at every call,
+    and the hundred-odd arrays of a 6-block model took 30-40 µs of each token to hand over (on the
+    6x6x384 model, on two threads; 13 µs with the CPU's caches warm: a fifth of a step of the default
+    2-block model)."""
+    f32, weights = _root(w.wte), _root(w.h[0].attn.c_attn.weight)
+    places = [
+        _place(w.wte, f32), _place(w.wpe, f32), _place(w.skips, f32), _place(w.ln_f.weight, f32),
+        _place(w.ln_f.bias, f32), _place(head.weight, f32), _place(head.scale, f32), _place(head.bias, f32),
+    ]  # fmt: skip
+    for block in w.h:
+        places += _block_places(block, f32, weights)
+    reals = [
+        (float(b.ln_1.eps), float(b.attn.q_norm.eps) if b.attn.q_norm else 0.0, _score_scale(b)) for b in w.h
+    ]
+    final = (float(w.ln_f.eps), w.ln_f.rms, tiled(head, tile_from), float(w.logit_cap or 0.0))
     return (
-        w.wte,
-        _EMPTY_ROWS if w.wpe is None else w.wpe,
-        tuple(_block_args(b, tile_from) for b in w.h),
-        tuple(_EMPTY_ROWS if b.attn.v_embed is None else b.attn.v_embed for b in w.h),
-        (_array(w.skips), np.array(w.skip_pairs, dtype=np.int64).reshape(-1, 2)),
-        (_norm_args(w.ln_f), float(w.ln_f.eps), w.ln_f.rms),
-        _lin(head, tile_from),
-        0.0 if w.logit_cap is None else float(w.logit_cap),
+        f32,
+        weights,
+        np.array(places, dtype=np.int64),
+        np.array([_block_ints(b, tile_from) for b in w.h], dtype=np.int64),
+        np.array(reals, dtype=np.float64),
+        np.array(w.skip_pairs, dtype=np.int64).reshape(-1, 2),
+        final,
     )
+
+
+def _score_scale(w: BlockWeights[np.ndarray]) -> float:
+    hd = w.attn.c_attn.weight.shape[0] // (w.attn.n_head + 2 * w.attn.n_kv_head)
+    return 1.0 / math.sqrt(hd) if w.attn.score == "scaled" else 1.0
+
+
+def cache_args(k: Sequence[np.ndarray], v: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """A KV cache as `model_step` takes it: its one buffer (float16 as its bits: numba has no float16 on
+    the CPU), where each layer's keys and values start and their capacity, and its rows."""
+    buffer = _root(k[0])
+    slots = [
+        (_place(a.reshape(-1), buffer)[0], _place(b.reshape(-1), buffer)[0], a.shape[2])
+        for a, b in zip(k, v, strict=True)
+    ]
+    flat = buffer.view(np.uint16) if buffer.dtype == np.float16 else buffer
+    return flat, np.array(slots, dtype=np.int64), k[0].shape[0]
 
 
 @functools.cache
@@ -759,7 +810,7 @@ def _every(n: int) -> np.ndarray:
 def model_step(
     args: ModelArgs,
     tokens: np.ndarray,
-    caches: tuple[tuple[np.ndarray, np.ndarray], ...],
+    cache: tuple[np.ndarray, np.ndarray, int],
     positions: np.ndarray,
     rope: tuple[np.ndarray, np.ndarray] | None,
     cache_rows: np.ndarray | None = None,
@@ -770,19 +821,17 @@ def model_step(
     (`model_args`), as one compiled call: `numpy.transformer` and `numpy.head`, each block `_block_step`.
     One token a row is a decoding step (rows may stand at different positions); several tokens of one
     row at consecutive positions are a prefill (each attends to the slots up to its own position, so it
-    must not wrap the ring: position < capacity). Each layer's keys and values are written into its cache
-    buffers (`caches`: (keys, values) a layer, rows x n_kv_head x capacity x hd; float32, or float16's
-    bits as uint16) at slot position % capacity, attention reading the first min(position + 1, capacity)
-    slots of the row. rope: the cos and sin rows of the tokens' positions (`numpy.rotary`), one a token
-    or one for all. Logits (len(logit_rows), V) of the tokens `logit_rows` picks (None: every token).
-    One call, not one a block: the Python and NumPy calls between per-block calls each started from
-    caches the weights had just streamed through (0-10% of a one-token step here, more the busier the
-    machine). A token id outside the vocabulary raises IndexError."""
-    wte, wpe, blocks, value_embeds, skips, final, head, cap = args
+    must not wrap the ring: position < capacity). Each layer's keys and values are written into the
+    cache (`cache_args`: rows x n_kv_head x capacity x hd a layer) at slot position % capacity,
+    attention reading the first min(position + 1, capacity) slots of the row. rope: the cos and sin rows
+    of the tokens' positions (`numpy.rotary`), one a token or one for all. Logits (len(logit_rows), V)
+    of the tokens `logit_rows` picks (None: every token). One call, not one a block: the Python and NumPy
+    calls between per-block calls each started from caches the weights had just streamed through (0-10%
+    of a one-token step here, more the busier the machine). A token id outside the vocabulary raises
+    IndexError."""
     rope = (_EMPTY_ROWS, _EMPTY_ROWS) if rope is None else rope
     every = _every(len(tokens))
     return _model_step(
-        tokens, (wte, wpe), blocks, value_embeds, skips, caches, positions,
-        every if cache_rows is None else cache_rows, rope, final, head, cap,
+        tokens, args, cache, positions, every if cache_rows is None else cache_rows, rope,
         every if logit_rows is None else logit_rows, numba.get_num_threads(),
     )  # fmt: skip

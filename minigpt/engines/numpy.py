@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from minigpt.weights import (
 __all__ = ["LAYOUTS", "NumpyEngine", "int8_linear", "log_softmax", "packed", "sample_next"]
 
 Cache = KVCache[np.ndarray]
+T = TypeVar("T")
 
 
 # --- the computation: minigpt.model's functions in NumPy (inference only: no dropout) ---------------------
@@ -294,31 +296,18 @@ def block(
     return x
 
 
-def _kernel_view(a: np.ndarray) -> np.ndarray:
-    """A cache buffer as the kernels take it: float16 as its bits (numba has no float16 on the CPU)."""
-    return a.view(np.uint16) if a.dtype == np.float16 else a
-
-
 class KernelCache(KVCache[np.ndarray]):
-    """A KV cache that also holds its buffers as the kernels take them (`_kernel_view`), made once: the
-    dozen views, made at every step, took 30-60 µs of a token once its weights had streamed through the
-    CPU's caches."""
+    """A KV cache whose layers' keys and values lie in one buffer (`arena`), with where each starts, made
+    once, as the kernels take it (`kernels.cache_args`)."""
 
     def __init__(self, k: Sequence[np.ndarray], v: Sequence[np.ndarray], limit: int | None) -> None:
         super().__init__(k, v, limit, np.concatenate)
-        self.views = tuple((_kernel_view(a), _kernel_view(b)) for a, b in zip(k, v, strict=True))
+        self.kernel = _kernels.cache_args(k, v)
 
 
 Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
 Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
-
-
-def _views(cache: Cache) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """Every layer's keys and values as the kernels take them (kept by the caches this engine makes)."""
-    if isinstance(cache, KernelCache):
-        return cache.views
-    return tuple((_kernel_view(k), _kernel_view(v)) for k, v in zip(cache.k, cache.v, strict=True))
 
 
 def transformer(
@@ -467,35 +456,52 @@ def arena(shapes: Sequence[tuple[int, ...]], dtype: np.dtype | type, zeros: bool
 def packed(
     weights: ModelWeights[np.ndarray], lm_head: LinearWeights[np.ndarray]
 ) -> tuple[ModelWeights[np.ndarray], LinearWeights[np.ndarray]]:
-    """The tree and head with every linear layer's matrix moved into one buffer, in the order a step
-    reads them (the same values; each matrix a view of it).
+    """The tree and head with every array moved into one buffer of its dtype (float32, and int8 for
+    quantized weights), in the order a step reads them (the same values; each array a view of its buffer;
+    a tied head and the embeddings one copy).
 
     NumPy asks Linux for transparent huge pages for an allocation of 4 MB or more (madvise), which no
     matrix of a small model reaches: its weights then lie on 4 KB pages, about ten thousand for the
     6x6x384 model, and a step that streams them misses the TLB at each. From one buffer on 2 MB pages
     the same one-token step ran 0.98-1.13x as fast (medians of 15 interleaved rounds; README, "Generation").
+    And the kernels are handed the buffers and where each tensor lies in them (`kernels.model_args`), not
+    a hundred arrays at each step.
     """
-    matrices: dict[int, np.ndarray] = {}
-
-    def collect(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
-        matrices.setdefault(id(lin.weight), lin.weight)
-        return lin
-
-    map_linears((weights, lm_head), collect)
+    arrays: dict[int, np.ndarray] = {}
+    _collect((weights, lm_head), arrays)
     views: dict[int, np.ndarray] = {}
-    for dtype in dict.fromkeys(m.dtype for m in matrices.values()):  # one buffer a dtype (int8 weights)
-        group = {key: m for key, m in matrices.items() if m.dtype == dtype}
-        buffers = arena([m.shape for m in group.values()], dtype)
-        for (key, matrix), view in zip(group.items(), buffers, strict=True):
-            view[...] = matrix
+    for dtype in dict.fromkeys(a.dtype for a in arrays.values()):
+        group = {key: a for key, a in arrays.items() if a.dtype == dtype}
+        for (key, a), view in zip(
+            group.items(), arena([a.shape for a in group.values()], dtype), strict=True
+        ):
+            view[...] = a
             views[key] = view
+    return _rebuilt(weights, views), _rebuilt(lm_head, views)
 
-    def move(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
-        return dataclasses.replace(lin, weight=views[id(lin.weight)])
 
-    # a tied head is the embedding table: the lookups read the same copy
-    wte = views.get(id(weights.wte), weights.wte)
-    return dataclasses.replace(map_linears(weights, move), wte=wte), move(lm_head)
+def _collect(node: object, arrays: dict[int, np.ndarray]) -> None:
+    """Every array of a weight tree (dataclasses and tuples), by id, in the order of the fields."""
+    if isinstance(node, np.ndarray):
+        arrays.setdefault(id(node), node)
+    elif isinstance(node, tuple):
+        for item in node:
+            _collect(item, arrays)
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for field in dataclasses.fields(node):
+            _collect(getattr(node, field.name), arrays)
+
+
+def _rebuilt(node: T, views: dict[int, np.ndarray]) -> T:
+    """The tree with each array replaced by its view (`views`, by the array's id)."""
+    if isinstance(node, np.ndarray):
+        return views[id(node)]  # type: ignore[return-value]
+    if isinstance(node, tuple):
+        return tuple(_rebuilt(item, views) for item in node)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        fields = {f.name: _rebuilt(getattr(node, f.name), views) for f in dataclasses.fields(node)}
+        return dataclasses.replace(node, **fields)  # type: ignore[return-value]
+    return node
 
 
 def _decoding_tree(
@@ -740,10 +746,10 @@ class NumpyEngine:
     ) -> np.ndarray:
         """The logits of the tokens idx through `weights` and `lm_head` (a one-token step over the cache
         through the kernels: the engine's own weights, as `_model_args` holds them)."""
-        if self.kernels and cache is not None and idx.shape == (cache.batch, 1):
+        if self.kernels and isinstance(cache, KernelCache) and idx.shape == (cache.batch, 1):
             logits = self._step(idx[:, 0], cache)
             return logits[:, None] if every_position else logits
-        if self._compiled_prefill(idx, cache):
+        if isinstance(cache, KernelCache) and self._compiled_prefill(idx, cache):
             return self._prefill(idx, cache, every_position)
         # exp overflows to inf where GELU and SiLU round to their limits (x/inf = 0): as intended
         with np.errstate(over="ignore"):
@@ -755,7 +761,7 @@ class NumpyEngine:
             return logits
         return np.broadcast_to(logits, (cache.batch, *logits.shape[1:]))
 
-    def _step(self, tokens: np.ndarray, cache: Cache) -> np.ndarray:
+    def _step(self, tokens: np.ndarray, cache: KernelCache) -> np.ndarray:
         """Logits (B, V) of one new token of each row of the cache, as one compiled call
         (`kernels.model_step`)."""
         start = first_position(cache, 1, self.config.block_size if self.config.pos == "learned" else None)
@@ -764,26 +770,25 @@ class NumpyEngine:
         rope = None
         if self._angles is not None:
             rope = self._angles.at(positions) if mixed else self._angles(start, 1)
-        caches = _views(cache)
         wide = [rows for rows in TILE_ROWS if rows <= len(tokens)]  # the batch whose tiling this one takes
         args = self._model_args[wide[-1] if wide else TILE_ROWS[0]]
-        logits = _kernels.model_step(args, tokens, caches, positions, rope)
+        logits = _kernels.model_step(args, tokens, cache.kernel, positions, rope)
         cache.advance(1)
         return logits
 
-    def _compiled_prefill(self, idx: np.ndarray, cache: Cache | None) -> bool:
+    def _compiled_prefill(self, idx: np.ndarray, cache: KernelCache) -> bool:
         """Whether the tokens idx (rows, T) go through the kernels as one call (`_prefill`): a cache whose
         rows share a position, every layer's buffer holding the whole sequence (no ring wraps within
         it), and up to PREFILL_PROBES[0] tokens in all or `kernel_rows` (past them BLAS's blocked
         products win; below the smallest probe one call beats the array path's few hundred)."""
         most = max(self.kernel_rows, PREFILL_PROBES[0])
-        if not self.kernels or cache is None or cache.mixed or not 0 < idx.size <= most:
+        if not self.kernels or cache.mixed or not 0 < idx.size <= most:
             return False
         rows, new = idx.shape
         fits = cache.pos + new <= min(cache.capacity)
         return fits and (rows == cache.batch or (rows == 1 and cache.pos == 0))
 
-    def _prefill(self, idx: np.ndarray, cache: Cache, every_position: bool) -> np.ndarray:
+    def _prefill(self, idx: np.ndarray, cache: KernelCache, every_position: bool) -> np.ndarray:
         """The logits of tokens idx (rows, T) after the cached ones, as one compiled call
         (`kernels.model_step`, every token its own query row, each attending to its row's slots up to its
         position): a short prompt's prefill took 3.5 ms of NumPy calls through the 6x6x384 model, 10
@@ -797,9 +802,8 @@ class NumpyEngine:
         rope = None
         if self._angles is not None:
             rope = tuple(np.tile(a, (rows, 1)) for a in self._angles(start, new))
-        caches = _views(cache)
         logits = _kernels.model_step(
-            self._prefill_args, np.ascontiguousarray(idx).reshape(-1), caches, positions, rope,
+            self._prefill_args, np.ascontiguousarray(idx).reshape(-1), cache.kernel, positions, rope,
             np.repeat(np.arange(rows, dtype=np.int64), new),
             None if every_position else np.arange(new - 1, rows * new, new, dtype=np.int64),
         )  # fmt: skip
