@@ -30,7 +30,7 @@ from minigpt.errors import MinigptError, UsageError
 from minigpt.model import GPT, model_tensors
 from minigpt.rundir import RunDir
 from minigpt.tokenizer import CharTokenizer
-from minigpt.weights import for_decoding, map_linears, weights_by_name
+from minigpt.weights import for_decoding, weights_by_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -297,14 +297,16 @@ def test_a_layout_chosen_at_load_gives_the_same_logits(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["gpt2", "modern"])  # a tied head (the embedding table) and an untied one
 @pytest.mark.parametrize("layout", ["output-major", "input-major"])
-def test_the_numpy_engine_holds_its_matrices_in_one_buffer(name: str, layout: str) -> None:
+def test_the_numpy_engine_holds_its_arrays_in_one_buffer(name: str, layout: str) -> None:
     config = LAYOUT_CONFIGS[name]
     tensors = {k: v.detach().numpy() for k, v in model_tensors(tiny_model(1, config, scale=3.0)).items()}
     engine = NumpyEngine(config, tensors, layout=layout)
-    matrices: list[np.ndarray] = []
-    map_linears((engine.weights, engine._head), lambda lin: matrices.append(lin.weight) or lin)
-    assert len({id(m.base) for m in matrices}) == 1 and matrices[0].base is not None
-    assert all(m.ctypes.data % 64 == 0 and m.flags.c_contiguous for m in matrices)
+    found: dict[int, np.ndarray] = {}
+    numpy_engine._collect((engine.weights, engine._head), found)  # every array, matrices or not
+    arrays = list(found.values())
+    assert {a.dtype for a in arrays} == {np.dtype(np.float32)} and len(arrays) > 4 * config.n_layer
+    assert len({id(a.base) for a in arrays}) == 1 and arrays[0].base is not None
+    assert all(a.ctypes.data % 64 == 0 and a.flags.c_contiguous for a in arrays)
     if config.tie_embeddings and layout == "output-major":  # one copy serves the lookups and the head
         assert engine.weights.wte is engine._head.weight
     # the same values as the tree before packing: the logits of the engine's functions over each agree
@@ -332,6 +334,15 @@ def test_the_numpy_engines_cache_is_one_buffer_of_separate_layers(kv_cache: str)
     for i, b in enumerate(buffers):  # no two layers overlap: each holds what was written to it
         b[...] = i
     assert [int(b.min()) for b in buffers] == [int(b.max()) for b in buffers] == list(range(len(buffers)))
+    # the kernels' view of it: the one buffer (float16 as its bits), where each layer starts, the rows
+    flat, slots, rows = cache.kernel
+    assert rows == 3 and flat.dtype == (np.uint16 if kv_cache == "float16" else np.float32)
+    for layer, (k, v) in enumerate(zip(cache.k, cache.v, strict=True)):
+        for start, buffer in ((slots[layer, 0], k), (slots[layer, 1], v)):
+            np.testing.assert_array_equal(
+                flat[start : start + buffer.size], buffer.reshape(-1).view(flat.dtype)
+            )
+        assert slots[layer, 2] == k.shape[2]
 
 
 def test_the_layout_and_threads_come_from_the_engine_loading_a_run(tmp_path: Path, monkeypatch) -> None:

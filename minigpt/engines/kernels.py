@@ -718,9 +718,9 @@ def _place(a: np.ndarray | None, buffer: np.ndarray) -> tuple[int, int, int]:
     """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector; (0, 0, 0) for none."""
     if a is None or a.size == 0:
         return (0, 0, 0)
-    offset = (a.ctypes.data - buffer.ctypes.data) // a.itemsize
-    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2) and 0 <= offset < buffer.size):
+    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2)):
         raise ValueError("the kernels read a model whose tensors are packed into one buffer (numpy.packed)")
+    offset = (a.ctypes.data - buffer.ctypes.data) // a.itemsize
     return (offset, a.shape[0], a.shape[1] if a.ndim == 2 else 0)
 
 
@@ -741,9 +741,8 @@ def _block_ints(w: BlockWeights[np.ndarray], tile_from: int | None) -> list[int]
     """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, and whether
     each of its four products runs by tiles."""
     a = w.attn
-    hd = a.c_attn.weight.shape[0] // (a.n_head + 2 * a.n_kv_head)
     lins = (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj)
-    return [a.n_head, a.n_kv_head, hd, ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)] + [
+    return [a.n_head, a.n_kv_head, _head_dim(w), ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)] + [
         int(tiled(lin, tile_from)) for lin in lins
     ]
 
@@ -784,9 +783,12 @@ def model_args(
     )
 
 
+def _head_dim(w: BlockWeights[np.ndarray]) -> int:
+    return w.attn.c_attn.weight.shape[0] // (w.attn.n_head + 2 * w.attn.n_kv_head)
+
+
 def _score_scale(w: BlockWeights[np.ndarray]) -> float:
-    hd = w.attn.c_attn.weight.shape[0] // (w.attn.n_head + 2 * w.attn.n_kv_head)
-    return 1.0 / math.sqrt(hd) if w.attn.score == "scaled" else 1.0
+    return 1.0 / math.sqrt(_head_dim(w)) if w.attn.score == "scaled" else 1.0
 
 
 def cache_args(k: Sequence[np.ndarray], v: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
