@@ -39,6 +39,9 @@ from minigpt.weights import (
 __all__ = ["LAYOUTS", "NumpyEngine", "int8_linear", "log_softmax", "packed", "sample_next"]
 
 Cache = KVCache[np.ndarray]
+Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
+Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
+_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 T = TypeVar("T")
 
 
@@ -303,11 +306,6 @@ class KernelCache(KVCache[np.ndarray]):
     def __init__(self, k: Sequence[np.ndarray], v: Sequence[np.ndarray], limit: int | None) -> None:
         super().__init__(k, v, limit, np.concatenate)
         self.kernel = _kernels.cache_args(k, v)
-
-
-Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
-Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
-_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 
 
 def transformer(
