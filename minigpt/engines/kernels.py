@@ -9,14 +9,17 @@ Here a step is one call (`model_step`: the embeddings, every block, the final no
 prefill the same call, its tokens as rows of one cache row at consecutive positions), and
 each block within it (`_block_step`) its norms, the fused Q/K/V product, rotary positions, the cache write,
 attention over the cache, the output projection and the MLP, each matrix product a loop over the
-matrix's rows in the file's (out, in) layout (every row a contiguous dot product, which LLVM vectorises
-for the CPU it runs on), the rows split between threads. With B rows (a batch of samples, a server's
-clients), each weight row is read once and used B times from the L1 cache; from four rows on, where the
-engine measured that it pays, four weight rows at once by four rows of the batch (`_tile`), so that each
-value loaded serves four products. The exps of GELU, SwiGLU and the softmax are a polynomial the
+matrix's weights read once for all B rows of the step (a batch of samples, a server's clients). The
+blocks' matrices are held as panels of 16 outputs, input-major within each (`numpy.panelled`, made at
+load; the file is unchanged): each input's 16 weights are one 64-byte vector multiplied into every row's
+16 sums at once (`_panel_sums`, in LLVM's vector types), no sum across a vector's lanes at the end, the
+panels split between threads. A model whose widths are not multiples of 16, and the LM head (the tied
+embedding table), keep the file's (out, in) rows: each row a contiguous dot product that LLVM vectorises,
+and from four rows on, where the engine measured that it pays, four weight rows at once by four rows of
+the batch (`_tile`). The exps of GELU, SwiGLU and the softmax are a polynomial the
 vectoriser keeps in vector registers (`_exp`), not a library call per element. The same kernels read int8
-rows with one float32 scale each (`--quantize int8`): a quarter of the bytes, converted to float32 in
-registers, the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over as
+weights with one float32 scale an output (`--quantize int8`): a quarter of the bytes, converted to float32
+in registers, the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over as
 its bits: numba has no float16 on the CPU), half the bytes attention reads, widened in registers.
 
 The kernels compute what `minigpt.engines.numpy`'s functions compute, in float32, with sums in whatever
@@ -42,13 +45,16 @@ from minigpt.weights import BlockWeights, LinearWeights, ModelWeights
 
 __all__ = [
     "ACTIVATIONS",
+    "LANES",
     "ModelArgs",
     "available",
     "draw",
+    "form",
     "get_threads",
     "matvec",
     "model_args",
     "model_step",
+    "out_features",
     "set_threads",
     "supported",
     "tiled",
@@ -59,11 +65,17 @@ try:  # numba is a dependency, but a platform without its wheels still decodes (
     import numba
     from llvmlite import ir
     from numba import njit, prange, types
+    from numba.core import cgutils
     from numba.core.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised only where numba cannot be installed
     numba = None
 
 ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
+# how a product reads its weight (`_linear`): output-major rows (`_rows`), four rows a quarter of the
+# matrix apart (`_tile`), or panels of LANES outputs (`_panels`)
+ROWS, TILES, PANELS = 0, 1, 2
+LANES = 16  # a panel's outputs: 64 bytes of float32 weights for each input, one cache line
+PREFETCH = 2048  # bytes ahead of a panel's weights that `_panel_sums` asks for at four rows or more
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
 # `model_args`' table of where a step's tensors lie: the model's slots (the token and position embeddings,
@@ -309,6 +321,142 @@ if numba is not None:
         else:
             for task in prange((n_out + 15) // 16):
                 _rows(w, scale, x, bias, out, task * 16, min(n_out, task * 16 + 16))
+
+    def _const(value: int, bits: int = 64) -> Any:
+        return ir.Constant(ir.IntType(bits), value)
+
+    def _splat(builder: Any, value: Any, vec: Any) -> Any:
+        """`value` (a float) in every lane of a vector of type `vec`."""
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, _const(0, 32))
+        every = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), every)
+
+    def _row_pointer(builder: Any, array: Any, row: Any) -> Any:
+        """Where row `row` of a 2-D array (numba's array structure) starts, as a pointer to its elements."""
+        stride = builder.sdiv(cgutils.unpack_tuple(builder, array.strides)[0], array.itemsize)
+        return builder.gep(array.data, [builder.mul(row, stride)])
+
+    def _prefetch(builder: Any, at: Any) -> None:
+        """Ask the CPU for the line PREFETCH bytes past `at` (a read, into every cache level)."""
+        byte = ir.IntType(8).as_pointer()
+        kind = ir.FunctionType(ir.VoidType(), [byte, *[ir.IntType(32)] * 3])
+        fetch = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")
+        ahead = builder.gep(builder.bitcast(at, byte), [_const(PREFETCH)])
+        builder.call(fetch, [ahead, _const(0, 32), _const(3, 32), _const(1, 32)])
+
+    # each row's sums in two vectors, inputs i and i + 1: one would make a row alone wait a fused
+    # multiply-add's latency at each input (two ran one row 1.0-1.25x as fast as one, as fast as four,
+    # and eight rows as fast as one); the same two at every row count sum a row in the same order, so
+    # that its logits are the same bits in a batch of any size
+    _WAYS = 2
+
+    def _panel_codegen(rows: int, int8: bool) -> Any:
+        """The LLVM IR of `_panel_sums` for `rows` rows of x and float32 (or int8) weights."""
+        f32 = ir.FloatType()
+        vec, wvec = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(8) if int8 else f32, LANES)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            w, start, n_in, x, b0, out, col, _ = args
+            arrays = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5)]
+            panel = builder.gep(arrays[0].data, [start])
+            xs = [_row_pointer(builder, arrays[1], builder.add(b0, _const(r))) for r in range(rows)]
+            sums = [
+                [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(_WAYS)] for _ in xs
+            ]
+
+            def step(i: Any, way: int) -> None:  # input i: its LANES weights by each row's x[i]
+                at = builder.gep(panel, [builder.mul(i, _const(LANES))])
+                if rows >= 4:  # the sums take long enough to hide a fetch from memory asked for early
+                    _prefetch(builder, at)
+                wv = builder.load(builder.bitcast(at, wvec.as_pointer()), align=1 if int8 else 4)
+                wv = builder.sitofp(wv, vec) if int8 else wv
+                for xr, acc in zip(xs, sums, strict=True):
+                    xv = _splat(builder, builder.load(builder.gep(xr, [i])), vec)
+                    product = builder.fmul(xv, wv, flags=("contract",))
+                    builder.store(
+                        builder.fadd(builder.load(acc[way]), product, flags=("contract",)), acc[way]
+                    )
+
+            pairs = builder.udiv(n_in, _const(_WAYS))
+            with cgutils.for_range(builder, pairs) as loop:
+                for way in range(_WAYS):
+                    step(builder.add(builder.mul(loop.index, _const(_WAYS)), _const(way)), way)
+            done = builder.mul(pairs, _const(_WAYS))
+            with cgutils.for_range(builder, builder.sub(n_in, done)) as loop:  # an odd n_in's last input
+                step(builder.add(done, loop.index), 0)
+            for r, acc in enumerate(sums):
+                total = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
+                row = _row_pointer(builder, arrays[2], builder.add(b0, _const(r)))
+                builder.store(total, builder.bitcast(builder.gep(row, [col]), vec.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return codegen
+
+    @intrinsic
+    def _panel_sums(
+        typingctx: Any, w: Any, start: Any, n_in: Any, x: Any, b0: Any, out: Any, col: Any, rows: Any
+    ) -> Any:
+        """out[b0 + r, col + j] = sum over i of w[start + LANES i + j] x[b0 + r, i], for the LANES outputs
+        j of the panel at `start` and `rows` rows of x (a constant: 1, 2, 4 or 8), without scale or bias.
+
+        Written in LLVM's vectors because numba's loops cannot keep a row's LANES sums in one register:
+        the products of output-major rows end in a sum across a vector's lanes for each output, which took
+        a fifth of a batch's time on rows of 384 floats (`_tile`), where a panel's lanes are its outputs
+        and each input is one 64-byte load and `rows` multiply-adds, x[b, i] broadcast to every lane. At
+        four rows or more the weights PREFETCH bytes ahead are asked for: the 6x6x384 model's panels
+        streamed at 24 GB/s through eight rows' sums with the CPU's prefetcher alone, 28-34 GB/s so (one
+        row, waiting on nothing but its loads, ran slower with the requests)."""
+        int8 = isinstance(w, types.Array) and w.dtype == types.int8
+        arrays = (w, x, out)
+        if not (
+            isinstance(rows, types.IntegerLiteral)
+            and rows.literal_value in (1, 2, 4, 8)
+            and all(isinstance(a, types.Array) for a in arrays)
+            and (int8 or w.dtype == types.float32)
+            and x.dtype == out.dtype == types.float32
+            and (w.ndim, x.ndim, out.ndim) == (1, 2, 2)
+        ):
+            return None
+        return types.none(w, start, n_in, x, b0, out, col, rows), _panel_codegen(rows.literal_value, int8)
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _panel(w: Any, start: int, x: Any, out: Any, col: int) -> None:
+        """Every row of x through the panel at `start` into out[:, col:col + LANES]: eight rows a pass, a
+        batch's last rows that do not fill eight (or four, or two) done as part of its last eight (those
+        rows summed twice, the same values written again)."""
+        rows, n_in = x.shape
+        b = 0
+        if rows >= 8:
+            while b < rows:
+                b = min(b, rows - 8)
+                _panel_sums(w, start, n_in, x, b, out, col, 8)
+                b += 8
+        elif rows >= 4:
+            while b < rows:
+                b = min(b, rows - 4)
+                _panel_sums(w, start, n_in, x, b, out, col, 4)
+                b += 4
+        elif rows >= 2:
+            while b < rows:
+                b = min(b, rows - 2)
+                _panel_sums(w, start, n_in, x, b, out, col, 2)
+                b += 2
+        else:
+            _panel_sums(w, start, n_in, x, 0, out, col, 1)
+
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
+    def _panels(w: Any, start: int, scale: Any, x: Any, bias: Any, out: Any) -> None:
+        """out[b] = W x[b] (times scale) + bias for every row b, W held from w[start] on as panels
+        (`numpy.panelled`: out.shape[1] / LANES of them, each (n_in, LANES)), a panel a task."""
+        n_in = x.shape[1]
+        for p in prange(out.shape[1] // LANES):
+            col = p * LANES
+            _panel(w, start + p * n_in * LANES, x, out, col)
+            if scale.size or bias.size:
+                for b in range(x.shape[0]):
+                    for j in range(col, col + LANES):
+                        y = out[b, j] * scale[j] if scale.size else out[b, j]
+                        out[b, j] = y + bias[j] if bias.size else y
 
     @njit(fastmath=_FAST, cache=_CACHE)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
@@ -573,12 +721,15 @@ if numba is not None:
         return buf[start : start + rows * cols].reshape((rows, cols))
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _linear(f32: Any, weights: Any, table: Any, slot: int, tiled: bool, x: Any) -> Any:
+    def _linear(f32: Any, weights: Any, table: Any, slot: int, form: int, x: Any) -> Any:
         """x through the linear layer whose weight is at `slot` of `weights`, its scales and bias the next
-        two slots of f32 (`_matvec`)."""
+        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; PANELS: `_panels`)."""
         out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
-        w, scale, bias = _mat(weights, table, slot), _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
-        _matvec(w, scale, x, bias, out, tiled)
+        scale, bias = _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
+        if form == PANELS:
+            _panels(weights, table[slot, 0], scale, x, bias, out)
+        else:
+            _matvec(_mat(weights, table, slot), scale, x, bias, out, form == TILES)
         return out
 
     @njit(fastmath=_FAST, cache=_CACHE)
@@ -603,7 +754,7 @@ if numba is not None:
         kc, vc = cache
         h = np.empty_like(x)
         _norm(x, _vec(f32, table, first), _vec(f32, table, first + 1), reals[0], rms, h)
-        qkv = _linear(f32, weights, table, first + _QKV, ints[5] != 0, h)
+        qkv = _linear(f32, weights, table, first + _QKV, ints[5], h)
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         qn, kn = _vec(f32, table, first + _QK), _vec(f32, table, first + _QK + 1)
@@ -611,11 +762,11 @@ if numba is not None:
         _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions, cache_rows)
         y = np.empty((rows, n_head * hd), dtype=np.float32)
         _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, reals[2], y, threads)
-        out = _linear(f32, weights, table, first + _PROJ, ints[6] != 0, y)
+        out = _linear(f32, weights, table, first + _PROJ, ints[6], y)
         out += x
         _norm(out, _vec(f32, table, first + 2), _vec(f32, table, first + 3), reals[0], rms, h)
-        up = _linear(f32, weights, table, first + _FC, ints[7] != 0, h)
-        out += _linear(f32, weights, table, first + _DOWN, ints[8] != 0, _activate(up, activation))
+        up = _linear(f32, weights, table, first + _FC, ints[7], h)
+        out += _linear(f32, weights, table, first + _DOWN, ints[8], _activate(up, activation))
         return out
 
     @njit(fastmath=_FAST, cache=_CACHE)
@@ -634,7 +785,7 @@ if numba is not None:
     @njit(fastmath=_FAST, cache=_CACHE)
     def _model_step(
         tokens: Any,
-        model: tuple[Any, Any, Any, Any, Any, Any, tuple[float, bool, bool, float]],
+        model: tuple[Any, Any, Any, Any, Any, Any, tuple[float, bool, int, float]],
         cache: tuple[Any, Any, int],
         positions: Any,
         cache_rows: Any,
@@ -667,10 +818,10 @@ if numba is not None:
                 x, (f32, weights, table), first, ints[layer], reals[layer], rope, v_rows, (kc, vc),
                 positions, cache_rows, threads,
             )  # fmt: skip
-        eps, rms, tiled, logit_cap = final
+        eps, rms, form, logit_cap = final
         h = np.empty((logit_rows.shape[0], width), dtype=np.float32)
         _norm(x[logit_rows], _vec(f32, table, _LNF), _vec(f32, table, _LNF + 1), eps, rms, h)
-        logits = _linear(f32, f32, table, _HEAD, tiled, h)
+        logits = _linear(f32, f32, table, _HEAD, form, h)
         if logit_cap > 0:
             cap = np.float32(logit_cap)
             for b in range(h.shape[0]):
@@ -684,19 +835,35 @@ def _array(a: np.ndarray | None) -> np.ndarray:
 
 
 def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
-    """Whether batches of four rows or more go through `_tile` for w: its rows are `tile_from` long or
-    longer (None: never). Which lengths gain depends on the CPU (here, within a model's step, rows of
-    1,024 and 1,536 floats gained and rows of 384 lost), so the engine measures it
+    """Whether batches of four rows or more go through `_tile` for the output-major w: its rows are
+    `tile_from` long or longer (None: never). Which lengths gain depends on the CPU (here, within a
+    model's step, rows of 1,024 and 1,536 floats gained and rows of 384 lost), so the engine measures it
     (`NumpyEngine._pick_tiles`)."""
-    return tile_from is not None and w.weight.shape[1] >= tile_from
+    return tile_from is not None and w.weight.ndim == 2 and w.weight.shape[1] >= tile_from
+
+
+def form(w: LinearWeights[np.ndarray], tile_from: int | None) -> int:
+    """How the kernels read w: PANELS where it is held as panels (`numpy.panelled`), else TILES or ROWS
+    (`tiled`)."""
+    return PANELS if w.weight.ndim == 3 else TILES if tiled(w, tile_from) else ROWS
+
+
+def out_features(w: LinearWeights[np.ndarray]) -> int:
+    """How many outputs w has, in whichever form its weight is held."""
+    shape = w.weight.shape
+    return shape[0] * shape[2] if len(shape) == 3 else shape[1] if w.input_major else shape[0]
 
 
 def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
-    """x (B, in) through an output-major linear layer (float32, or int8 with its scales): (B, out), as
-    `numpy.linear` (`tiled` by `tile_from`)."""
-    out = np.empty((x.shape[0], w.weight.shape[0]), dtype=np.float32)
-    x = np.ascontiguousarray(x)
-    _matvec(w.weight, _array(w.scale), x, _array(w.bias), out, tiled(w, tile_from))
+    """x (B, in) through a linear layer held output-major or as panels (float32, or int8 with its
+    scales): (B, out), as `numpy.linear` (`form` by `tile_from`)."""
+    out = np.empty((x.shape[0], out_features(w)), dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    scale, bias = _array(w.scale), _array(w.bias)
+    if w.weight.ndim == 3:
+        _panels(w.weight.reshape(-1), 0, scale, x, bias, out)
+    else:
+        _matvec(w.weight, scale, x, bias, out, tiled(w, tile_from))
     return out
 
 
@@ -715,12 +882,15 @@ def _root(a: np.ndarray) -> np.ndarray:
 
 
 def _place(a: np.ndarray | None, buffer: np.ndarray) -> tuple[int, int, int]:
-    """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector; (0, 0, 0) for none."""
+    """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector, a matrix held as
+    panels (out / LANES, in, LANES) as its (out, in); (0, 0, 0) for none."""
     if a is None or a.size == 0:
         return (0, 0, 0)
-    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2)):
+    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2, 3)):
         raise ValueError("the kernels read a model whose tensors are packed into one buffer (numpy.packed)")
     offset = (a.ctypes.data - buffer.ctypes.data) // a.itemsize
+    if a.ndim == 3:
+        return (offset, a.shape[0] * a.shape[2], a.shape[1])
     return (offset, a.shape[0], a.shape[1] if a.ndim == 2 else 0)
 
 
@@ -738,12 +908,12 @@ def _block_places(
 
 
 def _block_ints(w: BlockWeights[np.ndarray], tile_from: int | None) -> list[int]:
-    """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, and whether
-    each of its four products runs by tiles."""
+    """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, and how
+    each of its four products reads its weight (`form`)."""
     a = w.attn
     lins = (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj)
     return [a.n_head, a.n_kv_head, _head_dim(w), ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)] + [
-        int(tiled(lin, tile_from)) for lin in lins
+        form(lin, tile_from) for lin in lins
     ]
 
 
@@ -771,7 +941,7 @@ def model_args(
     reals = [
         (float(b.ln_1.eps), float(b.attn.q_norm.eps) if b.attn.q_norm else 0.0, _score_scale(b)) for b in w.h
     ]
-    final = (float(w.ln_f.eps), w.ln_f.rms, tiled(head, tile_from), float(w.logit_cap or 0.0))
+    final = (float(w.ln_f.eps), w.ln_f.rms, form(head, tile_from), float(w.logit_cap or 0.0))
     return (
         f32,
         weights,
@@ -784,7 +954,7 @@ def model_args(
 
 
 def _head_dim(w: BlockWeights[np.ndarray]) -> int:
-    return w.attn.c_attn.weight.shape[0] // (w.attn.n_head + 2 * w.attn.n_kv_head)
+    return out_features(w.attn.c_attn) // (w.attn.n_head + 2 * w.attn.n_kv_head)
 
 
 def _score_scale(w: BlockWeights[np.ndarray]) -> float:
