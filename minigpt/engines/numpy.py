@@ -559,10 +559,12 @@ class NumpyEngine:
     """GPT weights in NumPy as the decode loop's Engine (the CPU; float32, or int8 linear layers).
 
     A one-token step over a cache runs as one compiled call (`minigpt.engines.kernels`, where
-    numba is installed and `kernels` is not False; over the file's (out, in) matrices), and so does a
-    prefill the cache holds without wrapping, up to `kernel_rows` tokens (16 at least; measured at load:
-    `_pick_kernel_rows`); longer prefills and the attention scores the kernels lack run as NumPy array
-    operations, a prefill's matrix products through the kernels up to `kernel_rows` rows. Without the
+    numba is installed and `kernels` is not False; the blocks' matrices held as `panelled` copies of the
+    file's (out, in) ones where every width is a multiple of 16, else as they are), and so does a prefill
+    the cache holds without wrapping: any length with panels, else up to `kernel_rows` tokens (16 at
+    least; measured at load: `_pick_kernel_rows`); other prefills and the attention scores the kernels
+    lack run as NumPy array operations, a prefill's matrix products through the kernels (panels; rows up
+    to `kernel_rows`). Without the
     kernels the weights are held in the form BLAS's matrix products stream fastest on this machine: `layout`
     'output-major' keeps the file's (out, in) matrices, 'input-major' holds transposed copies, and 'auto'
     times a one-token step in each and keeps the faster (the file is never changed); with them 'auto'
