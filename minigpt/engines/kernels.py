@@ -861,7 +861,7 @@ def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = 
     x = np.ascontiguousarray(x, dtype=np.float32)
     scale, bias = _array(w.scale), _array(w.bias)
     if w.weight.ndim == 3:
-        _panels(w.weight.reshape(-1), 0, scale, x, bias, out)
+        _panels(np.ascontiguousarray(w.weight).reshape(-1), 0, scale, x, bias, out)
     else:
         _matvec(w.weight, scale, x, bias, out, tiled(w, tile_from))
     return out

@@ -436,14 +436,16 @@ def int8_linear(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
 
 def panelled(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
     """An output-major linear layer (float32 or int8 rows) as panels of `kernels.LANES` outputs, each
-    input-major: (out / LANES, in, LANES), what the kernels' products read (`kernels._panel_sums`).
+    input-major: (out / LANES, in, LANES), what the kernels' products read (`kernels._panel_sums`); a
+    view of the rows, which `packed` lays out contiguously.
 
     Against the rows it replaces, within a model's products (the 6x6x384 model's 24 matrices, two
-    threads, alternated): one row 1.2-1.4x as fast, eight rows 1.1-1.4x, in cache 1.4x the tiles' and
-    2.2x the rows' arithmetic; a prefill's hundreds of rows level with NumPy's matrix product or ahead."""
+    threads, alternated): one row 1.2-1.4x as fast, eight rows 1.1-1.4x; in cache 1.2-1.3x the tiles'
+    arithmetic at 8 to 512 rows, and 2-5x NumPy's matrix product on the one thread a prefill gives it."""
     n_out, n_in = w.weight.shape
     panels = w.weight.reshape(n_out // _kernels.LANES, _kernels.LANES, n_in).transpose(0, 2, 1)
-    return dataclasses.replace(w, weight=np.ascontiguousarray(panels))
+    # a view: `packed` writes it out in this order, so the engine's load makes no copy of its own
+    return dataclasses.replace(w, weight=panels)
 
 
 def can_panel(weights: ModelWeights[np.ndarray]) -> bool:
