@@ -49,7 +49,6 @@ __all__ = [
     "ModelArgs",
     "available",
     "draw",
-    "form",
     "get_threads",
     "matvec",
     "model_args",

@@ -665,7 +665,7 @@ class NumpyEngine:
         CPU for these shapes: never, or from each of the model's input widths, as `remembered` keeps it
         from steps of that many rows timed with each (the first loads on a machine measure, later ones
         read the answer). Here batches of 8 gained from tiles on rows of 1,024-1,536 floats only, batches
-        of 16 on every matrix (README: "Generate")."""
+        of 16 on every matrix (README: "Generate"). Where the blocks are panels the answer is the head's."""
         widths: set[int] = set()
 
         def width(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
