@@ -34,7 +34,7 @@ class LowRank(Generic[A]):
 
 @dataclass(frozen=True, slots=True)
 class LinearWeights(Generic[A]):
-    weight: A  # (out, in), or (in, out) when input_major; int8 when quantized
+    weight: A  # (out, in), or (in, out) when input_major, or the NumPy engine's panels (`panelled`); int8 when quantized
     bias: A | None
     scale: A | None = None  # (out,) per-channel scales of an int8 weight (minigpt.quantize), else None
     input_major: bool = False  # weight stored transposed: y = x @ weight + bias

@@ -384,7 +384,9 @@ if numba is not None:
             with cgutils.for_range(builder, builder.sub(n_in, done)) as loop:  # an odd n_in's last input
                 step(builder.add(done, loop.index), 0)
             for r, acc in enumerate(sums):
-                total = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
+                total = builder.load(acc[0])
+                for part in acc[1:]:
+                    total = builder.fadd(total, builder.load(part))
                 row = _row_pointer(builder, arrays[2], builder.add(b0, _const(r)))
                 builder.store(total, builder.bitcast(builder.gep(row, [col]), vec.as_pointer()), align=4)
             return context.get_dummy_value()
