@@ -439,8 +439,8 @@ def panelled(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
     input-major: (out / LANES, in, LANES), what the kernels' products read (`kernels._panel_sums`); a
     view of the rows, which `packed` lays out contiguously.
 
-    Against the rows it replaces, within a model's products (the 6x6x384 model's 24 matrices, two
-    threads, alternated): one row 1.2-1.4x as fast, eight rows 1.1-1.4x; in cache 1.2-1.3x the tiles'
+    Against the rows it replaces, within a model's products (the 6x6x384 model's 24 matrices, one and two
+    threads, alternated): one row 0.95-1.12x as fast, eight rows 1.28-1.58x; in cache 1.2-1.5x the tiles'
     arithmetic at 8 to 512 rows, and 2-5x NumPy's matrix product on the one thread a prefill gives it."""
     n_out, n_in = w.weight.shape
     panels = w.weight.reshape(n_out // _kernels.LANES, _kernels.LANES, n_in).transpose(0, 2, 1)
