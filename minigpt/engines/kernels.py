@@ -74,7 +74,9 @@ ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 # matrix apart (`_tile`), or panels of LANES outputs (`_panels`)
 ROWS, TILES, PANELS = 0, 1, 2
 LANES = 16  # a panel's outputs: 64 bytes of float32 weights for each input, one cache line
-PREFETCH = 2048  # bytes ahead of a panel's weights that `_panel_sums` asks for at four rows or more
+# how far ahead of a panel's weights `_panel_sums` asks for them at four rows or more: the line 2 KB on into
+# every cache level, the one 16 KB on into L2 only (`_prefetch`)
+PREFETCH, PREFETCH_L2 = 2048, 16384
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
 # `model_args`' table of where a step's tensors lie: the model's slots (the token and position embeddings,
@@ -336,12 +338,18 @@ if numba is not None:
         return builder.gep(array.data, [builder.mul(row, stride)])
 
     def _prefetch(builder: Any, at: Any) -> None:
-        """Ask the CPU for the line PREFETCH bytes past `at` (a read, into every cache level)."""
+        """Ask the CPU for the line PREFETCH bytes past `at` into every cache level (prefetcht0), and the
+        one PREFETCH_L2 bytes past it into L2 (LLVM's locality 2: prefetcht1). The far request keeps
+        memory busy while the sums run on weights that came from L3: eight rows' products of the 6x6x384
+        model took 0.88 ms a step with it and 1.27-1.29 without, the near one alone leaving memory idle
+        whenever the lines it asked for were in L3 (anywhere from 8 to 64 KB ahead did as well; one row,
+        waiting on its loads, ran 0.9-0.98x as fast with it)."""
         byte = ir.IntType(8).as_pointer()
         kind = ir.FunctionType(ir.VoidType(), [byte, *[ir.IntType(32)] * 3])
         fetch = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")
-        ahead = builder.gep(builder.bitcast(at, byte), [_const(PREFETCH)])
-        builder.call(fetch, [ahead, _const(0, 32), _const(3, 32), _const(1, 32)])
+        for distance, locality in ((PREFETCH, 3), (PREFETCH_L2, 2)):
+            ahead = builder.gep(builder.bitcast(at, byte), [_const(distance)])
+            builder.call(fetch, [ahead, _const(0, 32), _const(locality, 32), _const(1, 32)])
 
     # each row's sums in two vectors, inputs i and i + 1: one would make a row alone wait a fused
     # multiply-add's latency at each input (two ran one row 1.0-1.25x as fast as one, as fast as four,
@@ -404,9 +412,10 @@ if numba is not None:
         the products of output-major rows end in a sum across a vector's lanes for each output, which took
         a fifth of a batch's time on rows of 384 floats (`_tile`), where a panel's lanes are its outputs
         and each input is one 64-byte load and `rows` multiply-adds, x[b, i] broadcast to every lane. At
-        four rows or more the weights PREFETCH bytes ahead are asked for: the 6x6x384 model's panels
-        streamed at 24 GB/s through eight rows' sums with the CPU's prefetcher alone, 28-34 GB/s so (one
-        row, waiting on nothing but its loads, ran slower with the requests)."""
+        four rows or more the weights ahead are asked for (`_prefetch`): the 6x6x384 model's panels
+        streamed through eight rows' sums at 24 GB/s with the CPU's prefetcher alone, 28-34 GB/s with the
+        near request, 48 GB/s (L3 and memory at once) with both (one row, waiting on nothing but its
+        loads, ran slower with the requests)."""
         int8 = isinstance(w, types.Array) and w.dtype == types.int8
         arrays = (w, x, out)
         if not (
