@@ -33,10 +33,10 @@ def make_run(out: Path, preset: str, arch: str) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from minigpt.model import GPT
-    from minigpt.presets import PRESETS, model_config
-    from minigpt.rundir import RunDir
-    from minigpt.tokenizer import BPETokenizer
+    from minigpt.model.gpt import GPT
+    from minigpt.model.presets import PRESETS, model_config
+    from minigpt.runs.folder import RunDir
+    from minigpt.tokenizer.bpe import BPETokenizer
 
     tok = BPETokenizer.train([SHAKESPEARE.read_text(encoding="utf-8")], vocab_size=512)
     shape = {k: v for k, v in PRESETS[preset].items() if k in ("n_layer", "n_head", "n_embd")}

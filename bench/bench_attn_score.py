@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from minigpt import model as tm
-from minigpt.config import SCORES
-from minigpt.model import GPT
-from minigpt.rundir import RunDir
+from minigpt.model import gpt as tm
+from minigpt.model.config import SCORES
+from minigpt.model.gpt import GPT
+from minigpt.runs.folder import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"

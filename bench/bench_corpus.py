@@ -185,7 +185,7 @@ import json, sys, time
 from pathlib import Path
 a = json.loads(sys.argv[1])
 sys.path.insert(0, a["root"])
-from minigpt.data import DataConfig, find_inputs, prepare_tokenizer, prepare_data
+from minigpt.data.dataset import DataConfig, find_inputs, prepare_tokenizer, prepare_data
 cfg = DataConfig(paths=(Path(a["input"]),), tokenizer=a["tokenizer"], cache_dir=Path(a["cache"]))
 t = [time.perf_counter()]
 inputs = find_inputs(cfg, False); t.append(time.perf_counter())
@@ -202,7 +202,7 @@ import json, sys, time
 a = json.loads(sys.argv[1])
 sys.path.insert(0, a["root"]); sys.path.insert(0, a["bench"])
 from bench_corpus import documents, TXT_FILE_BYTES
-from minigpt.tokenizer import build_tokenizer, default_threads
+from minigpt.tokenizer.load import build_tokenizer; from minigpt.tokenizer.base import default_threads
 enc = build_tokenizer(a["tokenizer"]).encoding
 docs = documents(a["bytes"], a["seed"])
 if a["fmt"] == "txt":  # the files' text, as minigpt reads them: one string per file
@@ -235,7 +235,7 @@ import json, sys, time
 from pathlib import Path
 a = json.loads(sys.argv[1])
 sys.path.insert(0, a["root"])
-from minigpt.data import DataConfig, find_inputs, prepare_tokenizer, prepare_data
+from minigpt.data.dataset import DataConfig, find_inputs, prepare_tokenizer, prepare_data
 cfg = DataConfig(paths=(Path(a["input"]),), tokenizer_sample=a["sample"], cache_dir=Path(a["cache"]))
 inputs = find_inputs(cfg, False)
 t = time.perf_counter(); tok = prepare_tokenizer(cfg, inputs, False); seconds = time.perf_counter() - t
@@ -283,7 +283,7 @@ def sample_cost(work: Path, mb: float, steps: int) -> list[str]:
     """BPE (512) learned from all of an mb-MB corpus, from the default sample and from a smaller one: its
     training time, its bytes per token on the validation documents, and the validation bits per byte of the
     same model trained `steps` steps on each (same seed, same documents)."""
-    from minigpt.dataconfig import DEFAULT_TOKENIZER_SAMPLE
+    from minigpt.data.config import DEFAULT_TOKENIZER_SAMPLE
 
     folder = work / "sample_txt"
     write_corpus(folder, "txt", int(mb * 1e6), seed=1)
@@ -450,7 +450,7 @@ def main() -> None:
     if not R50K.is_file():
         sys.exit(f"needs {R50K}")
     sys.path.insert(0, str(ROOT))
-    from minigpt.tokenizer import default_threads
+    from minigpt.tokenizer.base import default_threads
 
     work = opts.work / "minigpt-bench-corpus"
     shutil.rmtree(work, ignore_errors=True)

@@ -107,10 +107,10 @@ def base_answers(base: Path, prompts: list[dict]) -> list[str]:
     import torch
 
     from minigpt.chat.session import ChatSession
-    from minigpt.engines.torch import TorchEngine
-    from minigpt.finetune import full_model, plan_fine_tune
-    from minigpt.genconfig import GenerateConfig
-    from minigpt.trainconfig import TrainConfig
+    from minigpt.generate.config import GenerateConfig
+    from minigpt.generate.engines.torch_engine import TorchEngine
+    from minigpt.train.config import TrainConfig
+    from minigpt.train.finetune import full_model, plan_fine_tune
 
     tokenizer, shape, _ = plan_fine_tune(base, TrainConfig(), chat=True)
     engine = TorchEngine(full_model(shape, base, torch.device("cpu")).eval())

@@ -14,7 +14,7 @@ each row also reads is left out of it. Weights that fit in the last-level cache 
 
 Engines are timed as `minigpt generate` runs them: `load_engine` on a saved run (which loads the NumPy
 engine's compiled kernels, or picks the weights' layout by timing where they do not run), the decode loop
-and its text, with the threads the engine chooses itself (minigpt.engines.tuning: its first steps try each
+and its text, with the threads the engine chooses itself (minigpt.generate.engines.tuning: its first steps try each
 count) and, for the NumPy engine, with one thread; its int8 form (`--quantize int8`), its KV cache in
 float32 (`--kv-cache float32`; generate's default holds it in float16) and its array path (the engine
 without the kernels) for comparison.
@@ -47,19 +47,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # measure this checkout, not whatever minigpt is installed
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets it (see minigpt/cli.py)
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets it (see minigpt/cli/main.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.decode import Engine, Generation, encode_prompt  # noqa: E402
-from minigpt.engines import load_engine  # noqa: E402
-from minigpt.engines.torch import make_generator  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.presets import model_config  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.tokenizer import CharTokenizer, Tokenizer  # noqa: E402
+from minigpt.generate.decode import Engine, Generation, encode_prompt  # noqa: E402
+from minigpt.generate.engines.torch_engine import make_generator  # noqa: E402
+from minigpt.generate.load import load_engine  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.model.presets import model_config  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.tokenizer.base import Tokenizer  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHAPE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
@@ -156,13 +157,13 @@ NUMPY_TIMING = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from minigpt.decode import Generation, encode_prompt
-from minigpt.engines import load_engine
+from minigpt.generate.decode import Generation, encode_prompt
+from minigpt.generate.load import load_engine
 threads = None if sys.argv[5] == "auto" else int(sys.argv[5])
 engine, tok = load_engine(Path(sys.argv[2]), "numpy", quantize=sys.argv[7], threads=threads, kv_cache=sys.argv[8])
 if sys.argv[6] == "off":  # the array path: the same run, the same weights, no compiled steps
-    from minigpt.engines.numpy import NumpyEngine
-    from minigpt.rundir import RunDir
+    from minigpt.generate.engines.numpy_engine import NumpyEngine
+    from minigpt.runs.folder import RunDir
     run = RunDir(Path(sys.argv[2]))
     config = run.open()[1]
     engine = NumpyEngine(config, run.load_weights(config, framework="np"), layout="auto", threads=threads,

@@ -27,13 +27,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minigpt import model as model_module  # noqa: E402
-from minigpt.data import DataConfig  # noqa: E402
-from minigpt.decode import Sampling, decode  # noqa: E402
-from minigpt.engines import load_engine  # noqa: E402
-from minigpt.params import count_params  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.train import TrainConfig, train  # noqa: E402
+from minigpt.data.dataset import DataConfig  # noqa: E402
+from minigpt.generate.decode import Sampling, decode  # noqa: E402
+from minigpt.generate.load import load_engine  # noqa: E402
+from minigpt.model import gpt as model_module  # noqa: E402
+from minigpt.model.params import count_params  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.train.loop import TrainConfig, train  # noqa: E402
 
 # dense bf16 tensor-core peaks from the vendor's datasheets, TFLOP/s (sparsity excluded)
 PEAKS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "A100": 312.0}

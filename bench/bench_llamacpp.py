@@ -40,10 +40,10 @@ def make_run(out: Path, arch: str, vocab: str) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from minigpt.model import GPT
-    from minigpt.presets import model_config
-    from minigpt.rundir import RunDir
-    from minigpt.tokenizer import BPETokenizer, TiktokenTokenizer
+    from minigpt.model.gpt import GPT
+    from minigpt.model.presets import model_config
+    from minigpt.runs.folder import RunDir
+    from minigpt.tokenizer.bpe import BPETokenizer, TiktokenTokenizer
 
     if vocab == "r50k":
         tok = TiktokenTokenizer.from_file(R50K)

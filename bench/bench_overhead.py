@@ -39,8 +39,8 @@ def plain_loop(steps: int) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from minigpt.config import GPTConfig
-    from minigpt.model import GPT
+    from minigpt.model.config import GPTConfig
+    from minigpt.model.gpt import GPT
 
     text = SHAKESPEARE.read_text(encoding="utf-8")
     chars = sorted(set(text))

@@ -119,9 +119,9 @@ def step_costs(rows: list[str], rounds: int, steps: int = 3) -> dict[str, tuple[
     batch ramp's steps cost what its batches do, so its row times full batches."""
     import torch
 
-    from minigpt.model import GPT
-    from minigpt.optimizers import make_optimizer
-    from minigpt.trainconfig import TrainConfig
+    from minigpt.model.gpt import GPT
+    from minigpt.train.config import TrainConfig
+    from minigpt.train.optimizers import make_optimizer
 
     def setup(changes: dict[str, Any]) -> Callable[[], None]:
         cfg = TrainConfig(**changes).with_recipe("cpu")

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from bench_generate import CONFIG, ROOT, tokenizer  # also puts this checkout first on sys.path
 
-from minigpt.model import GPT
-from minigpt.rundir import RunDir
+from minigpt.model.gpt import GPT
+from minigpt.runs.folder import RunDir
 
 PROMPT_TEXT = "ROMEO: But soft, what light through yonder window breaks? It is the east. "
 

@@ -1,4 +1,4 @@
-"""Tokenization throughput and peak memory of minigpt.data.prepare_data on a cold cache (markdown table).
+"""Tokenization throughput and peak memory of minigpt.data.dataset.prepare_data on a cold cache (markdown table).
 
 Usage: python bench/bench_tokenize.py [--mb 50] [--big-mb 200] [--only bpe,r50k_base,char]
 
@@ -29,8 +29,8 @@ import json, resource, sys, time
 from pathlib import Path
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["root"])
-import minigpt.data as data
-from minigpt.tokenizer import tokenizer_from_json
+import minigpt.data.dataset as data
+from minigpt.tokenizer.load import tokenizer_from_json
 def rss_mb():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -107,7 +107,8 @@ def main() -> None:
     if not SHAKESPEARE.is_file() or not R50K.is_file():
         sys.exit(f"needs {SHAKESPEARE} and {R50K}")
     sys.path.insert(0, str(ROOT))
-    from minigpt.tokenizer import BPETokenizer, default_threads
+    from minigpt.tokenizer.base import default_threads
+    from minigpt.tokenizer.bpe import BPETokenizer
 
     wanted = opts.only.split(",")
     source = SHAKESPEARE.read_text(encoding="utf-8")

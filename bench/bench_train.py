@@ -22,11 +22,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.data import DataConfig  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.params import count_params  # noqa: E402
-from minigpt.train import TrainConfig, train  # noqa: E402
+from minigpt.data.dataset import DataConfig  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.model.params import count_params  # noqa: E402
+from minigpt.train.loop import TrainConfig, train  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import MIXED  # noqa: E402
 
-from minigpt.rundir import RunDir  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
 
 PROMPTS = ["ROMEO:", "First Citizen:\nWe are", "KING RICHARD III:\nNow is the", "你好 and the", "\n"]
 MINIGPT = [sys.executable, "-m", "minigpt"]

@@ -70,7 +70,7 @@ def lm_eval(python: str, model: str, args: str, out: Path) -> dict[str, Any]:
 def longest(run: Path) -> int:
     """The most tokens of a context and a choice in the multiple-choice task: both models score them whole
     only if it fits in the context (else each truncates its own way)."""
-    from minigpt.rundir import RunDir
+    from minigpt.runs.folder import RunDir
 
     tok = RunDir(run).tokenizer()
     items = [json.loads(line) for line in (ROOT / "bench" / "lm_eval" / "mc.jsonl").read_text().splitlines()]

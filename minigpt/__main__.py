@@ -1,5 +1,5 @@
 """Entry point for `python -m minigpt` (what torchrun launches)."""
 
-from minigpt.cli import main
+from minigpt.cli.main import main
 
 main()

@@ -100,7 +100,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     architecture, Muon), only its budget short: 30 steps."""
     from typer.testing import CliRunner
 
-    from minigpt.cli import app
+    from minigpt.cli.main import app
 
     tmp = tmp_path_factory.mktemp("default-run")
     (tmp / "corpus.txt").write_text(CORPUS, encoding="utf-8")

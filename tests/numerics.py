@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.config import GPTConfig
+from minigpt.model.config import GPTConfig
 
 UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2  # 2**-24
 

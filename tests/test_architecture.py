@@ -13,13 +13,13 @@ import torch
 from numerics import assert_near_exact, float64_logits
 from test_decode import ENGINES, GREEDY, nanogpt_loop, numpy_twin, rows, tiny_model
 
-from minigpt import model as tm
-from minigpt.config import GPTConfig
-from minigpt.decode import decode
-from minigpt.engines import numpy as nm
 from minigpt.errors import UsageError
-from minigpt.model import GPT, model_tensors
-from minigpt.weights import LinearWeights, MLPWeights, NormWeights, check_shapes, expected_shapes
+from minigpt.generate.decode import decode
+from minigpt.generate.engines import numpy_engine as nm
+from minigpt.model import gpt as tm
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT, model_tensors
+from minigpt.model.weights import LinearWeights, MLPWeights, NormWeights, check_shapes, expected_shapes
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigpt.attention import (
+from minigpt.analysis.attention import (
     attention_maps,
     attention_row,
     explain_last,
@@ -22,13 +22,14 @@ from minigpt.attention import (
     token_labels,
     top_attended,
 )
-from minigpt.attention_views import format_explain
-from minigpt.cli import app
-from minigpt.config import GPTConfig
+from minigpt.analysis.attention_views import format_explain
+from minigpt.cli.main import app
 from minigpt.errors import UsageError
-from minigpt.model import GPT, attend, block, linear, norm, qkv
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import CharTokenizer, Tokenizer
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT, attend, block, linear, norm, qkv
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.base import Tokenizer
+from minigpt.tokenizer.char import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "Hello world,\nhow are you?\tFine. café ☃ 中文 – ok\n"

@@ -15,19 +15,20 @@ import pytest
 import torch
 from test_decode import GREEDY, numpy_twin
 
-from minigpt import memory, trainsetup
-from minigpt import model as tm
-from minigpt.cli import app
-from minigpt.config import SCORES, GPTConfig
-from minigpt.decode import Generation, encode_prompt
-from minigpt.engines import load_engine
-from minigpt.engines import numpy as nm
+from minigpt.cli.main import app
+from minigpt.convert.hf_map import family_for
 from minigpt.errors import MinigptError
-from minigpt.hfmap import family_for
-from minigpt.model import GPT
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import CharTokenizer
-from minigpt.weights import AttentionWeights
+from minigpt.generate.decode import Generation, encode_prompt
+from minigpt.generate.engines import numpy_engine as nm
+from minigpt.generate.load import load_engine
+from minigpt.model import gpt as tm
+from minigpt.model import memory
+from minigpt.model.config import SCORES, GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.model.weights import AttentionWeights
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.char import CharTokenizer
+from minigpt.train import run as trainsetup
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n" for i, w in enumerate(["a", "b"] * 80)

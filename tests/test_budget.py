@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, FakeClock
 
-from minigpt.budget import (
+from minigpt.data.dataset import DataConfig, prepare_data
+from minigpt.model.gpt import GPT
+from minigpt.runs.folder import RunDir
+from minigpt.train.budget import (
     EVAL_SHARE,
     EVAL_SLACK,
     EXIT_SECONDS,
@@ -26,11 +29,8 @@ from minigpt.budget import (
     Budget,
     EvalCost,
 )
-from minigpt.data import DataConfig, prepare_data
-from minigpt.model import GPT
-from minigpt.reporters import LineReporter
-from minigpt.rundir import RunDir
-from minigpt.train import TrainConfig, TrainState, train
+from minigpt.train.loop import TrainConfig, TrainState, train
+from minigpt.train.reporters import LineReporter
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -213,7 +213,7 @@ def test_a_commands_clock_starts_with_its_process() -> None:
         pytest.skip("needs /proc")
     code = (
         "import time; first = time.perf_counter()\n"
-        "from minigpt.budget import process_started\n"
+        "from minigpt.train.budget import process_started\n"
         "print(first, process_started())\n"
     )
     before = time.perf_counter()

@@ -20,11 +20,11 @@ import pytest
 from minigpt.chat.session import ChatSession
 from minigpt.chat.template import ChatTemplate, Message, with_chat_tokens
 from minigpt.chat.terminal import interactive, piped
-from minigpt.config import GPTConfig
-from minigpt.engines.numpy import NumpyEngine
 from minigpt.errors import MinigptError
-from minigpt.genconfig import GenerateConfig
-from minigpt.tokenizer import CharTokenizer
+from minigpt.generate.config import GenerateConfig
+from minigpt.generate.engines.numpy_engine import NumpyEngine
+from minigpt.model.config import GPTConfig
+from minigpt.tokenizer.char import CharTokenizer
 
 CHARS = list(
     "abcdefghijklmnopqrstuvwxyz ,.?!"
@@ -39,7 +39,7 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
                        pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)  # fmt: skip
     import torch
 
-    from minigpt.model import GPT, model_tensors
+    from minigpt.model.gpt import GPT, model_tensors
 
     torch.manual_seed(0)
     model = GPT(config)
@@ -51,8 +51,8 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
 def endless_run(path: Path) -> Path:
     import torch
 
-    from minigpt.model import build_model
-    from minigpt.rundir import RunDir
+    from minigpt.model.gpt import build_model
+    from minigpt.runs.folder import RunDir
 
     config, tensors, tok = endless_model()
     model = build_model(config, {k: torch.from_numpy(v) for k, v in tensors.items()}, path)
@@ -278,8 +278,8 @@ def test_chat_with_piped_stdin_prints_only_the_answers(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     import torch
 
-    from minigpt.model import GPT
-    from minigpt.rundir import RunDir
+    from minigpt.model.gpt import GPT
+    from minigpt.runs.folder import RunDir
 
     RunDir(plain).save(GPT(GPTConfig(vocab_size=len(CHARS), block_size=8, n_layer=1, n_head=1, n_embd=8)),
                        CharTokenizer(CHARS), {})  # fmt: skip

@@ -19,13 +19,15 @@ from conftest import CORPUS, R50K_FILE  # noqa: E402
 from test_finetune import base_run, chat_file, lora_run  # noqa: E402, F401  (fixtures)
 
 from minigpt.chat.template import CHAT_TOKENS, END, ChatTemplate, Message, with_chat_tokens  # noqa: E402
-from minigpt.cli import app  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.decode import Generation  # noqa: E402
-from minigpt.engines import load_engine  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.tokenizer import BPETokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer  # noqa: E402
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.generate.decode import Generation  # noqa: E402
+from minigpt.generate.load import load_engine  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.tokenizer.base import Tokenizer  # noqa: E402
+from minigpt.tokenizer.bpe import BPETokenizer, TiktokenTokenizer  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -10,14 +10,10 @@ from hypothesis import strategies as st
 
 from minigpt.chat.template import CHAT_TOKENS, END, ROLE_TOKENS, ChatTemplate, Message, with_chat_tokens
 from minigpt.errors import MinigptError
-from minigpt.tokenizer import (
-    ENDOFTEXT,
-    BPETokenizer,
-    CharTokenizer,
-    TiktokenTokenizer,
-    Tokenizer,
-    tokenizer_from_json,
-)
+from minigpt.tokenizer.base import ENDOFTEXT, Tokenizer
+from minigpt.tokenizer.bpe import BPETokenizer, TiktokenTokenizer
+from minigpt.tokenizer.char import CharTokenizer
+from minigpt.tokenizer.load import tokenizer_from_json
 
 TEXT = "Hello there! How are you? I am fine, thanks: reverse these words, please. Be brief.\n"
 

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from test_cli_options import option_table
 
-from minigpt.attentionconfig import AttentionConfig
+from minigpt.analysis.attention_config import AttentionConfig
+from minigpt.analysis.eval_config import EvalConfig
 from minigpt.chat.config import ChatConfig
-from minigpt.cli import app
-from minigpt.demo import DemoConfig
+from minigpt.cli.demo import DemoConfig
+from minigpt.cli.main import app
+from minigpt.common.settings import options_of
+from minigpt.convert.config import GGUFConfig, ImportConfig, MergeConfig, OverwriteConfig
 from minigpt.errors import UsageError
-from minigpt.evalconfig import EvalConfig
-from minigpt.exports import GGUFConfig, ImportConfig, MergeConfig, OverwriteConfig
-from minigpt.genconfig import GenerateIOConfig
+from minigpt.generate.config import GenerateIOConfig
 from minigpt.serve.config import Limits, ServeConfig
-from minigpt.settings import options_of
 
 COMMANDS: list[tuple[str, type]] = [
     ("eval", EvalConfig), ("attention", AttentionConfig), ("convert from-hf", ImportConfig),

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import typer
 
-from minigpt.cli import app
+from minigpt.cli.main import app
 
 PINNED = Path(__file__).parent / "fixtures" / "cli_options.json"
 _DEFAULT = re.compile(r"\\\[default: (.*)\]$")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minigpt.cli import app
+from minigpt.cli.main import app
 
 
 @pytest.mark.parametrize(

@@ -21,15 +21,16 @@ from numerics import assert_near_exact, float64_logits  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer  # noqa: E402
 
-from minigpt.cli import app  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.convert import config_from_hf, expected_hf_shapes  # noqa: E402
-from minigpt.files import load_tensors  # noqa: E402
-from minigpt.hftokenizer import HF_MERGES, HF_VOCAB, bpe_vocab_merges, ranks_from_vocab_merges  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.params import count_params  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.tokenizer import GPT2_SPLIT_PATTERN, BPETokenizer, CharTokenizer, TiktokenTokenizer  # noqa: E402
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.common.files import load_tensors  # noqa: E402
+from minigpt.convert.hf import config_from_hf, expected_hf_shapes  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.model.params import count_params  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.tokenizer.bpe import GPT2_SPLIT_PATTERN, BPETokenizer, TiktokenTokenizer  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
+from minigpt.tokenizer.hf import HF_MERGES, HF_VOCAB, bpe_vocab_merges, ranks_from_vocab_merges  # noqa: E402
 
 torch.set_num_threads(1)
 

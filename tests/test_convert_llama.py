@@ -16,12 +16,13 @@ from numerics import assert_near_exact, float64_logits  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_convert import greedy, hf_greedy  # noqa: E402
 
-from minigpt.cli import app  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.convert import expected_hf_shapes  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.tokenizer import GPT2_SPLIT_PATTERN, BPETokenizer, CharTokenizer  # noqa: E402
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.convert.hf import expected_hf_shapes  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.tokenizer.bpe import GPT2_SPLIT_PATTERN, BPETokenizer  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -26,17 +26,18 @@ import minigpt.corpus.encode as encode
 import minigpt.corpus.ingest as ingest
 import minigpt.corpus.readers as readers
 import minigpt.corpus.sample as sample
+from minigpt.common.files import load_tensors
 from minigpt.corpus.inputs import FINGERPRINT_BLOCK, FINGERPRINT_BLOCKS, FINGERPRINT_EDGE, Source, file_kind
 from minigpt.corpus.progress import Meter, Progress
 from minigpt.corpus.readers import ReadOptions
 from minigpt.corpus.sample import sample_texts
 from minigpt.corpus.streams import RAMP_FACTOR
-from minigpt.data import BatchSampler, DataConfig, prepare_data
+from minigpt.data.dataset import BatchSampler, DataConfig, prepare_data
 from minigpt.errors import MinigptError
-from minigpt.files import load_tensors
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import ENDOFTEXT, BPETokenizer
-from minigpt.train import TrainConfig, train
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.base import ENDOFTEXT
+from minigpt.tokenizer.bpe import BPETokenizer
+from minigpt.train.loop import TrainConfig, train
 
 try:
     from compression import zstd  # type: ignore[import-not-found]
@@ -271,7 +272,7 @@ def test_bad_parquet_files(tmp_path: Path, bpe_file: Path) -> None:
 def test_pyarrow_is_imported_only_for_parquet(tmp_path: Path, bpe_file: Path) -> None:
     path = write_corpus(tmp_path / "a.jsonl", [doc(i) for i in range(20)], "zst")
     code = (
-        "import sys; from pathlib import Path; from minigpt.data import DataConfig, prepare_data; "
+        "import sys; from pathlib import Path; from minigpt.data.dataset import DataConfig, prepare_data; "
         f"prepare_data(DataConfig(paths=(Path({str(path)!r}),), tokenizer={str(bpe_file)!r}, "
         f"cache_dir=Path({str(tmp_path / 'cache')!r})), 4, progress=False); "
         "assert 'pyarrow' not in sys.modules and 'torch' not in sys.modules"
@@ -601,8 +602,8 @@ PREPARE_SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
 import minigpt.corpus.ingest as ingest
-from minigpt.data import DataConfig
-from minigpt.prepare import prepare
+from minigpt.data.dataset import DataConfig
+from minigpt.data.prepare import prepare
 
 def say(*words):  # one write() a line: both processes share the pipe (print, unbuffered, writes word by word)
     os.write(1, (" ".join(map(str, words)) + "\n").encode())
@@ -677,7 +678,7 @@ def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_t
 def test_prepare_then_train_reuses_everything(
     runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from minigpt.cli import app
+    from minigpt.cli.main import app
 
     monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "corpus"
@@ -718,7 +719,7 @@ def test_prepare_then_train_reuses_everything(
 
 
 def test_data_options_are_checked_in_one_line(runner, tmp_path: Path) -> None:
-    from minigpt.cli import app
+    from minigpt.cli.main import app
 
     path = write_corpus(tmp_path / "a.txt", [doc(1)])
     for args, message in (

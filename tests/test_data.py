@@ -18,11 +18,20 @@ import torch
 import minigpt.corpus.encode as encode
 import minigpt.corpus.ingest as ingest
 import minigpt.corpus.readers as readers
-import minigpt.data as data
+import minigpt.data.dataset as data
 from minigpt.corpus.store import token_dtype
-from minigpt.data import BatchSampler, DataConfig, bits_per_byte, eval_batches, eval_rows, prepare_data
+from minigpt.data.dataset import (
+    BatchSampler,
+    DataConfig,
+    bits_per_byte,
+    eval_batches,
+    eval_rows,
+    prepare_data,
+)
 from minigpt.errors import MinigptError, UsageError
-from minigpt.tokenizer import BPETokenizer, CharTokenizer, build_tokenizer
+from minigpt.tokenizer.bpe import BPETokenizer
+from minigpt.tokenizer.char import CharTokenizer
+from minigpt.tokenizer.load import build_tokenizer
 
 WORDS = "the king and queen of england spoke to a citizen about bread corn and the senate".split()
 
@@ -519,7 +528,7 @@ def test_sampler_state_replays_exactly() -> None:
 
 
 def test_sampler_state_goes_through_safetensors(tmp_path: Path) -> None:
-    from minigpt.files import load_tensors, save_tensors
+    from minigpt.common.files import load_tensors, save_tensors
 
     sampler = BatchSampler(np.arange(5000, dtype=np.uint16), 8, 2, seed=3)
     sampler.next_batch()
@@ -609,7 +618,7 @@ def test_data_prep_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, minigpt.data; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, minigpt.data.dataset; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 
 
@@ -617,14 +626,14 @@ def test_default_tokenizer_is_bpe_512(tmp_path: Path) -> None:
     """The default measured best in bits per byte (bench/bench_tokenizers.py)."""
     cfg = DataConfig(paths=(write(tmp_path / "a.txt", make_text()),), cache_dir=tmp_path / "cache")
     assert cfg.tokenizer == "bpe"
-    from minigpt.tokenizer import DEFAULT_BPE_VOCAB_SIZE
+    from minigpt.tokenizer.bpe import DEFAULT_BPE_VOCAB_SIZE
 
     assert DEFAULT_BPE_VOCAB_SIZE == 512
 
 
 def test_inputs_are_recorded_by_content_and_changes_are_named(tmp_path: Path) -> None:
     from minigpt.corpus.inputs import fingerprint_blocks
-    from minigpt.data import changed_inputs
+    from minigpt.data.dataset import changed_inputs
 
     path, cache = tmp_path / "a.txt", tmp_path / "cache"
     text = make_text(40_000)  # over 64 KB: its stamp samples blocks of it rather than all of it

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from minigpt.config import GPTConfig
-from minigpt.decode import (
+from minigpt.errors import MinigptError, UsageError
+from minigpt.generate.decode import (
     SAMPLE_SEPARATOR,
     Engine,
     Generation,
@@ -27,12 +27,13 @@ from minigpt.decode import (
     window_drop,
     write_text,
 )
-from minigpt.engines.numpy import NumpyEngine
-from minigpt.engines.torch import TorchEngine
-from minigpt.errors import MinigptError, UsageError
-from minigpt.kvcache import KVCache, first_position, gather_rows
-from minigpt.model import GPT, model_tensors
-from minigpt.tokenizer import CharTokenizer, Tokenizer
+from minigpt.generate.engines.numpy_engine import NumpyEngine
+from minigpt.generate.engines.torch_engine import TorchEngine
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT, model_tensors
+from minigpt.model.kvcache import KVCache, first_position, gather_rows
+from minigpt.tokenizer.base import Tokenizer
+from minigpt.tokenizer.char import CharTokenizer
 
 TINY = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=32)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt.cli import app
-from minigpt.demo import demo_text, write_demo_text
-from minigpt.rundir import RunDir
+from minigpt.cli.demo import demo_text, write_demo_text
+from minigpt.cli.main import app
+from minigpt.runs.folder import RunDir
 
 
 def test_demo_corpus_is_real_text_and_written_once(tmp_path: Path) -> None:

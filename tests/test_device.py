@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt import device
-from minigpt.device import CPU_BF16_MIN_WIDTH, resolve_dtype
+from minigpt.common import device
+from minigpt.common.device import CPU_BF16_MIN_WIDTH, resolve_dtype
 
 CPU = torch.device("cpu")
 

@@ -18,15 +18,15 @@ import torch
 import typer
 from conftest import ROOT, FakeClock
 
-from minigpt.cli import app
-from minigpt.data import BatchSampler, DataConfig
-from minigpt.distributed import DistContext, collective_timeout
+from minigpt.cli.main import app
+from minigpt.common.files import load_tensors
+from minigpt.data.dataset import BatchSampler, DataConfig
 from minigpt.errors import MinigptError, UsageError
-from minigpt.files import load_tensors
-from minigpt.reporters import LineReporter
-from minigpt.rundir import RunDir
-from minigpt.train import StopSignals, TrainConfig, TrainState, train
-from minigpt.trainsetup import keep_global_batch
+from minigpt.runs.folder import RunDir
+from minigpt.train.distributed import DistContext, collective_timeout
+from minigpt.train.loop import StopSignals, TrainConfig, TrainState, train
+from minigpt.train.reporters import LineReporter
+from minigpt.train.run import keep_global_batch
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -298,7 +298,9 @@ def test_relaunch_args_round_trip(runner, monkeypatch: pytest.MonkeyPatch, tmp_p
     for name in ("a b.txt", "-x.txt"):
         Path(name).write_text(TEXT)
     seen = {}
-    monkeypatch.setattr("minigpt.distributed.launch_local", lambda n, args: seen.update(n=n, args=args) or 7)
+    monkeypatch.setattr(
+        "minigpt.train.distributed.launch_local", lambda n, args: seen.update(n=n, args=args) or 7
+    )
     argv = ["train", "--preset", "tiny", "--no-bias", "--untie", "--n-kv-head", "1", "--compile", "--lr", "0.001",
             "--max-time", "5m", "--schedule", "wsd", "--optimizer", "muon", "--encoding-errors", "replace",
             "--out", "r", "--overwrite", "--nproc", "3", "--", "a b.txt", "-x.txt"]  # fmt: skip
@@ -333,7 +335,7 @@ def test_nproc_checks_before_launching(
     message: str,
 ) -> None:
     (tmp_path / "t.txt").write_text(TEXT)
-    monkeypatch.setattr("minigpt.distributed.launch_local", lambda n, args: pytest.fail("launched"))
+    monkeypatch.setattr("minigpt.train.distributed.launch_local", lambda n, args: pytest.fail("launched"))
     result = runner.invoke(app, ["train", *make_args(tmp_path), "--nproc", "2"])
     assert result.exit_code in (1, 2)
     lines = result.output.strip().splitlines()
@@ -420,7 +422,7 @@ def test_nproc_relays_the_workers_lines_not_the_launchers_traceback(capsys: pyte
     traceback and failure report do not."""
     from types import SimpleNamespace
 
-    from minigpt.distributed import _relay_worker_output
+    from minigpt.train.distributed import _relay_worker_output
 
     launcher = [
         "step      5 | loss 5.6 | lr 4.00e-04\n",

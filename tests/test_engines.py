@@ -19,18 +19,18 @@ from numerics import assert_near_exact, float32_bound, float64_logits
 from test_decode import ENGINES, GREEDY, TINY, numpy_twin, rows, tiny_model
 from threadpoolctl import threadpool_limits
 
-from minigpt import engines
-from minigpt.config import GPTConfig
-from minigpt.decode import Generation, Sampling, decode, generate, generate_uncached
-from minigpt.engines import choose_backend, load_engine
-from minigpt.engines import numpy as numpy_engine
-from minigpt.engines.numpy import NumpyEngine
-from minigpt.engines.torch import TorchEngine
 from minigpt.errors import MinigptError, UsageError
-from minigpt.model import GPT, model_tensors
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import CharTokenizer
-from minigpt.weights import for_decoding, weights_by_name
+from minigpt.generate import load as engines
+from minigpt.generate.decode import Generation, Sampling, decode, generate, generate_uncached
+from minigpt.generate.engines import numpy_engine as numpy_engine
+from minigpt.generate.engines.numpy_engine import NumpyEngine
+from minigpt.generate.engines.torch_engine import TorchEngine
+from minigpt.generate.load import choose_backend, load_engine
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT, model_tensors
+from minigpt.model.weights import for_decoding, weights_by_name
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.char import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -590,7 +590,7 @@ def test_cpu_generation_never_imports_torch(tmp_path: Path, quantize: str) -> No
     run = save(tmp_path / "run", tiny_model(9))
     code = (
         "import sys\n"
-        "from minigpt.cli import main\n"
+        "from minigpt.cli.main import main\n"
         f"sys.argv = ['minigpt', 'generate', 'abc', '-m', {str(run)!r}, '-n', '30', '--seed', '1', '--device', 'cpu', '--quantize', {quantize!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)\n"

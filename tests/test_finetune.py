@@ -20,19 +20,19 @@ from numerics import assert_near_exact, float64_logits
 
 from minigpt.chat.data import ConversationSplit, padded_width, prepare_conversations
 from minigpt.chat.template import CHAT_TOKENS, ChatTemplate, Message, with_chat_tokens
-from minigpt.config import GPTConfig
-from minigpt.data import DataConfig
-from minigpt.engines import load_engine
+from minigpt.common.files import load_tensors
+from minigpt.common.settings import nested_names
+from minigpt.data.dataset import DataConfig
 from minigpt.errors import MinigptError, UsageError
-from minigpt.files import load_tensors
-from minigpt.finetune import full_model, plan_fine_tune
-from minigpt.lora import VECTORS, LoRAConfig, adapter_shapes, merge, resolve_targets, trainable_count
-from minigpt.model import GPT, build_model, model_tensors
-from minigpt.optimizers import make_optimizer
-from minigpt.reporters import LineReporter
-from minigpt.rundir import RunDir
-from minigpt.settings import nested_names
-from minigpt.train import TrainConfig, train
+from minigpt.generate.load import load_engine
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT, build_model, model_tensors
+from minigpt.model.lora import VECTORS, LoRAConfig, adapter_shapes, merge, resolve_targets, trainable_count
+from minigpt.runs.folder import RunDir
+from minigpt.train.finetune import full_model, plan_fine_tune
+from minigpt.train.loop import TrainConfig, train
+from minigpt.train.optimizers import make_optimizer
+from minigpt.train.reporters import LineReporter
 
 WORDS = "apple banana cherry grape lemon mango peach plum".split()
 BASE_TEXT = "".join(
@@ -286,9 +286,9 @@ def test_value_embeddings_grow_with_the_chat_tokens_and_lora_refuses_them(
 
 def test_hf_imported_models_get_rows_past_their_padded_vocabulary(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from minigpt.convert import from_hf
-    from minigpt.hftokenizer import bpe_vocab_merges
-    from minigpt.tokenizer import GPT2_SPLIT_PATTERN, BPETokenizer
+    from minigpt.convert.hf import from_hf
+    from minigpt.tokenizer.bpe import GPT2_SPLIT_PATTERN, BPETokenizer
+    from minigpt.tokenizer.hf import bpe_vocab_merges
 
     bpe = BPETokenizer.train([BASE_TEXT], vocab_size=300, pattern=GPT2_SPLIT_PATTERN)
     vocab, merges = bpe_vocab_merges(bpe.ranks, bpe.specials)
@@ -417,7 +417,7 @@ def test_a_lora_run_saves_only_its_adapter_and_every_engine_runs_it(lora_run: Pa
     tensors, meta = load_tensors(run.adapter_path)
     assert all(n.endswith((".lora_A", ".lora_B", ".added")) for n in tensors)
     assert meta["format"] == "minigpt-adapter" and meta["step"] == "4"
-    from minigpt.lora import file_sha256
+    from minigpt.model.lora import file_sha256
 
     assert meta["base_sha256"] == file_sha256(RunDir(base_run).weights_path)
     config = run.model_config()
@@ -429,7 +429,7 @@ def test_a_lora_run_saves_only_its_adapter_and_every_engine_runs_it(lora_run: Pa
     for backend in ("numpy", "torch"):
         engine, tok = load_engine(lora_run, backend)
         ids = ChatTemplate(tok).prompt([Message("user", "reverse: plum lemon")])
-        from minigpt.decode import Generation
+        from minigpt.generate.decode import Generation
 
         gen = Generation(engine, tok, ids, max_new_tokens=12, temperature=0)
         gen.run()
@@ -551,7 +551,7 @@ def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
 
 
 def test_eval_scores_conversations_on_the_answers(runner, lora_run: Path, chat_file: Path) -> None:
-    from minigpt.cli import app
+    from minigpt.cli.main import app
 
     result = runner.invoke(app, ["eval", str(lora_run), str(chat_file), "--json", "--device", "cpu"])
     assert result.exit_code == 0, result.output

@@ -12,12 +12,12 @@ import pytest
 import torch
 from test_decode import SCRIPT, ByteTokenizer, bigram_model
 
-from minigpt.cli import app
-from minigpt.config import GPTConfig
-from minigpt.decode import SAMPLE_SEPARATOR
-from minigpt.model import GPT
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import CharTokenizer
+from minigpt.cli.main import app
+from minigpt.generate.decode import SAMPLE_SEPARATOR
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.char import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
@@ -298,7 +298,7 @@ def test_subprocess_stdout_is_exactly_the_text(run_dir: Path, runner, backend: s
 
 def test_streaming_equals_non_streaming_with_the_real_bpe_tokenizer(runner, tmp_path: Path) -> None:
     """A byte-level BPE splits multi-byte characters across tokens: the stream still shows whole ones."""
-    from minigpt.tokenizer import BPETokenizer
+    from minigpt.tokenizer.bpe import BPETokenizer
 
     text = "naïve café 日本語 🎉 ж " * 40 + "plain ascii words " * 40
     tok = BPETokenizer.train([text], vocab_size=300)
@@ -344,11 +344,11 @@ def test_generate_keeps_the_blas_threads_the_environment_gives() -> None:
     compiled kernels' where they run (BLAS, the prefills', then stays on one), else BLAS's."""
     code = (
         "import sys\n"
-        "from minigpt.cli import main\n"
+        "from minigpt.cli.main import main\n"
         f"sys.argv = ['minigpt', 'generate', '-m', {str(FIXTURE)!r}, '-n', '5', '--seed', '1', 'The']\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "from threadpoolctl import threadpool_info\n"
-        "from minigpt.engines import kernels\n"
+        "from minigpt.generate.engines import kernels\n"
         "blas = {i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}\n"
         "print(*sorted(blas | {kernels.get_threads()} if kernels.available() else blas), file=sys.stderr)\n"
     )

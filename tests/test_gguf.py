@@ -18,18 +18,14 @@ gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed: pip 
 
 from conftest import CORPUS, MIXED, R50K_FILE  # noqa: E402
 
-from minigpt.cli import app  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.hftokenizer import bytes_to_unicode  # noqa: E402
-from minigpt.model import GPT, model_tensors  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.tokenizer import (  # noqa: E402
-    GPT2_SPLIT_PATTERN,
-    BPETokenizer,
-    CharTokenizer,
-    TiktokenTokenizer,
-    Tokenizer,
-)
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT, model_tensors  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.tokenizer.base import Tokenizer  # noqa: E402
+from minigpt.tokenizer.bpe import GPT2_SPLIT_PATTERN, BPETokenizer, TiktokenTokenizer  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
+from minigpt.tokenizer.hf import bytes_to_unicode  # noqa: E402
 
 torch.set_num_threads(1)
 

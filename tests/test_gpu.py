@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from minigpt.cli import app
-from minigpt.data import DataConfig
-from minigpt.decode import Generation
-from minigpt.engines import load_engine
-from minigpt.files import load_tensors
-from minigpt.rundir import RunDir
-from minigpt.train import TrainConfig, train
+from minigpt.cli.main import app
+from minigpt.common.files import load_tensors
+from minigpt.data.dataset import DataConfig
+from minigpt.generate.decode import Generation
+from minigpt.generate.load import load_engine
+from minigpt.runs.folder import RunDir
+from minigpt.train.loop import TrainConfig, train
 
 DEVICE = os.environ.get("MINIGPT_GPU_TESTS", "cuda")
 pytestmark = pytest.mark.skipif(

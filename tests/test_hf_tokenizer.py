@@ -16,12 +16,14 @@ transformers = pytest.importorskip("transformers")  # a test-only dependency (th
 from conftest import CORPUS, MIXED, R50K_FILE  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 
-from minigpt.cli import app  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.hftokenizer import tokenizer_from_hf_json, tokenizer_json  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
-from minigpt.tokenizer import BPETokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer  # noqa: E402
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
+from minigpt.tokenizer.base import Tokenizer  # noqa: E402
+from minigpt.tokenizer.bpe import BPETokenizer, TiktokenTokenizer  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
+from minigpt.tokenizer.hf import tokenizer_from_hf_json, tokenizer_json  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -180,7 +180,7 @@ def big_text(tmp: Path) -> Path:
 KILLED_WHILE_TOKENIZING = """
 import os, sys
 from minigpt.corpus import store
-from minigpt.cli import main
+from minigpt.cli.main import main
 
 land, signum = store._land, int(sys.argv[1])
 
@@ -237,7 +237,7 @@ def fifo_cache(tmp: Path) -> list[str]:
 def hf_dir(tmp: Path, *drop: str) -> Path:
     """A Hugging Face GPT-2 directory exported from (a copy of) the bpe fixture run, without the files named
     in drop."""
-    from minigpt.convert import to_hf
+    from minigpt.convert.hf import to_hf
 
     shutil.copytree(FIXTURES / "run-v0.1-bpe", tmp / "run")  # exporting notes the export in the run
     to_hf(tmp / "run", tmp / "hf")
@@ -255,7 +255,7 @@ def sharded(shard_name: Callable[[Path], str], link: bool = False) -> Callable[[
     with link, the index names a symlink inside the directory that points at the moved file."""
 
     def build(tmp: Path) -> list[str]:
-        from minigpt.files import safetensors_shapes
+        from minigpt.common.files import safetensors_shapes
 
         src = hf_dir(tmp)
         outside = tmp / "outside.safetensors"
@@ -289,7 +289,7 @@ def hf_fast_tokenizer(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path
     """An HF directory whose only tokenizer file is a byte-level BPE tokenizer.json that change edits."""
 
     def build(tmp: Path) -> list[str]:
-        from minigpt.hftokenizer import bytes_to_unicode
+        from minigpt.tokenizer.hf import bytes_to_unicode
 
         src = hf_dir(tmp, "tokenizer.json")
         vocab = {c: b for b, c in bytes_to_unicode().items()}
@@ -378,10 +378,10 @@ def additive_run_claiming(block_size: int) -> Callable[[Path], list[str]]:
     whose config.json then claims `block_size` positions: the weights match, the memory estimate refuses."""
 
     def build(tmp: Path) -> list[str]:
-        from minigpt.config import GPTConfig
-        from minigpt.model import GPT
-        from minigpt.rundir import RunDir
-        from minigpt.tokenizer import CharTokenizer
+        from minigpt.model.config import GPTConfig
+        from minigpt.model.gpt import GPT
+        from minigpt.runs.folder import RunDir
+        from minigpt.tokenizer.char import CharTokenizer
 
         config = GPTConfig(
             vocab_size=26, block_size=32, n_layer=2, n_head=2, n_embd=32, pos="rope", attn_score="additive"

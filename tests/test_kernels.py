@@ -1,4 +1,4 @@
-"""The NumPy engine's compiled one-token step (minigpt/engines/kernels.py): when it runs, what it computes
+"""The NumPy engine's compiled one-token step (minigpt/generate/engines/kernels.py): when it runs, what it computes
 against the array path and the float64 reference, its threads, and the engine without it."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from numerics import assert_near_exact, float32_bound, float64_logits
 from test_decode import tiny_model
 from test_engines import save
 
-from minigpt.config import GPTConfig
-from minigpt.engines import kernels, load_engine
-from minigpt.engines.numpy import NumpyEngine, int8_linear, panelled
-from minigpt.engines.tuning import blas_tuner
 from minigpt.errors import UsageError
-from minigpt.model import model_tensors
-from minigpt.presets import model_config
-from minigpt.weights import LinearWeights
+from minigpt.generate.engines import kernels
+from minigpt.generate.engines.numpy_engine import NumpyEngine, int8_linear, panelled
+from minigpt.generate.engines.tuning import blas_tuner
+from minigpt.generate.load import load_engine
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import model_tensors
+from minigpt.model.presets import model_config
+from minigpt.model.weights import LinearWeights
 
 # shapes whose products do not split evenly into the kernels' 16-row tasks, every option they compute
 SHAPE = dict(vocab_size=37, block_size=12, n_layer=2, n_head=5, n_embd=40)
@@ -176,7 +177,7 @@ def test_a_batch_takes_the_tiling_measured_for_its_width() -> None:
 def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> None:
     """'auto' times steps of eight rows, and of sixteen, with tiles never, or from each input width the
     model has, keeps the fastest for each, and a later load reads the answers instead of timing again."""
-    from minigpt.engines import numpy as engine_module
+    from minigpt.generate.engines import numpy_engine as engine_module
 
     timed: list[list[str]] = []
     real = engine_module.best_times

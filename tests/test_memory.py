@@ -21,11 +21,11 @@ import pytest
 import torch
 from conftest import ROOT
 
-from minigpt import memory
-from minigpt.cli import app
-from minigpt.config import GPTConfig
+from minigpt.cli.main import app
 from minigpt.errors import MinigptError
-from minigpt.params import count_params
+from minigpt.model import memory
+from minigpt.model.config import GPTConfig
+from minigpt.model.params import count_params
 
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
 CORPUS = ROOT / "tests" / "fixtures" / "corpus.txt"
@@ -68,9 +68,9 @@ def test_every_kind_of_failed_allocation_is_one_line_naming_what_how_big_and_the
     """Through `minigpt eval`: the evaluation's forward passes fail to allocate. The line names them (the
     label the evaluation put on its allocations), the size the failure reported (Python's MemoryError says
     none, so the line says so), and --batch-size."""
-    import minigpt.evaluate
+    import minigpt.analysis.evaluate
 
-    monkeypatch.setattr(minigpt.evaluate, "evaluate_ids", lambda *a, **k: fail())
+    monkeypatch.setattr(minigpt.analysis.evaluate, "evaluate_ids", lambda *a, **k: fail())
     result = runner.invoke(app, ["eval", str(FIXTURE), str(CORPUS)])
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
@@ -114,7 +114,7 @@ def test_available_memory_counts_an_address_space_limit() -> None:
     the case where generate's estimate passed and its allocation then failed."""
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
-        "from minigpt import memory\n"
+        "from minigpt.model import memory\n"
         "print(memory.available_bytes(), memory._address_space_left())\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -145,9 +145,9 @@ def limited(*args: str, fool_the_estimate: bool) -> subprocess.CompletedProcess[
     what a container allows)."""
     code = (
         "import sys\n"
-        "from minigpt import memory\n"
+        "from minigpt.model import memory\n"
         + ("memory.available_bytes = lambda: 1 << 50\n" if fool_the_estimate else "")
-        + "from minigpt.cli import main\n"
+        + "from minigpt.cli.main import main\n"
         f"sys.argv = ['minigpt', *{list(args)!r}]\n"
         "main()\n"
     )
@@ -244,7 +244,7 @@ def test_training_on_a_gpu_checks_the_card_before_building_the_model(
 ) -> None:
     """`minigpt train` on a CUDA device (faked: torch's device object, 3 GiB free) refuses a model whose
     state needs 6 GiB in one line, before building it, without asking the host's memory."""
-    from minigpt import trainsetup
+    from minigpt.train import run as trainsetup
 
     monkeypatch.setattr(trainsetup, "resolve_device", lambda name, local_rank=0: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)

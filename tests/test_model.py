@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigpt.config import GPTConfig
 from minigpt.errors import MinigptError
-from minigpt.model import GPT, attend, qkv
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT, attend, qkv
 
 TINY = GPTConfig(vocab_size=53, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
@@ -51,8 +51,8 @@ def test_loss_and_gradients_equal_cross_entropy_of_the_logits(
     with ignored (-1) targets scattered through the batch and none in one row; also with the head's rows
     padded to a multiple of 7 or 128 (the padding takes no probability and gets no gradient)."""
     assert TINY.vocab_size % 7 and TINY.vocab_size % 128
-    monkeypatch.setattr("minigpt.model.HEAD_LOSS_ELEMENTS", chunk_elements)
-    monkeypatch.setattr("minigpt.model.HEAD_ROW_MULTIPLE", {"cpu": multiple})
+    monkeypatch.setattr("minigpt.model.gpt.HEAD_LOSS_ELEMENTS", chunk_elements)
+    monkeypatch.setattr("minigpt.model.gpt.HEAD_ROW_MULTIPLE", {"cpu": multiple})
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**TINY.__dict__, "logit_cap": cap})).double()
     idx = torch.randint(0, TINY.vocab_size, (3, 10))
@@ -196,8 +196,8 @@ def test_dropout_only_in_training() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("tied", [True, False])
 def test_expected_shapes_without_torch_match_the_module(bias: bool, tied: bool) -> None:
-    from minigpt.model import model_tensors
-    from minigpt.weights import check_shapes, expected_shapes
+    from minigpt.model.gpt import model_tensors
+    from minigpt.model.weights import check_shapes, expected_shapes
 
     config = GPTConfig(
         vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, bias=bias, tie_embeddings=tied
@@ -218,7 +218,7 @@ def test_cpu_half_attention_runs_in_float32_over_few_keys(monkeypatch, keys: int
     """Under bf16 autocast on the CPU, attention over at most CPU_HALF_ATTENTION_MAX_KEYS keys is computed in
     float32 from the bf16 q, k, v (torch's bf16 kernel is slower there) and handed back in bf16; over more
     keys it stays in bf16. Either way: the textbook attention of the bf16 inputs, to bf16's rounding."""
-    import minigpt.model as model_module
+    import minigpt.model.gpt as model_module
 
     monkeypatch.setattr(model_module, "CPU_HALF_ATTENTION_MAX_KEYS", 8)
     seen: list[torch.dtype] = []

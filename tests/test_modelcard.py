@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.cli import app
-from minigpt.config import GPTConfig
-from minigpt.model import GPT
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import CharTokenizer
+from minigpt.cli.main import app
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.char import CharTokenizer
 
 
 def test_a_default_runs_card(default_run: Path) -> None:

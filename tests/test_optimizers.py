@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from minigpt.adamw import AdamW
-from minigpt.cli import app
-from minigpt.config import GPTConfig
-from minigpt.model import GPT
-from minigpt.optimizers import make_optimizer
-from minigpt.trainconfig import TrainConfig
+from minigpt.cli.main import app
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.train.adamw import AdamW
+from minigpt.train.config import TrainConfig
+from minigpt.train.optimizers import make_optimizer
 
 
 def _params(seed: int) -> list[torch.Tensor]:
@@ -72,7 +72,7 @@ def test_train_never_imports_the_compiler(tmp_path: Path) -> None:
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     code = (
         "import sys\n"
-        "from minigpt.cli import main\n"
+        "from minigpt.cli.main import main\n"
         "sys.argv = ['minigpt', 'train', sys.argv[1], '--tokenizer', 'char', '--max-iters', '3', '--n-layer', '1',"
         " '--n-embd', '16', '--n-head', '2', '--block-size', '16', '--optimizer', 'muon', '--out', sys.argv[2]]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.cli import app
-from minigpt.config import GPTConfig
-from minigpt.model import GPT
-from minigpt.params import count_params
-from minigpt.presets import PRESETS, preset
+from minigpt.cli.main import app
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.model.params import count_params
+from minigpt.model.presets import PRESETS, preset
 
 GPT3_175B = {
     "Embedding": 617_558_016,
@@ -135,7 +135,7 @@ def test_cli_subprocess_help_version_and_no_torch_import() -> None:
         [sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("minigpt ")
-    code = "import sys, minigpt.cli; assert 'torch' not in sys.modules, 'cli imported torch'"
+    code = "import sys, minigpt.cli.main; assert 'torch' not in sys.modules, 'cli imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
     out = subprocess.run(
         [sys.executable, "cli.py", "params", "--preset", "tiny", "--json"],

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from minigpt.cli import app
-from minigpt.config import SCORES, GPTConfig
-from minigpt.model import GPT
-from minigpt.params import count_params
+from minigpt.cli.main import app
+from minigpt.model.config import SCORES, GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.model.params import count_params
 
 # (n_layer, n_head, n_embd, vocab_size, block_size): heads of 1 and 8 wide, several kv-head divisors
 SHAPES = [(1, 2, 16, 11, 8), (3, 4, 32, 65, 16), (4, 8, 64, 97, 32)]

@@ -13,15 +13,16 @@ from numerics import assert_near_exact, float64_logits
 from test_decode import GREEDY, TINY, tiny_model
 from test_generate_cli import make_run, one_line_error
 
-from minigpt.cli import app
-from minigpt.decode import decode
-from minigpt.engines import choose_backend, kernels, load_engine
-from minigpt.engines.numpy import NumpyEngine, int8_linear
-from minigpt.engines.torch import TorchEngine
+from minigpt.cli.main import app
 from minigpt.errors import UsageError
-from minigpt.model import model_tensors
-from minigpt.quantize import check_quantize, quantize_int8, quantize_weights
-from minigpt.weights import LinearWeights
+from minigpt.generate.decode import decode
+from minigpt.generate.engines import kernels
+from minigpt.generate.engines.numpy_engine import NumpyEngine, int8_linear
+from minigpt.generate.engines.torch_engine import TorchEngine
+from minigpt.generate.load import choose_backend, load_engine
+from minigpt.model.gpt import model_tensors
+from minigpt.model.quantize import check_quantize, quantize_int8, quantize_weights
+from minigpt.model.weights import LinearWeights
 
 
 @pytest.fixture(autouse=True)

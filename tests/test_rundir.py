@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from minigpt.common.files import atomic_write_bytes, read_json
 from minigpt.errors import MinigptError
-from minigpt.files import atomic_write_bytes, read_json
-from minigpt.rundir import RunDir
+from minigpt.runs.folder import RunDir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-v0.1-char"
 
@@ -130,7 +130,7 @@ def test_every_command_that_opens_a_run_refuses_a_config_that_does_not_fit_its_w
 ) -> None:
     """config.json says 65,536 wide, model.safetensors holds 32-wide tensors: one line naming the tensor
     and both shapes, from the header alone (no 51-billion-parameter table, no allocation)."""
-    from minigpt.cli import app
+    from minigpt.cli.main import app
 
     if command[0] == "serve":
         pytest.importorskip("fastapi")
@@ -147,7 +147,7 @@ def test_every_command_that_opens_a_run_refuses_a_config_that_does_not_fit_its_w
 
 
 def test_runs_lists_a_mismatched_run_as_skipped(runner, run: RunDir) -> None:
-    from minigpt.cli import app
+    from minigpt.cli.main import app
 
     _widened(run)
     result = runner.invoke(app, ["runs", str(run.path.parent)])
@@ -157,9 +157,11 @@ def test_runs_lists_a_mismatched_run_as_skipped(runner, run: RunDir) -> None:
 def test_the_config_is_checked_against_the_header_alone(run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
     """No tensor is read to compare shapes, and a config claiming a billion layers is refused before its
     tensors are even listed."""
-    import minigpt.files
+    import minigpt.common.files
 
-    monkeypatch.setattr(minigpt.files, "load_tensors", lambda *a, **k: pytest.fail("a tensor was read"))
+    monkeypatch.setattr(
+        minigpt.common.files, "load_tensors", lambda *a, **k: pytest.fail("a tensor was read")
+    )
     assert run.model_config().n_embd == 32
     with pytest.raises(MinigptError, match=r"holds 2 layers, config says 1,000,000,000"):
         config = read_json(run.config_path)
@@ -173,10 +175,10 @@ def test_the_config_is_checked_against_the_header_alone(run: RunDir, monkeypatch
 def test_a_run_writes_its_tokenizer_files_once_unless_they_change_or_vanish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from minigpt import hftokenizer
-    from minigpt.config import GPTConfig
-    from minigpt.model import GPT
-    from minigpt.tokenizer import CharTokenizer
+    from minigpt.model.config import GPTConfig
+    from minigpt.model.gpt import GPT
+    from minigpt.tokenizer import hf as hftokenizer
+    from minigpt.tokenizer.char import CharTokenizer
 
     built: list[int] = []
     real = hftokenizer.tokenizer_json

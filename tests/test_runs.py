@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minigpt.cli import app
-from minigpt.rundir import RunDir
+from minigpt.cli.main import app
+from minigpt.runs.folder import RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -24,9 +24,9 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed: pip install -e '.[dev]'")
 
-from minigpt.cli import app  # noqa: E402
-from minigpt.decode import Generation, Sampling, encode_prompt  # noqa: E402
-from minigpt.engines import load_engine  # noqa: E402
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.generate.decode import Generation, Sampling, encode_prompt  # noqa: E402
+from minigpt.generate.load import load_engine  # noqa: E402
 from minigpt.serve.batcher import Batcher, Job, QueueFull, Update  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 from test_serve import FIXTURE, Server, request  # noqa: E402
 
 from minigpt.chat.template import ChatTemplate, Message  # noqa: E402
-from minigpt.decode import Generation  # noqa: E402
-from minigpt.engines import load_engine  # noqa: E402
+from minigpt.generate.decode import Generation  # noqa: E402
+from minigpt.generate.load import load_engine  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The dog"}]
 
@@ -26,9 +26,9 @@ def chat_run(root: Path) -> Path:
     """The char fixture with the chat tokens (mean rows, as fine-tuning starts): it answers, if poorly."""
     import torch
 
-    from minigpt.finetune import full_model, plan_fine_tune
-    from minigpt.rundir import RunDir
-    from minigpt.trainconfig import TrainConfig
+    from minigpt.runs.folder import RunDir
+    from minigpt.train.config import TrainConfig
+    from minigpt.train.finetune import full_model, plan_fine_tune
 
     tokenizer, shape, _ = plan_fine_tune(FIXTURE, TrainConfig(), chat=True)
     RunDir(root / "chat").save(full_model(shape, FIXTURE, torch.device("cpu")), tokenizer, {})

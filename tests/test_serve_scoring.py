@@ -19,10 +19,10 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 
 from test_serve import FIXTURE, KEY, PROMPT, Server, reference, request  # noqa: E402
 
-from minigpt.cli import app  # noqa: E402
-from minigpt.decode import Sampling, encode_prompt  # noqa: E402
-from minigpt.engines import load_engine  # noqa: E402
-from minigpt.rundir import RunDir  # noqa: E402
+from minigpt.cli.main import app  # noqa: E402
+from minigpt.generate.decode import Sampling, encode_prompt  # noqa: E402
+from minigpt.generate.load import load_engine  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
 from minigpt.serve.batcher import Batcher, Job, TokenLogprob, Update  # noqa: E402
 
 torch.set_num_threads(1)

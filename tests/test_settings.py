@@ -12,10 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from minigpt.cli import _Group
-from minigpt.errors import UsageError
-from minigpt.options import command_line, with_options
-from minigpt.settings import (
+from minigpt.cli.main import _Group
+from minigpt.cli.typer_options import command_line, with_options
+from minigpt.common.settings import (
     NO_OPTIONS,
     OPT,
     RUN,
@@ -26,6 +25,7 @@ from minigpt.settings import (
     options_of,
     setting,
 )
+from minigpt.errors import UsageError
 
 
 def _count(text: str) -> int:

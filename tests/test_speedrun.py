@@ -13,19 +13,19 @@ import torch
 from test_architecture import config
 from test_decode import ENGINES, GREEDY, tiny_model
 
-from minigpt import model as tm
-from minigpt.budget import batch_at, window_at
-from minigpt.config import GPTConfig
-from minigpt.decode import decode
-from minigpt.engines.numpy import NumpyEngine
-from minigpt.engines.torch import TorchEngine
+from minigpt.convert.hf_map import family_for
 from minigpt.errors import MinigptError, UsageError
-from minigpt.hfmap import family_for
-from minigpt.model import GPT
-from minigpt.muon import NS_QUINTIC, Muon, orthogonalize, polar_express
-from minigpt.optimizers import make_optimizer, muon_dtype
-from minigpt.params import count_params
-from minigpt.trainconfig import TrainConfig
+from minigpt.generate.decode import decode
+from minigpt.generate.engines.numpy_engine import NumpyEngine
+from minigpt.generate.engines.torch_engine import TorchEngine
+from minigpt.model import gpt as tm
+from minigpt.model.config import GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.model.params import count_params
+from minigpt.train.budget import batch_at, window_at
+from minigpt.train.config import TrainConfig
+from minigpt.train.muon import NS_QUINTIC, Muon, orthogonalize, polar_express
+from minigpt.train.optimizers import make_optimizer, muon_dtype
 
 SPEEDRUN = dict(value_embeds=True, skips=True, logit_cap=6.0)
 
@@ -363,8 +363,8 @@ def test_the_windows_ramp_from_a_quarter_to_the_whole_block() -> None:
 def test_a_ramped_run_draws_and_counts_what_the_ramp_says(
     tmp_path, monkeypatch, ramp: dict[str, float], batches: list[int], windows: list[int]
 ) -> None:
-    from minigpt.data import BatchSampler, DataConfig
-    from minigpt.train import train
+    from minigpt.data.dataset import BatchSampler, DataConfig
+    from minigpt.train.loop import train
 
     drawn: list[tuple[int, ...]] = []
     real = BatchSampler.next_batch

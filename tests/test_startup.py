@@ -1,4 +1,4 @@
-"""The command line's start-up without collector passes (minigpt.startup): off while it imports, parses
+"""The command line's start-up without collector passes (minigpt.common.startup): off while it imports, parses
 and loads, back on (with what start-up made frozen) before the command's own work; untouched elsewhere."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from minigpt import startup
+from minigpt.common import startup
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def test_a_command_collects_its_own_garbage() -> None:
     cycle the command leaves behind (so a long `train` or `serve` does not grow without bound)."""
     code = (
         "import gc, sys\n"
-        "from minigpt import cli, startup\n"
+        "from minigpt.cli import main as cli; from minigpt.common import startup\n"
         "def check():\n"
         "    a = []; a.append(a); del a\n"
         "    print(gc.isenabled(), gc.collect() >= 1, gc.get_freeze_count() > 0)\n"

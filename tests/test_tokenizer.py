@@ -15,18 +15,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from minigpt.errors import MinigptError, UsageError
-from minigpt.tokenizer import (
+from minigpt.tokenizer.base import ENDOFTEXT
+from minigpt.tokenizer.bpe import (
     CL100K_SPLIT_PATTERN,
-    ENDOFTEXT,
     GPT2_SPLIT_PATTERN,
     GPT4_SPLIT_PATTERN,
     NAMED_ENCODINGS,
     BPETokenizer,
-    CharTokenizer,
     TiktokenTokenizer,
-    build_tokenizer,
-    tokenizer_from_json,
 )
+from minigpt.tokenizer.char import CharTokenizer
+from minigpt.tokenizer.load import build_tokenizer, tokenizer_from_json
 
 FIXTURE_SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -19,26 +19,26 @@ import torch
 from conftest import ROOT, FakeClock
 from rich.console import Console
 
-from minigpt.adamw import AdamW
-from minigpt.budget import EVAL_SLACK, EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
-from minigpt.cli import app
-from minigpt.config import ARCHS, GPTConfig
-from minigpt.data import BatchSampler, DataConfig, prepare_data
+from minigpt.cli.main import app
+from minigpt.cli.training_display import TrainingPanel
+from minigpt.common.files import load_tensors
+from minigpt.common.settings import nested_names, options_of
+from minigpt.data.dataset import BatchSampler, DataConfig, prepare_data
 from minigpt.errors import MinigptError, UsageError
-from minigpt.files import load_tensors
-from minigpt.model import GPT
-from minigpt.muon import Muon
-from minigpt.panel import TrainingPanel
-from minigpt.presets import PRESETS
-from minigpt.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
-from minigpt.rundir import RunDir
-from minigpt.settings import nested_names, options_of
-from minigpt.train import TrainConfig, TrainState, parse_duration, train
-from minigpt.trainconfig import DEFAULT_MAX_ITERS, LORA_CPU, RATES, RECIPES
-from minigpt.trainsetup import make_optimizer
-from minigpt.trainstate import Trainables
-from minigpt.trainstep import Runtime, evaluate, split_loss, train_step
-from minigpt.weights import expected_shapes
+from minigpt.model.config import ARCHS, GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.model.presets import PRESETS
+from minigpt.model.weights import expected_shapes
+from minigpt.runs.folder import RunDir
+from minigpt.train.adamw import AdamW
+from minigpt.train.budget import EVAL_SLACK, EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
+from minigpt.train.checkpoint import Trainables
+from minigpt.train.config import DEFAULT_MAX_ITERS, LORA_CPU, RATES, RECIPES
+from minigpt.train.loop import TrainConfig, TrainState, parse_duration, train
+from minigpt.train.muon import Muon
+from minigpt.train.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
+from minigpt.train.run import make_optimizer
+from minigpt.train.step import Runtime, evaluate, split_loss, train_step
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -500,9 +500,9 @@ def test_the_time_reserve_is_estimated_before_the_first_evaluation(
     """A timed forward pass over a batch of windows (the second of two; 0.1 s a window on a fake clock)
     prices the final evaluation; with its slack, the guess at the save and the exit, that is the time kept
     back."""
-    from minigpt.distributed import DistContext
-    from minigpt.reporters import QuietReporter
-    from minigpt.trainsetup import SAVE_BYTES_PER_SECOND, plan_run, set_up
+    from minigpt.train.distributed import DistContext
+    from minigpt.train.reporters import QuietReporter
+    from minigpt.train.run import SAVE_BYTES_PER_SECOND, plan_run, set_up
 
     clock, forward = FakeClock(), GPT.forward
 
@@ -730,7 +730,7 @@ def test_the_library_is_quiet_and_needs_no_rich(text_file: Path, tmp_path: Path,
     )
     err = capsys.readouterr().err
     assert "step      1 | loss" in err and "done: reached max_iters 2" in err
-    code = "import sys, minigpt.train; sys.exit('rich' in sys.modules)"
+    code = "import sys, minigpt.train.loop; sys.exit('rich' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
@@ -812,11 +812,11 @@ SAVER = """
 import os, signal, sys, torch
 from pathlib import Path
 import safetensors.torch
-from minigpt.config import ARCHS, GPTConfig
-from minigpt.model import GPT
-from minigpt.rundir import RunDir
-from minigpt.tokenizer import CharTokenizer
-from minigpt.model import model_tensors
+from minigpt.model.config import ARCHS, GPTConfig
+from minigpt.model.gpt import GPT
+from minigpt.runs.folder import RunDir
+from minigpt.tokenizer.char import CharTokenizer
+from minigpt.model.gpt import model_tensors
 
 # kill -9 at the KILL_AT-th event: each half of every file written (so in the middle of a write), and each
 # rename (after the temp file was written and synced, before it lands)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from minigpt.engines import tuning
-from minigpt.engines.tuning import (
+from minigpt.errors import UsageError
+from minigpt.generate.engines import tuning
+from minigpt.generate.engines.tuning import (
     ThreadTuner,
     best_times,
     blas_tuner,
@@ -15,7 +16,6 @@ from minigpt.engines.tuning import (
     pick_layout,
     thread_candidates,
 )
-from minigpt.errors import UsageError
 
 
 class Clock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minigpt.settings import setting
+from minigpt.common.settings import setting
 
 
 @dataclass(frozen=True)

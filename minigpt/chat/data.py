@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minigpt.chat.template import ROLES, ChatTemplate, Message, with_chat_tokens
+from minigpt.common.files import open_regular, regular_file
 from minigpt.corpus.inputs import stamp_source
-from minigpt.data import BatchSampler, DataConfig, _input_record, eval_rows
+from minigpt.data.dataset import BatchSampler, DataConfig, _input_record, eval_rows
 from minigpt.errors import MinigptError, UsageError
-from minigpt.files import open_regular, regular_file
-from minigpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_kind
+from minigpt.tokenizer.base import Tokenizer
+from minigpt.tokenizer.load import build_tokenizer, tokenizer_kind
 
 if TYPE_CHECKING:
     import torch

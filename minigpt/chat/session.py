@@ -3,7 +3,7 @@
 The model sees the system message (if any), then as many of the latest turns as fit in its context with
 room left for the answer; older turns are dropped, and `Reply.dropped` says how many more than before. The
 whole conversation stays in `messages` (what `save` writes). Answers come from the one decode loop
-(`minigpt.decode.Generation`), ending at the chat template's control tokens.
+(`minigpt.generate.decode.Generation`), ending at the chat template's control tokens.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from minigpt.chat.template import ChatTemplate, Message
-from minigpt.decode import Engine, Generation
 from minigpt.errors import MinigptError
-from minigpt.genconfig import GenerateConfig
-from minigpt.tokenizer import Tokenizer
+from minigpt.generate.config import GenerateConfig
+from minigpt.generate.decode import Engine, Generation
+from minigpt.tokenizer.base import Tokenizer
 
 
 class Reply:

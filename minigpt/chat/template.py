@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from minigpt.errors import MinigptError
 
 if TYPE_CHECKING:
-    from minigpt.tokenizer import Tokenizer
+    from minigpt.tokenizer.base import Tokenizer
 
 ROLES = ("system", "user", "assistant")
 ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}

@@ -21,7 +21,8 @@ import numpy as np
 from minigpt.corpus.readers import Piece
 from minigpt.corpus.store import Chunk, Entry
 from minigpt.errors import MinigptError
-from minigpt.tokenizer import ENDOFTEXT, CharTokenizer, Tokenizer
+from minigpt.tokenizer.base import ENDOFTEXT, Tokenizer
+from minigpt.tokenizer.char import CharTokenizer
 
 PIECE_CHARS = 1 << 20  # characters per encoding job (one thread each)
 CHUNK_FIRST_CHARS = 4 << 20  # the first chunk of a file is small, so training can start soon

@@ -21,7 +21,7 @@ from minigpt.corpus.readers import ReadOptions, ReadStats, blank_error, document
 from minigpt.corpus.split import Part
 from minigpt.corpus.store import Chunk, Entry, FileHashes
 from minigpt.errors import MinigptError
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer.base import Tokenizer
 
 POLL_SECONDS = 0.2  # how often a wait looks at the store for chunks other processes write
 

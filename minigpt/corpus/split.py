@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minigpt.common.files import read_json
 from minigpt.corpus.inputs import Source
 from minigpt.corpus.readers import (
     OPENERS,
@@ -41,7 +42,6 @@ from minigpt.corpus.readers import (
 )
 from minigpt.corpus.store import content_key, write_json_atomic
 from minigpt.errors import MinigptError
-from minigpt.files import read_json
 
 VAL_MAX_BYTES = 32 << 20  # document bytes held out at most, whatever --val-fraction says
 ALIGN_BYTES = 64 << 10  # how far a cut inside a text file may move to a point where a new piece starts

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from minigpt.common.files import read_bounded
 from minigpt.corpus.readers import ReadStats
 from minigpt.errors import MinigptError
-from minigpt.files import read_bounded
 
 STORE_FORMAT = 3  # bump when the token stream of the same file and tokenizer would change
 MAX_META_BYTES = 1 << 20  # a chunk's JSON is a few hundred bytes

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from minigpt.decode import Engine, Sampling, TextStream, resolve_slide, window_drop
 from minigpt.errors import MinigptError
-from minigpt.kvcache import KVCache
+from minigpt.generate.decode import Engine, Sampling, TextStream, resolve_slide, window_drop
+from minigpt.model.kvcache import KVCache
 from minigpt.serve.scoring import prompt_log_probs
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer.base import Tokenizer
 
 __all__ = ["Batcher", "Job", "Piece", "QueueFull", "TokenLogprob", "Update", "notify_each"]
 

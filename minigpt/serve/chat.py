@@ -12,18 +12,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from minigpt.chat.template import ChatTemplate, Message
-from minigpt.decode import Sampling
 from minigpt.errors import MinigptError
+from minigpt.generate.decode import Sampling
 from minigpt.serve.batcher import Job, Piece, TokenLogprob
-from minigpt.serve.protocol import (
-    ApiError,
-    Limits,
-    SamplingRequest,
-    _finish,
-    _finite,
-    _Strict,
-)
-from minigpt.tokenizer import Tokenizer
+from minigpt.serve.protocol import ApiError, Limits, SamplingRequest, _finish, _finite, _Strict
+from minigpt.tokenizer.base import Tokenizer
 
 __all__ = [
     "ChatMessage",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.settings import check_bounds, setting
+from minigpt.common.settings import check_bounds, setting
 
 __all__ = ["Limits", "ServeConfig"]
 

@@ -8,17 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minigpt.decode import Engine
 from minigpt.errors import MinigptError
-from minigpt.genconfig import EngineConfig
-from minigpt.rundir import RunDir
+from minigpt.generate.config import EngineConfig
+from minigpt.generate.decode import Engine
+from minigpt.runs.folder import RunDir
 from minigpt.serve.batcher import Batcher
 from minigpt.serve.config import ServeConfig
 from minigpt.serve.protocol import encode_checked
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer.base import Tokenizer
 
 if TYPE_CHECKING:
-    from minigpt.model import GPT
+    from minigpt.model.gpt import GPT
 
 __all__ = ["ADMIT_WAIT", "ServedModel", "load_models"]
 
@@ -52,7 +52,7 @@ class ServedModel:
         """What `minigpt attention TEXT --position P --json` prints: every layer's and head's weights from
         that position over the ones before it, and the ids and tokens of the last block_size tokens of the
         text (all of them, where the command stops at the position: the page draws the whole text)."""
-        from minigpt.attention import attention_row, resolve_index
+        from minigpt.analysis.attention import attention_row, resolve_index
 
         block_size = self.engine.block_size
         ids = encode_checked(self.tokenizer, text, block_size, "text")
@@ -75,8 +75,8 @@ class ServedModel:
 
     def run_info(self) -> dict[str, Any]:
         """The run's summary, its metrics.jsonl records and its parameter breakdown, for the page."""
-        from minigpt.params import count_params
-        from minigpt.runs import summarize
+        from minigpt.model.params import count_params
+        from minigpt.runs.summary import summarize
 
         return {
             "id": self.id,
@@ -92,7 +92,7 @@ def load_models(
     """Each run's engine (choose_backend's pick, as for `minigpt generate`) and batcher, taking `cfg`'s rows
     and queue; ids: folder names."""
     backend, device, dtype = run_on.backend, run_on.device, run_on.dtype
-    from minigpt.engines import choose_backend, load_engine
+    from minigpt.generate.load import choose_backend, load_engine
 
     served: list[ServedModel] = []
     for path in paths:

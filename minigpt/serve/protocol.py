@@ -10,11 +10,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from minigpt.decode import Sampling, encode_prompt
 from minigpt.errors import MinigptError
+from minigpt.generate.decode import Sampling, encode_prompt
 from minigpt.serve.batcher import Job, Piece, TokenLogprob
 from minigpt.serve.config import Limits
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer.base import Tokenizer
 
 __all__ = [
     "ApiError",

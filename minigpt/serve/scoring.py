@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from minigpt.decode import Engine
+from minigpt.generate.decode import Engine
 
 __all__ = ["prompt_log_probs"]
 

@@ -1,0 +1,1 @@
+"""Looking into a model: what its heads attend to, and its loss on any text."""

@@ -1,0 +1,1 @@
+"""The command line: the typer app, its options made from the configs, and what the commands print."""

@@ -1,0 +1,153 @@
+"""The CLI's training progress: a live panel on a terminal, plain lines in logs, loss curves at the end."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from minigpt.train.reporters import (
+    NO_VALUE,
+    LineReporter,
+    TrainingEnd,
+    TrainingStart,
+    eval_line,
+    fmt_duration,
+    fmt_loss,
+)
+
+BAR_WIDTH = 30  # the bar and its figures fit 80 columns
+
+
+def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, height: int = 12) -> Text:
+    """A small terminal chart of y against x for a few named series (e.g. train and val loss)."""
+    styles = ["cyan", "magenta", "yellow", "green"]
+    marks = ["•", "◆", "▲", "■"]
+    points = [(x, y) for pts in series.values() for x, y in pts if math.isfinite(y)]
+    out = Text()
+    if len(points) < 2:
+        return out
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    if y1 - y0 < 1e-9:
+        y1 = y0 + 1e-9
+    if x1 - x0 < 1e-9:
+        x1 = x0 + 1
+    grid: list[list[tuple[str, str] | None]] = [[None] * width for _ in range(height)]
+    for i, pts in enumerate(series.values()):
+        for x, y in pts:
+            if not math.isfinite(y):
+                continue
+            col = round((x - x0) / (x1 - x0) * (width - 1))
+            row = height - 1 - round((y - y0) / (y1 - y0) * (height - 1))
+            grid[row][col] = (marks[i % len(marks)], styles[i % len(styles)])
+    label_w = max(len(f"{y1:.3f}"), len(f"{y0:.3f}"))
+    for r, row in enumerate(grid):
+        y_label = f"{y1:.3f}" if r == 0 else f"{y0:.3f}" if r == height - 1 else ""
+        out.append(f"{y_label:>{label_w}} │", style="dim")
+        for cell in row:
+            out.append(cell[0], style=cell[1]) if cell else out.append(" ")
+        out.append("\n")
+    out.append(" " * label_w + " └" + "─" * width + "\n", style="dim")
+    left, right = f"{x0:,.0f}", f"{x1:,.0f}"
+    out.append(
+        " " * (label_w + 2) + left + " " * max(1, width - len(left) - len(right)) + right + "  step\n",
+        style="dim",
+    )
+    legend = "   ".join(f"{marks[i % len(marks)]} {name}" for i, name in enumerate(series))
+    out.append(" " * (label_w + 2) + legend + "\n")
+    return out
+
+
+class TrainingPanel(LineReporter):
+    """On a terminal, a live panel redrawn 4 times a second (elapsed time and ETA tick between steps) with
+    evaluation lines above it; elsewhere LineReporter's plain lines. Both end with the loss curves."""
+
+    def __init__(
+        self,
+        console: Console | None = None,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__(clock=clock)
+        self.console = console or Console(stderr=True, soft_wrap=True)
+        self.live_mode = self.console.is_terminal if live is None else live
+        self._live: Live | None = None
+        self._step: dict[str, Any] = {}
+        self._eval: dict[str, Any] = {}
+        self._best = (math.inf, -1)
+        self._progress = 0.0
+        self._budget = ""
+        self._started, self._elapsed0 = clock(), 0.0
+        self._data_status: Callable[[], str | None] | None = None
+
+    def log(self, message: str) -> None:
+        self.console.print(message, highlight=False)
+
+    def start(self, info: TrainingStart) -> None:
+        super().start(info)
+        self._budget = info.budget
+        self._best = (info.start.best_val_loss, info.start.best_step)
+        self._eval = dict(info.start.last_eval)
+        self._progress = info.start_progress
+        self._started, self._elapsed0 = self.clock(), info.elapsed
+        self._data_status = info.data_status
+        if self.live_mode:
+            self._live = Live(self, console=self.console, refresh_per_second=4, transient=True)
+            self._live.start()
+
+    def __rich__(self) -> Group:
+        """Rendered on every refresh, so the clock figures move between steps."""
+        return self.render()
+
+    def render(self) -> Group:
+        elapsed = self._elapsed0 + self.clock() - self._started
+        s, e = self._step, self._eval
+        best_loss, best_step = self._best
+        best = f"{fmt_loss(best_loss)} at step {best_step:,}" if best_step >= 0 else NO_VALUE
+        lr = f"{s['lr']:.2e}" if "lr" in s else NO_VALUE
+        head = Table.grid(padding=(0, 1))
+        head.add_row(
+            ProgressBar(total=1.0, completed=min(self._progress, 1.0), width=BAR_WIDTH),
+            Text(f"{100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}", no_wrap=True),
+        )
+        lines = [
+            f"elapsed {fmt_duration(elapsed)}  ETA {fmt_duration(self.pace.eta())}  budget: {self._budget}",
+            f"step loss {fmt_loss(s.get('loss'))}  lr {lr}  {self.pace.rate()}",
+            f"val loss {fmt_loss(e.get('val_loss'))}  train loss {fmt_loss(e.get('train_loss'))}  best val {best}",
+        ]
+        corpus = self._data_status() if self._data_status is not None else None
+        if corpus:
+            lines.append(f"corpus {corpus}")
+        return Group(head, *(Text(line, no_wrap=True, overflow="ellipsis") for line in lines))
+
+    def step(self, record: dict[str, Any], progress: float) -> None:
+        self._step, self._progress = record, progress
+        if self._live is None:
+            super().step(record, progress)
+        else:
+            self.pace.update(record["tokens"], progress)
+
+    def evaluated(self, record: dict[str, Any], improved: bool) -> None:
+        self._eval = record
+        if improved:
+            self._best = (record["val_loss"], record["step"])
+        self.log(eval_line(record, improved))
+
+    def finish(self, summary: TrainingEnd) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        train_pts = [(r["step"], r["loss"]) for r in summary.history if r.get("kind") == "train"]
+        val_pts = [(r["step"], r["val_loss"]) for r in summary.history if r.get("kind") == "eval"]
+        chart = line_chart({"step loss": train_pts, "val loss": val_pts})
+        if chart.plain:
+            self.console.print(chart)
+        super().finish(summary)

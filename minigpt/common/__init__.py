@@ -1,0 +1,1 @@
+"""What every layer uses: settings declared on config dataclasses, safe file I/O, devices, start-up."""

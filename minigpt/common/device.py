@@ -1,0 +1,99 @@
+"""Turn user-facing device and dtype names ('auto', 'cuda', 'bfloat16', ...) into torch objects (the names
+themselves importable without torch, for the command line)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from minigpt.errors import MinigptError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast trains faster than float32 from about
+# this width on: the CPU recipe's step at 128 wide took 1.33x fewer seconds (1.13x at 64, 1.47x at 192),
+# once attention over few keys runs in float32 (minigpt.model.gpt.CPU_HALF_ATTENTION_MAX_KEYS; before that, bf16
+# won only from 192). Narrower models were not measured to gain. Without the instructions bf16 is emulated:
+# a bf16 matrix product ran at 0.3-3 GFLOP/s on an AVX2 EPYC (Zen 3) against 160 in float32, and a 192-wide
+# training step took 2.7 s (README: round 3). bench/bench_cpu_bf16.py measures both.
+CPU_BF16_MIN_WIDTH = 128
+
+
+def _mps_available() -> bool:
+    import torch
+
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """'auto' is CUDA, else Apple's MPS, else the CPU; naming an absent accelerator is an error.
+
+    Under torchrun each process takes the GPU of its local rank.
+    """
+    import torch
+
+    name = name.lower()
+    if name not in DEVICES:
+        raise UsageError(f"unknown device {name!r}: choose one of {', '.join(DEVICES)}")
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        else:
+            return torch.device("mps") if _mps_available() else torch.device("cpu")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise MinigptError("--device cuda: no CUDA GPU is visible to this torch build; use --device cpu")
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if name == "mps" and not _mps_available():
+        raise MinigptError("--device mps: Apple's MPS backend is not available here; use --device cpu")
+    return torch.device(name)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86's AVX-512 BF16 or AMX tiles); torch's own checks."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def resolve_dtype(name: str, device: torch.device, training_width: int | None = None) -> torch.dtype:
+    """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs; on the CPU float32, except
+    for training models at least CPU_BF16_MIN_WIDTH wide on a CPU with bf16 instructions, where bf16
+    autocast measured faster.
+
+    Generation stays float32 on the CPU, where it measured faster than bf16 (README: "Generate").
+    """
+    import torch
+
+    name = name.lower()
+    if name not in DTYPES:
+        raise UsageError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "mps":
+            return torch.float16
+        wide = training_width is not None and training_width >= CPU_BF16_MIN_WIDTH
+        return torch.bfloat16 if wide and cpu_has_bf16() else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise MinigptError("--dtype bfloat16: this GPU does not support it; use --dtype float16 or float32")
+    if dtype == torch.float16 and device.type == "cpu":
+        raise UsageError("--dtype float16 is not supported on the CPU; use bfloat16 or float32")
+    return dtype
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype) -> Any:
+    """Mixed precision for the forward pass (weights stay fp32); a no-op for float32."""
+    import torch
+
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

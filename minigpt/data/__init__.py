@@ -1,0 +1,1 @@
+"""Training text as token ids: the data settings, preparing a corpus, splits and batches."""

@@ -1,0 +1,1 @@
+"""Generation: the decode loop written once, its settings, and the engines that run it."""

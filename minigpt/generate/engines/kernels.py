@@ -1,0 +1,1020 @@
+"""The NumPy engine's one-token steps and short prefills as compiled kernels (numba): the whole model in
+one call.
+
+A cached decoding step reads every weight once and does little else, so its speed is how fast the weights
+stream. Through NumPy it is a few hundred library calls: BLAS matrix-vector products that streamed 14.5
+GB/s on one thread of this machine's AMD EPYC where a plain sum over the same bytes reads 25, and some
+forty small element-wise operations a layer between them, each a Python call (a third of the step).
+Here a step is one call (`model_step`: the embeddings, every block, the final norm and the LM head; a
+prefill the same call, its tokens as rows of one cache row at consecutive positions), and
+each block within it (`_block_step`) its norms, the fused Q/K/V product, rotary positions, the cache write,
+attention over the cache, the output projection and the MLP, each matrix product a loop over the
+matrix's weights read once for all B rows of the step (a batch of samples, a server's clients). The
+blocks' matrices are held as panels of 16 outputs, input-major within each (`numpy.panelled`, made at
+load; the file is unchanged): each input's 16 weights are one 64-byte vector multiplied into every row's
+16 sums at once (`_panel_sums`, in LLVM's vector types), no sum across a vector's lanes at the end, the
+panels split between threads. A model whose widths are not multiples of 16, and the LM head (the tied
+embedding table), keep the file's (out, in) rows: each row a contiguous dot product that LLVM vectorises,
+and from four rows on, where the engine measured that it pays, four weight rows at once by four rows of
+the batch (`_tile`). The exps of GELU, SwiGLU and the softmax are a polynomial the
+vectoriser keeps in vector registers (`_exp`), not a library call per element. The same kernels read int8
+weights with one float32 scale an output (`--quantize int8`): a quarter of the bytes, converted to float32
+in registers, the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over as
+its bits: numba has no float16 on the CPU), half the bytes attention reads, widened in registers.
+
+The kernels compute what `minigpt.generate.engines.numpy_engine`'s functions compute, in float32, with sums in whatever
+order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward within the same
+rounding bound as the NumPy path. They cover every option of the NumPy engine except the `general` and
+`additive` attention scores, which stay on its array path (`supported`). numba compiles them on first
+use and keeps the machine code beside this file (or in NUMBA_CACHE_DIR), so later runs load them in a
+fraction of a second. numba is optional at import: without it (`available()` False) the engine runs
+its array path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from minigpt.model.weights import BlockWeights, LinearWeights, ModelWeights
+
+__all__ = [
+    "ACTIVATIONS",
+    "LANES",
+    "ModelArgs",
+    "available",
+    "draw",
+    "get_threads",
+    "matvec",
+    "model_args",
+    "model_step",
+    "out_features",
+    "set_threads",
+    "supported",
+    "tiled",
+    "will_compile",
+]
+
+try:  # numba is a dependency, but a platform without its wheels still decodes (on the array path)
+    import numba
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.core import cgutils
+    from numba.core.extending import intrinsic
+except ImportError:  # pragma: no cover - exercised only where numba cannot be installed
+    numba = None
+
+ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
+# how a product reads its weight (`_linear`): output-major rows (`_rows`), four rows a quarter of the
+# matrix apart (`_tile`), or panels of LANES outputs (`_panels`)
+ROWS, TILES, PANELS = 0, 1, 2
+LANES = 16  # a panel's outputs: 64 bytes of float32 weights for each input, one cache line
+# how far ahead of a panel's weights `_panel_sums` asks for them at two rows or more: the line 2 KB on into
+# every cache level, the one 16 KB on into L2 only (`_prefetch`)
+PREFETCH, PREFETCH_L2 = 2048, 16384
+_EMPTY = np.zeros(0, dtype=np.float32)
+_EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
+# `model_args`' table of where a step's tensors lie: the model's slots (the token and position embeddings,
+# the U-net skips' weights, the final norm's weight and bias, the head's weight, scales and bias), then
+# `_LAYER` for each block (its norms' weights and biases, QK-norm's two weights, the value embeddings,
+# then the QKV, output, up and down products' weights, scales and biases, `_QKV` ... `_DOWN`)
+_WTE, _WPE, _SKIPS, _LNF, _HEAD, _GLOBALS = 0, 1, 2, 3, 5, 8
+_QK, _VE, _QKV, _PROJ, _FC, _DOWN, _LAYER = 4, 6, 7, 10, 13, 16, 19
+# sums may be reordered (vectorised) and multiply-adds fused; no assumption about inf or NaN: GELU's exp
+# overflows to inf on purpose (x / inf = 0), as on the array path
+_FAST = {"reassoc", "contract", "nsz"}
+
+
+def _can_cache() -> bool:
+    """Whether numba has somewhere to keep compiled code for this module (its __pycache__, or a user-wide
+    cache directory): where neither is writable, it refuses `cache=True` outright, and the kernels are
+    compiled in each process instead."""
+    if numba is None:
+        return False
+    try:
+        numba.njit(cache=True)(_can_cache)
+    except RuntimeError:
+        return False
+    return True
+
+
+_CACHE = _can_cache()
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernels can run here: numba imports and its threads start on OpenMP or TBB. Its last
+    resort, the `workqueue` layer, took 92 µs to start each parallel loop here (OpenMP: 1.5 µs), and a
+    step starts 31 of them: slower than the array path."""
+    if numba is None:
+        return False
+    from numba.np.ufunc import parallel
+
+    try:  # start the thread pool now: numba names its layer only once it has one
+        parallel._launch_threads()
+        return numba.threading_layer() in ("omp", "tbb")
+    except Exception:  # a numba whose internals moved, or no layer at all: the array path
+        return False
+
+
+def will_compile() -> bool:
+    """Whether loading the kernels compiles them (tens of seconds) rather than reading numba's cache: it
+    keeps no index of compiled block steps for this source yet, or has nowhere to keep one."""
+    if numba is None:
+        return False
+    if not _CACHE:
+        return True
+    try:  # numba's cache file for `_model_step` (its own attributes: where they moved, say nothing)
+        return not os.path.exists(_model_step._cache._cache_file._index_path)
+    except AttributeError:
+        return False
+
+
+def get_threads() -> int:
+    """The kernels' thread count."""
+    return numba.get_num_threads() if numba is not None else 1
+
+
+def set_threads(n: int) -> None:
+    """The kernels' thread count (at most the cores numba started with)."""
+    if numba is not None:
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def supported(block: BlockWeights[np.ndarray]) -> bool:
+    """Whether `_block_step` computes this block (output-major float32 weights, a dot-product score)."""
+    lins = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    return (
+        block.attn.score in ("scaled", "dot")
+        and block.mlp.c_gate is None
+        and (block.mlp.activation != "swiglu" or block.mlp.fused_gate)
+        and all(not lin.input_major and lin.lora is None for lin in lins)
+    )
+
+
+if numba is not None:
+
+    @intrinsic
+    def _float_from_bits(typingctx: Any, bits: Any) -> Any:
+        """The float32 whose IEEE-754 bits are the low 32 of the integer `bits` (a register move, which
+        the vectoriser keeps in vector registers, where `math.ldexp` is a library call per element)."""
+        if not isinstance(bits, types.Integer):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            v = args[0]
+            if v.type.width != 32:
+                v = builder.trunc(v, ir.IntType(32))
+            return builder.bitcast(v, context.get_value_type(types.float32))
+
+        return types.float32(bits), codegen
+
+    @intrinsic
+    def _widen(typingctx: Any, v: Any) -> Any:
+        """A cached key or value as float32: a float16's bits (a uint16, as a float16 KV cache is handed
+        to the kernels: numba has no float16 on the CPU) converted by LLVM's fpext, which vectorises to the
+        CPU's half-to-float instruction (F16C, AVX-512, NEON); a float32 as it is."""
+        if isinstance(v, types.Integer) and v.bitwidth == 16:
+
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+            return types.float32(v), codegen
+        if v == types.float32:
+            return types.float32(v), lambda context, builder, signature, args: args[0]
+        return None
+
+    @intrinsic
+    def _narrow(typingctx: Any, x: Any, like: Any) -> Any:
+        """The float32 x as an element of the array `like` stores: a float16's bits (LLVM's fptrunc, round
+        to nearest even, as NumPy's astype) or x itself."""
+        if not (x == types.float32 and isinstance(like, types.Array)):
+            return None
+        if like.dtype == types.uint16:
+
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+            return types.uint16(x, like), codegen
+        if like.dtype == types.float32:
+            return types.float32(x, like), lambda context, builder, signature, args: args[0]
+        return None
+
+    @intrinsic
+    def _largest(typingctx: Any, like: Any) -> Any:
+        """The largest finite float32 an element of the array `like` holds (float16: 65,504), as a
+        constant; a float32 array: infinity (nothing to clamp)."""
+        if not isinstance(like, types.Array) or like.dtype not in (types.uint16, types.float32):
+            return None
+        top = 65504.0 if like.dtype == types.uint16 else math.inf
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return context.get_constant(types.float32, top)
+
+        return types.float32(like), codegen
+
+    @njit(fastmath=_FAST, cache=_CACHE, inline="always")
+    def _exp(x: Any) -> Any:
+        """exp of a float32 in float32 arithmetic that LLVM vectorises: numba calls libm's expf once per
+        element without Intel's SVML (about 5 ns here, most of GELU's and a third of attention's time at
+        batch 8). x = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, so k ln2 is exact), e^r by Cephes'
+        expf polynomial, 2^k put into the exponent bits: within 3 units in the last place of the exact
+        value (NumPy's float32 exp: 2). Below -87.3 it is 0; above 88.3 (where e^x nears float32's
+        largest) it stays at e^88.3: GELU's x / (1 + e^u) is then within 1e-37 |x| of infinity's 0."""
+        f = np.float32
+        under = x < f(-87.3)
+        x = min(max(x, f(-87.3)), f(88.3))
+        k = np.floor(x * f(1.44269504088896341) + f(0.5))
+        r = x - k * f(0.693359375) - k * f(-2.12194440e-4)
+        p = f(1.9875691500e-4)
+        p = p * r + f(1.3981999507e-3)
+        p = p * r + f(8.3334519073e-3)
+        p = p * r + f(4.1665795894e-2)
+        p = p * r + f(1.6666665459e-1)
+        p = p * r + f(5.0000001201e-1)
+        y = (p * r * r + r + f(1.0)) * _float_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+        return f(0.0) if under else y
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _rows(w: Any, scale: Any, x: Any, bias: Any, out: Any, start: int, end: int) -> None:
+        """out[b, r] = w[r] . x[b] (times scale[r]) + bias[r] for r in start..end-1 and every row b: each
+        weight row read once for all the rows of x, four rows of x a pass (one load of w for four
+        products)."""
+        rows, n_in = x.shape
+        for r in range(start, end):
+            wr = w[r]
+            add = bias[r] if bias.size else np.float32(0.0)
+            mul = scale[r] if scale.size else np.float32(1.0)
+            b = 0
+            while b + 4 <= rows:
+                x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+                s0 = s1 = s2 = s3 = np.float32(0.0)
+                for i in range(n_in):
+                    wi = np.float32(wr[i])
+                    s0 += wi * x0[i]
+                    s1 += wi * x1[i]
+                    s2 += wi * x2[i]
+                    s3 += wi * x3[i]
+                out[b, r], out[b + 1, r] = s0 * mul + add, s1 * mul + add
+                out[b + 2, r], out[b + 3, r] = s2 * mul + add, s3 * mul + add
+                b += 4
+            for rest in range(b, rows):
+                xb = x[rest]
+                s = np.float32(0.0)
+                for i in range(n_in):
+                    s += np.float32(wr[i]) * xb[i]
+                out[rest, r] = s * mul + add
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _column(out: Any, b: int, r: int, sums: Any, scale: Any, bias: Any) -> None:
+        """out[b..b+3, r] = the four sums of weight row r, scaled and biased."""
+        add = bias[r] if bias.size else np.float32(0.0)
+        mul = scale[r] if scale.size else np.float32(1.0)
+        for k in range(4):
+            out[b + k, r] = sums[k] * mul + add
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _tile(w: Any, scale: Any, x: Any, bias: Any, out: Any, r: int, apart: int) -> None:
+        """`_rows` for weight rows r, r + apart, r + 2 apart and r + 3 apart and four or more rows of x,
+        four rows of x a pass: sixteen sums, each value loaded used four times (`_rows`: a weight used
+        four times, each x value once). A batch's last rows that do not fill four are done as part of
+        its last four (those rows computed twice, the same values written again)."""
+        rows, n_in = x.shape
+        w0, w1, w2, w3 = w[r], w[r + apart], w[r + 2 * apart], w[r + 3 * apart]
+        b = 0
+        while b < rows:
+            b = min(b, rows - 4)
+            x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+            a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
+            d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = np.float32(0.0)
+            for i in range(n_in):
+                p, q, u, v = np.float32(w0[i]), np.float32(w1[i]), np.float32(w2[i]), np.float32(w3[i])
+                y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
+                a0, a1, a2, a3 = a0 + p * y0, a1 + p * y1, a2 + p * y2, a3 + p * y3
+                c0, c1, c2, c3 = c0 + q * y0, c1 + q * y1, c2 + q * y2, c3 + q * y3
+                d0, d1, d2, d3 = d0 + u * y0, d1 + u * y1, d2 + u * y2, d3 + u * y3
+                e0, e1, e2, e3 = e0 + v * y0, e1 + v * y1, e2 + v * y2, e3 + v * y3
+            _column(out, b, r, (a0, a1, a2, a3), scale, bias)
+            _column(out, b, r + apart, (c0, c1, c2, c3), scale, bias)
+            _column(out, b, r + 2 * apart, (d0, d1, d2, d3), scale, bias)
+            _column(out, b, r + 3 * apart, (e0, e1, e2, e3), scale, bias)
+            b += 4
+
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
+    def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any, tiled: bool) -> None:
+        """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
+        row (`scale`, else empty). By `_rows`, 16 output rows a task; or where `tiled` and x has four
+        rows or more, by `_tile` over rows a quarter of the matrix apart (each thread then reads four
+        long runs of consecutive rows, which the CPU's prefetcher follows: on this machine's AMD EPYC,
+        tiles of four adjacent rows ran a batch of 8 slower than `_rows`, up to 1.8 times on rows of
+        384, the quarters 1.5 times faster), the rows past four quarters by `_rows`."""
+        n_out = w.shape[0]
+        if tiled and x.shape[0] >= 4:
+            quarter = n_out // 4
+            for r in prange(quarter):
+                _tile(w, scale, x, bias, out, r, quarter)
+            _rows(w, scale, x, bias, out, 4 * quarter, n_out)
+        else:
+            for task in prange((n_out + 15) // 16):
+                _rows(w, scale, x, bias, out, task * 16, min(n_out, task * 16 + 16))
+
+    def _const(value: int, bits: int = 64) -> Any:
+        return ir.Constant(ir.IntType(bits), value)
+
+    def _splat(builder: Any, value: Any, vec: Any) -> Any:
+        """`value` (a float) in every lane of a vector of type `vec`."""
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, _const(0, 32))
+        every = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), every)
+
+    def _row_pointer(builder: Any, array: Any, row: Any) -> Any:
+        """Where row `row` of a 2-D array (numba's array structure) starts, as a pointer to its elements."""
+        stride = builder.sdiv(cgutils.unpack_tuple(builder, array.strides)[0], array.itemsize)
+        return builder.gep(array.data, [builder.mul(row, stride)])
+
+    def _prefetch(builder: Any, at: Any) -> None:
+        """Ask the CPU for the line PREFETCH bytes past `at` into every cache level (prefetcht0), and the
+        one PREFETCH_L2 bytes past it into L2 (LLVM's locality 2: prefetcht1). The far request keeps
+        memory busy while the sums run on weights that came from L3: eight rows' products of the 6x6x384
+        model took 0.88 ms a step with it and 1.27-1.29 without, the near one alone leaving memory idle
+        whenever the lines it asked for were in L3 (anywhere from 8 to 64 KB ahead did as well; one row,
+        waiting on its loads, ran 0.9-0.98x as fast with it)."""
+        byte = ir.IntType(8).as_pointer()
+        kind = ir.FunctionType(ir.VoidType(), [byte, *[ir.IntType(32)] * 3])
+        fetch = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")
+        for distance, locality in ((PREFETCH, 3), (PREFETCH_L2, 2)):
+            ahead = builder.gep(builder.bitcast(at, byte), [_const(distance)])
+            builder.call(fetch, [ahead, _const(0, 32), _const(locality, 32), _const(1, 32)])
+
+    # each row's sums in two vectors, inputs i and i + 1: one would make a row alone wait a fused
+    # multiply-add's latency at each input (two ran one row 1.0-1.25x as fast as one, as fast as four,
+    # and eight rows as fast as one); the same two at every row count sum a row in the same order, so
+    # that its logits are the same bits in a batch of any size
+    _WAYS = 2
+
+    def _panel_codegen(rows: int, int8: bool) -> Any:
+        """The LLVM IR of `_panel_sums` for `rows` rows of x and float32 (or int8) weights."""
+        f32 = ir.FloatType()
+        vec, wvec = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(8) if int8 else f32, LANES)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            w, start, n_in, x, b0, out, col, _ = args
+            arrays = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5)]
+            panel = builder.gep(arrays[0].data, [start])
+            xs = [_row_pointer(builder, arrays[1], builder.add(b0, _const(r))) for r in range(rows)]
+            sums = [
+                [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(_WAYS)] for _ in xs
+            ]
+
+            def step(i: Any, way: int) -> None:  # input i: its LANES weights by each row's x[i]
+                at = builder.gep(panel, [builder.mul(i, _const(LANES))])
+                if rows >= 2:  # the sums take long enough to hide a fetch from memory asked for early
+                    _prefetch(builder, at)
+                wv = builder.load(builder.bitcast(at, wvec.as_pointer()), align=1 if int8 else 4)
+                wv = builder.sitofp(wv, vec) if int8 else wv
+                for xr, acc in zip(xs, sums, strict=True):
+                    xv = _splat(builder, builder.load(builder.gep(xr, [i])), vec)
+                    product = builder.fmul(xv, wv, flags=("contract",))
+                    builder.store(
+                        builder.fadd(builder.load(acc[way]), product, flags=("contract",)), acc[way]
+                    )
+
+            pairs = builder.udiv(n_in, _const(_WAYS))
+            with cgutils.for_range(builder, pairs) as loop:
+                for way in range(_WAYS):
+                    step(builder.add(builder.mul(loop.index, _const(_WAYS)), _const(way)), way)
+            done = builder.mul(pairs, _const(_WAYS))
+            with cgutils.for_range(builder, builder.sub(n_in, done)) as loop:  # an odd n_in's last input
+                step(builder.add(done, loop.index), 0)
+            for r, acc in enumerate(sums):
+                total = builder.load(acc[0])
+                for part in acc[1:]:
+                    total = builder.fadd(total, builder.load(part))
+                row = _row_pointer(builder, arrays[2], builder.add(b0, _const(r)))
+                builder.store(total, builder.bitcast(builder.gep(row, [col]), vec.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return codegen
+
+    @intrinsic
+    def _panel_sums(
+        typingctx: Any, w: Any, start: Any, n_in: Any, x: Any, b0: Any, out: Any, col: Any, rows: Any
+    ) -> Any:
+        """out[b0 + r, col + j] = sum over i of w[start + LANES i + j] x[b0 + r, i], for the LANES outputs
+        j of the panel at `start` and `rows` rows of x (a constant: 1, 2, 4 or 8), without scale or bias.
+
+        Written in LLVM's vectors because numba's loops cannot keep a row's LANES sums in one register:
+        the products of output-major rows end in a sum across a vector's lanes for each output, which took
+        a fifth of a batch's time on rows of 384 floats (`_tile`), where a panel's lanes are its outputs
+        and each input is one 64-byte load and `rows` multiply-adds, x[b, i] broadcast to every lane. At
+        two rows or more the weights ahead are asked for (`_prefetch`; two and three rows' steps 1.09x and
+        1.24x as fast as with neither request, eight rows 1.2-1.4x): the 6x6x384 model's panels
+        streamed through eight rows' sums at 24 GB/s with the CPU's prefetcher alone, 28-34 GB/s with the
+        near request, 48 GB/s (L3 and memory at once) with both (one row, waiting on nothing but its
+        loads, ran slower with the requests)."""
+        int8 = isinstance(w, types.Array) and w.dtype == types.int8
+        arrays = (w, x, out)
+        if not (
+            isinstance(rows, types.IntegerLiteral)
+            and rows.literal_value in (1, 2, 4, 8)
+            and all(isinstance(a, types.Array) for a in arrays)
+            and (int8 or w.dtype == types.float32)
+            and x.dtype == out.dtype == types.float32
+            and (w.ndim, x.ndim, out.ndim) == (1, 2, 2)
+        ):
+            return None
+        return types.none(w, start, n_in, x, b0, out, col, rows), _panel_codegen(rows.literal_value, int8)
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _panel(w: Any, start: int, x: Any, out: Any, col: int) -> None:
+        """Every row of x through the panel at `start` into out[:, col:col + LANES]: eight rows a pass, a
+        batch's last rows that do not fill eight (or four, or two) done as part of its last eight (those
+        rows summed twice, the same values written again)."""
+        rows, n_in = x.shape
+        b = 0
+        if rows >= 8:
+            while b < rows:
+                b = min(b, rows - 8)
+                _panel_sums(w, start, n_in, x, b, out, col, 8)
+                b += 8
+        elif rows >= 4:
+            while b < rows:
+                b = min(b, rows - 4)
+                _panel_sums(w, start, n_in, x, b, out, col, 4)
+                b += 4
+        elif rows >= 2:
+            while b < rows:
+                b = min(b, rows - 2)
+                _panel_sums(w, start, n_in, x, b, out, col, 2)
+                b += 2
+        else:
+            _panel_sums(w, start, n_in, x, 0, out, col, 1)
+
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
+    def _panels(w: Any, start: int, scale: Any, x: Any, bias: Any, out: Any) -> None:
+        """out[b] = W x[b] (times scale) + bias for every row b, W held from w[start] on as panels
+        (`numpy.panelled`: out.shape[1] / LANES of them, each (n_in, LANES)), a panel a task."""
+        n_in = x.shape[1]
+        for p in prange(out.shape[1] // LANES):
+            col = p * LANES
+            _panel(w, start + p * n_in * LANES, x, out, col)
+            if scale.size or bias.size:
+                for b in range(x.shape[0]):
+                    for j in range(col, col + LANES):
+                        y = out[b, j] * scale[j] if scale.size else out[b, j]
+                        out[b, j] = y + bias[j] if bias.size else y
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
+        """LayerNorm (or RMSNorm) of each row of x into out, as `numpy.norm`."""
+        n = x.shape[1]
+        for b in range(x.shape[0]):
+            mean = np.float32(0.0)
+            if not rms:
+                for i in range(n):
+                    mean += x[b, i]
+                mean /= n
+            var = np.float32(0.0)
+            for i in range(n):
+                d = x[b, i] - mean
+                var += d * d
+            inv = np.float32(1.0) / np.sqrt(var / n + np.float32(eps))
+            for i in range(n):
+                y = (x[b, i] - mean) * inv * weight[i]
+                out[b, i] = y + bias[i] if bias.size else y
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _head_norm(v: Any, weight: Any, eps: float) -> None:
+        """QK-norm: RMSNorm of one head's vector v in place."""
+        n = v.shape[0]
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += v[i] * v[i]
+        inv = np.float32(1.0) / np.sqrt(ss / n + np.float32(eps))
+        for i in range(n):
+            v[i] = v[i] * inv * weight[i]
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _rotate(v: Any, cos: Any, sin: Any) -> None:
+        """Rotary positions on one head's vector v in place (`sin`'s first half negated, as `rotary`):
+        each pair (v[i], v[i + half]) turned together, a loop without a copy or an index modulo, which
+        LLVM vectorises."""
+        half = v.shape[0] // 2
+        for i in range(half):
+            a, b = v[i], v[i + half]
+            v[i] = a * cos[i] + b * sin[i]
+            v[i + half] = b * cos[i + half] + a * sin[i + half]
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _prepare_heads(
+        qkv: Any, n_head: int, n_kv: int, hd: int, qn: Any, kn: Any, eps: float, cos: Any, sin: Any
+    ) -> None:
+        """QK-norm and rotary positions on the queries and keys of every row, in place (cos and sin: a row
+        of angles for each row of qkv, or one row for all)."""
+        for b in range(qkv.shape[0]):
+            at = min(b, cos.shape[0] - 1)
+            for h in range(n_head + n_kv):
+                v = qkv[b, h * hd : (h + 1) * hd]
+                if qn.size:
+                    _head_norm(v, qn if h < n_head else kn, eps)
+                if cos.size:
+                    _rotate(v, cos[at], sin[at])
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _scores(q: Any, keys: Any, scores: Any, start: int, end: int) -> None:
+        """scores[j] = q . keys[j] for j in start..end-1, four keys a pass (one load of q for four products)."""
+        j = start
+        while j + 4 <= end:
+            k0, k1, k2, k3 = keys[j], keys[j + 1], keys[j + 2], keys[j + 3]
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            for i in range(q.size):
+                s0 += q[i] * _widen(k0[i])
+                s1 += q[i] * _widen(k1[i])
+                s2 += q[i] * _widen(k2[i])
+                s3 += q[i] * _widen(k3[i])
+            scores[j], scores[j + 1], scores[j + 2], scores[j + 3] = s0, s1, s2, s3
+            j += 4
+        for rest in range(j, end):
+            s = np.float32(0.0)
+            for i in range(q.size):
+                s += q[i] * _widen(keys[rest, i])
+            scores[rest] = s
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _softmax(scores: Any, scale: float) -> Any:
+        """scores -> exp(scale (s - max s)) in place (scale > 0: the largest term e^0); returns their sum."""
+        top = scores[0]
+        for j in range(scores.size):
+            top = max(top, scores[j])
+        total = np.float32(0.0)
+        for j in range(scores.size):
+            scores[j] = _exp((scores[j] - top) * np.float32(scale))
+            total += scores[j]
+        return total
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _weigh(weights: Any, values: Any, acc: Any, start: int, end: int) -> None:
+        """acc += weights[j] values[j] for j in start..end-1."""
+        for j in range(start, end):
+            p = weights[j]
+            for i in range(acc.size):
+                acc[i] += p * _widen(values[j, i])
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _task(work: Any, t: int) -> Any:
+        """Attention task t (query row t // n_head, head t % n_head) of `work` (`_attend`'s arguments):
+        its query, its key/value head's keys and values in its cache row, how many slots it reads (the
+        first min(position + 1, capacity): the order of the slots does not matter to one query), and its
+        slice of the output."""
+        qkv, kc, vc, n_head, n_kv, positions, cache_rows = work[:7]
+        hd = kc.shape[3]
+        b, h = t // n_head, t % n_head
+        g, c = h // (n_head // n_kv), cache_rows[b]
+        keys = min(positions[b] + 1, kc.shape[2])
+        return qkv[b, h * hd : (h + 1) * hd], kc[c, g], vc[c, g], keys, (b, h * hd, (h + 1) * hd)
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _attend_one(work: Any, t: int) -> None:
+        """Task t's query over its keys, its values weighed into its slice of the output."""
+        scale, out = work[7:]
+        q, keys, values, n, (b, lo, hi) = _task(work, t)
+        scores = np.empty(n, dtype=np.float32)
+        _scores(q, keys, scores, 0, n)
+        total = _softmax(scores, scale)
+        acc = np.zeros(q.size, dtype=np.float32)
+        _weigh(scores, values, acc, 0, n)
+        out[b, lo:hi] = acc * (np.float32(1.0) / total)
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _attend_two(work: Any, t: int) -> None:
+        """Tasks t and t + 1 at once, the keys (then the values) of both read side by side: two streams
+        from memory for the thread where one task's reads are one."""
+        scale, out = work[7:]
+        qa, ka, va, na, (ra, la, ha) = _task(work, t)
+        qb, kb, vb, nb, (rb, lb, hb) = _task(work, t + 1)
+        sa, sb = np.empty(na, dtype=np.float32), np.empty(nb, dtype=np.float32)
+        both, j = min(na, nb), 0
+        while j + 2 <= both:  # two keys of each task a pass
+            a0, a1, b0, b1 = ka[j], ka[j + 1], kb[j], kb[j + 1]
+            x0 = x1 = y0 = y1 = np.float32(0.0)
+            for i in range(qa.size):
+                x0 += qa[i] * _widen(a0[i])
+                x1 += qa[i] * _widen(a1[i])
+                y0 += qb[i] * _widen(b0[i])
+                y1 += qb[i] * _widen(b1[i])
+            sa[j], sa[j + 1], sb[j], sb[j + 1] = x0, x1, y0, y1
+            j += 2
+        _scores(qa, ka, sa, j, na)
+        _scores(qb, kb, sb, j, nb)
+        ta, tb = _softmax(sa, scale), _softmax(sb, scale)
+        acc_a, acc_b = np.zeros(qa.size, dtype=np.float32), np.zeros(qb.size, dtype=np.float32)
+        for j in range(both):  # a value of each task a pass
+            pa, pb, a0, b0 = sa[j], sb[j], va[j], vb[j]
+            for i in range(acc_a.size):
+                acc_a[i] += pa * _widen(a0[i])
+                acc_b[i] += pb * _widen(b0[i])
+        _weigh(sa, va, acc_a, both, na)
+        _weigh(sb, vb, acc_b, both, nb)
+        out[ra, la:ha] = acc_a * (np.float32(1.0) / ta)
+        out[rb, lb:hb] = acc_b * (np.float32(1.0) / tb)
+
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
+    def _attend(
+        qkv: Any,
+        kc: Any,
+        vc: Any,
+        n_head: int,
+        n_kv: int,
+        positions: Any,
+        cache_rows: Any,
+        scale: float,
+        out: Any,
+        threads: int,
+    ) -> None:
+        """Each row's one query per head over the slots its key/value head has filled in its cache row
+        (`cache_rows`), into out (rows, n_head * hd). With four (row, head) tasks a thread or more, two
+        at a time (`_attend_two`; one layer's attention alone at 8 and 16 rows against one at a time: the
+        keys and values cold 1.2-1.3x as fast, in cache 1.1-1.3x); fewer, one at a time, so that the
+        threads' shares stay even."""
+        tasks = qkv.shape[0] * n_head
+        paired = tasks >= 4 * threads
+        items = (tasks + 1) // 2 if paired else tasks
+        work = (qkv, kc, vc, n_head, n_kv, positions, cache_rows, scale, out)
+        for item in prange(items):
+            t = np.int64(item) * (2 if paired else 1)  # prange's index may be unsigned
+            if paired and t + 1 < tasks:
+                _attend_two(work, t)
+            else:
+                _attend_one(work, t)
+
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
+    def _activate(h: Any, activation: int) -> Any:
+        """GELU (tanh form), ReLU² or SwiGLU (h's first half the gate's outputs) of each row of h, the
+        rows shared between threads (an exp an element: a batch's largest element-wise cost, so `_exp`)."""
+        if activation == 2:
+            half = h.shape[1] // 2
+            out = np.empty((h.shape[0], half), dtype=np.float32)
+            for b in prange(h.shape[0]):
+                for i in range(half):
+                    g = h[b, i]
+                    out[b, i] = g / (np.float32(1.0) + _exp(-g)) * h[b, half + i]
+            return out
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        for b in prange(h.shape[0]):
+            for i in range(h.shape[1]):
+                x = h[b, i]
+                if activation == 1:
+                    x = max(x, np.float32(0.0))
+                    h[b, i] = x * x
+                else:  # x sigmoid(2u), u = c (x + 0.044715 x³), as `numpy.gelu_tanh`
+                    h[b, i] = x / (
+                        np.float32(1.0) + _exp(np.float32(-2.0) * c * (x + np.float32(0.044715) * x * x * x))
+                    )
+        return h
+
+    @njit(cache=_CACHE)
+    def _draw(logits: Any, temperature: float, u: Any, out: Any) -> None:
+        """out[r] = the token drawn for row r of logits (B, V) at `temperature` by the uniform u[r] in [0, 1),
+        as `numpy.sample_next` draws without top-k or top-p: the first token whose running sum of the
+        weights exp(z - max z), z = logits / temperature in float64, passes u times their total. In order,
+        without fast-math: each sum is the same sum a NumPy cumsum makes."""
+        rows, vocab = logits.shape
+        cdf = np.empty(vocab, dtype=np.float64)
+        for r in range(rows):
+            top = -np.inf
+            for v in range(vocab):
+                top = max(top, np.float64(logits[r, v]) / temperature)
+            total = 0.0
+            for v in range(vocab):
+                total += np.exp(np.float64(logits[r, v]) / temperature - top)
+                cdf[v] = total
+            target = u[r] * total
+            lo, hi = 0, vocab  # the first v with cdf[v] > target: a zero weight's empty step is never it
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if cdf[mid] > target:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            out[r] = min(lo, vocab - 1)
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _store_kv(
+        qkv: Any, n_head: int, n_kv: int, hd: int, kc: Any, vc: Any, positions: Any, cache_rows: Any
+    ) -> None:
+        """Each row's new keys and values into its cache row (`cache_rows`) at slot position % capacity,
+        in the cache's type (a float16 cache: clamped to float16's largest finite value first, so that a
+        huge key is a large score, not inf)."""
+        top = _largest(kc)
+        for b in range(qkv.shape[0]):
+            slot, c = positions[b] % kc.shape[2], cache_rows[b]
+            for g in range(n_kv):
+                k0, v0 = (n_head + g) * hd, (n_head + n_kv + g) * hd
+                for i in range(hd):
+                    kc[c, g, slot, i] = _narrow(min(max(qkv[b, k0 + i], -top), top), kc)
+                    vc[c, g, slot, i] = _narrow(min(max(qkv[b, v0 + i], -top), top), vc)
+
+    # A step's tensors lie in two buffers (`model_args`): the float32 one, and the one of the blocks'
+    # linear weights (the same buffer, or int8's); a row of the table for each, (offset, rows, cols),
+    # cols 0 for a vector, rows 0 for a tensor the model lacks.
+    @njit(cache=_CACHE, inline="always")
+    def _vec(buf: Any, table: Any, slot: int) -> Any:
+        return buf[table[slot, 0] : table[slot, 0] + table[slot, 1]]
+
+    @njit(cache=_CACHE, inline="always")
+    def _mat(buf: Any, table: Any, slot: int) -> Any:
+        start, rows, cols = table[slot, 0], table[slot, 1], table[slot, 2]
+        return buf[start : start + rows * cols].reshape((rows, cols))
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _linear(f32: Any, weights: Any, table: Any, slot: int, form: int, x: Any) -> Any:
+        """x through the linear layer whose weight is at `slot` of `weights`, its scales and bias the next
+        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; PANELS: `_panels`)."""
+        out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
+        scale, bias = _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
+        if form == PANELS:
+            _panels(weights, table[slot, 0], scale, x, bias, out)
+        else:
+            _matvec(_mat(weights, table, slot), scale, x, bias, out, form == TILES)
+        return out
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _block_step(
+        x: Any,
+        model: tuple[Any, Any, Any],
+        first: int,
+        ints: Any,
+        reals: Any,
+        rope: tuple[Any, Any],
+        v_rows: Any,
+        cache: tuple[Any, Any],
+        positions: Any,
+        cache_rows: Any,
+        threads: int,
+    ) -> Any:
+        """One block over x, its tensors from slot `first` of the table on (`_LAYER`), its shapes and
+        options `ints` (`_block_ints`) and `reals` (norm eps, QK-norm eps, score scale)."""
+        f32, weights, table = model
+        rows, width = x.shape
+        n_head, n_kv, hd, activation, rms = ints[0], ints[1], ints[2], ints[3], ints[4] != 0
+        kc, vc = cache
+        h = np.empty_like(x)
+        _norm(x, _vec(f32, table, first), _vec(f32, table, first + 1), reals[0], rms, h)
+        qkv = _linear(f32, weights, table, first + _QKV, ints[5], h)
+        if v_rows.size:  # value embeddings: added to the values before they are cached
+            qkv[:, (n_head + n_kv) * hd :] += v_rows
+        qn, kn = _vec(f32, table, first + _QK), _vec(f32, table, first + _QK + 1)
+        _prepare_heads(qkv, n_head, n_kv, hd, qn, kn, reals[1], rope[0], rope[1])
+        _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions, cache_rows)
+        y = np.empty((rows, n_head * hd), dtype=np.float32)
+        _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, reals[2], y, threads)
+        out = _linear(f32, weights, table, first + _PROJ, ints[6], y)
+        out += x
+        _norm(out, _vec(f32, table, first + 2), _vec(f32, table, first + 3), reals[0], rms, h)
+        up = _linear(f32, weights, table, first + _FC, ints[7], h)
+        out += _linear(f32, weights, table, first + _DOWN, ints[8], _activate(up, activation))
+        return out
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _embed(tokens: Any, positions: Any, f32: Any, table: Any) -> Any:
+        """The token embeddings of `tokens`, plus learned positions' where the model has them."""
+        wte, wpe = _mat(f32, table, _WTE), _mat(f32, table, _WPE)
+        x = np.empty((tokens.shape[0], wte.shape[1]), dtype=np.float32)
+        for b in range(tokens.shape[0]):
+            if not 0 <= tokens[b] < wte.shape[0]:
+                raise IndexError("token id outside the vocabulary")
+            x[b] = wte[tokens[b]]
+            if wpe.size:
+                x[b] += wpe[positions[b]]
+        return x
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _model_step(
+        tokens: Any,
+        model: tuple[Any, Any, Any, Any, Any, Any, tuple[float, bool, int, float]],
+        cache: tuple[Any, Any, int],
+        positions: Any,
+        cache_rows: Any,
+        rope: tuple[Any, Any],
+        logit_rows: Any,
+        threads: int,
+    ) -> Any:
+        f32, weights, table, ints, reals, pairs, final = model
+        kv, slots, cache_batch = cache
+        x = _embed(tokens, positions, f32, table)
+        rows, width = x.shape
+        skips = _vec(f32, table, _SKIPS)
+        inputs = np.empty((pairs.shape[0], rows, width), dtype=np.float32)  # what U-net skips carry
+        for layer in range(ints.shape[0]):
+            for i in range(pairs.shape[0]):
+                if pairs[i, 1] == layer:
+                    x = x + skips[i] * inputs[pairs[i, 0]]
+            if layer < pairs.shape[0]:
+                inputs[layer] = x
+            first = _GLOBALS + layer * _LAYER
+            table_v = _mat(f32, table, first + _VE)
+            v_rows = np.empty((rows, table_v.shape[1]), dtype=np.float32)
+            for b in range(rows if table_v.size else 0):
+                v_rows[b] = table_v[tokens[b]]
+            shape = (cache_batch, ints[layer, 1], slots[layer, 2], ints[layer, 2])
+            size = shape[0] * shape[1] * shape[2] * shape[3]
+            kc = kv[slots[layer, 0] : slots[layer, 0] + size].reshape(shape)
+            vc = kv[slots[layer, 1] : slots[layer, 1] + size].reshape(shape)
+            x = _block_step(
+                x, (f32, weights, table), first, ints[layer], reals[layer], rope, v_rows, (kc, vc),
+                positions, cache_rows, threads,
+            )  # fmt: skip
+        eps, rms, form, logit_cap = final
+        h = np.empty((logit_rows.shape[0], width), dtype=np.float32)
+        _norm(x[logit_rows], _vec(f32, table, _LNF), _vec(f32, table, _LNF + 1), eps, rms, h)
+        logits = _linear(f32, f32, table, _HEAD, form, h)
+        if logit_cap > 0:
+            cap = np.float32(logit_cap)
+            for b in range(h.shape[0]):
+                for v in range(logits.shape[1]):
+                    logits[b, v] = cap * np.tanh(logits[b, v] / cap)
+        return logits
+
+
+def _array(a: np.ndarray | None) -> np.ndarray:
+    return _EMPTY if a is None else a
+
+
+def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
+    """Whether batches of four rows or more go through `_tile` for the output-major w: its rows are
+    `tile_from` long or longer (None: never). Which lengths gain depends on the CPU (here, within a
+    model's step, rows of 1,024 and 1,536 floats gained and rows of 384 lost), so the engine measures it
+    (`NumpyEngine._pick_tiles`)."""
+    return tile_from is not None and w.weight.ndim == 2 and w.weight.shape[1] >= tile_from
+
+
+def form(w: LinearWeights[np.ndarray], tile_from: int | None) -> int:
+    """How the kernels read w: PANELS where it is held as panels (`numpy.panelled`), else TILES or ROWS
+    (`tiled`)."""
+    return PANELS if w.weight.ndim == 3 else TILES if tiled(w, tile_from) else ROWS
+
+
+def out_features(w: LinearWeights[np.ndarray]) -> int:
+    """How many outputs w has, in whichever form its weight is held."""
+    shape = w.weight.shape
+    return shape[0] * shape[2] if len(shape) == 3 else shape[1] if w.input_major else shape[0]
+
+
+def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
+    """x (B, in) through a linear layer held output-major or as panels (float32, or int8 with its
+    scales): (B, out), as `numpy.linear` (`form` by `tile_from`)."""
+    out = np.empty((x.shape[0], out_features(w)), dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    scale, bias = _array(w.scale), _array(w.bias)
+    if w.weight.ndim == 3:
+        _panels(np.ascontiguousarray(w.weight).reshape(-1), 0, scale, x, bias, out)
+    else:
+        _matvec(w.weight, scale, x, bias, out, tiled(w, tile_from))
+    return out
+
+
+def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
+    """Token ids (B,) drawn from logits (B, V) at `temperature` > 0 by uniforms u (B,), in one compiled call
+    (`_draw`): sampling's dozen NumPy calls took 75-190 µs a token once a step's weights had streamed
+    through the caches."""
+    out = np.empty(logits.shape[0], dtype=np.int64)
+    _draw(logits, float(temperature), u, out)
+    return out
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns a's memory (NumPy points every view's `base` at it)."""
+    return a if a.base is None else a.base
+
+
+def _place(a: np.ndarray | None, buffer: np.ndarray) -> tuple[int, int, int]:
+    """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector, a matrix held as
+    panels (out / LANES, in, LANES) as its (out, in); (0, 0, 0) for none."""
+    if a is None or a.size == 0:
+        return (0, 0, 0)
+    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2, 3)):
+        raise ValueError("the kernels read a model whose tensors are packed into one buffer (numpy.packed)")
+    offset = (a.ctypes.data - buffer.ctypes.data) // a.itemsize
+    if a.ndim == 3:
+        return (offset, a.shape[0] * a.shape[2], a.shape[1])
+    return (offset, a.shape[0], a.shape[1] if a.ndim == 2 else 0)
+
+
+def _block_places(
+    w: BlockWeights[np.ndarray], f32: np.ndarray, weights: np.ndarray
+) -> list[tuple[int, int, int]]:
+    """A block's rows of the table, in `_LAYER`'s order."""
+    a = w.attn
+    places = [_place(n, f32) for n in (w.ln_1.weight, w.ln_1.bias, w.ln_2.weight, w.ln_2.bias)]
+    places += [_place(n and n.weight, f32) for n in (a.q_norm, a.k_norm)]
+    places.append(_place(a.v_embed, f32))
+    for lin in (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj):
+        places += [_place(lin.weight, weights), _place(lin.scale, f32), _place(lin.bias, f32)]
+    return places
+
+
+def _block_ints(w: BlockWeights[np.ndarray], tile_from: int | None) -> list[int]:
+    """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, and how
+    each of its four products reads its weight (`form`)."""
+    a = w.attn
+    lins = (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj)
+    return [a.n_head, a.n_kv_head, _head_dim(w), ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)] + [
+        form(lin, tile_from) for lin in lins
+    ]
+
+
+ModelArgs = tuple[Any, ...]
+
+
+def model_args(
+    w: ModelWeights[np.ndarray], head: LinearWeights[np.ndarray], tile_from: int | None = None
+) -> ModelArgs:
+    """A model as `model_step` hands it to the kernel, built once per engine (every block `supported`;
+    `head`: the LM head as an output-major linear layer; batches through `_tile` for weight rows
+    `tile_from` long or longer). Its tensors must lie in one float32 buffer, the blocks' linear weights
+    in it or in one int8 buffer (`numpy.packed`): the kernel is handed the two buffers and a table of
+    where each tensor lies, not the tensors, because numba reads every array it is handed at every call,
+    and the hundred-odd arrays of a 6-block model took 30-40 µs of each token to hand over (on the
+    6x6x384 model, on two threads; 13 µs with the CPU's caches warm: a fifth of a step of the default
+    2-block model)."""
+    f32, weights = _root(w.wte), _root(w.h[0].attn.c_attn.weight)
+    places = [
+        _place(w.wte, f32), _place(w.wpe, f32), _place(w.skips, f32), _place(w.ln_f.weight, f32),
+        _place(w.ln_f.bias, f32), _place(head.weight, f32), _place(head.scale, f32), _place(head.bias, f32),
+    ]  # fmt: skip
+    for block in w.h:
+        places += _block_places(block, f32, weights)
+    reals = [
+        (float(b.ln_1.eps), float(b.attn.q_norm.eps) if b.attn.q_norm else 0.0, _score_scale(b)) for b in w.h
+    ]
+    final = (float(w.ln_f.eps), w.ln_f.rms, form(head, tile_from), float(w.logit_cap or 0.0))
+    return (
+        f32,
+        weights,
+        np.array(places, dtype=np.int64),
+        np.array([_block_ints(b, tile_from) for b in w.h], dtype=np.int64),
+        np.array(reals, dtype=np.float64),
+        np.array(w.skip_pairs, dtype=np.int64).reshape(-1, 2),
+        final,
+    )
+
+
+def _head_dim(w: BlockWeights[np.ndarray]) -> int:
+    return out_features(w.attn.c_attn) // (w.attn.n_head + 2 * w.attn.n_kv_head)
+
+
+def _score_scale(w: BlockWeights[np.ndarray]) -> float:
+    return 1.0 / math.sqrt(_head_dim(w)) if w.attn.score == "scaled" else 1.0
+
+
+def cache_args(k: Sequence[np.ndarray], v: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """A KV cache as `model_step` takes it: its one buffer (float16 as its bits: numba has no float16 on
+    the CPU), where each layer's keys and values start and their capacity, and its rows."""
+    buffer = _root(k[0])
+    slots = [
+        (_place(a.reshape(-1), buffer)[0], _place(b.reshape(-1), buffer)[0], a.shape[2])
+        for a, b in zip(k, v, strict=True)
+    ]
+    flat = buffer.view(np.uint16) if buffer.dtype == np.float16 else buffer
+    return flat, np.array(slots, dtype=np.int64), k[0].shape[0]
+
+
+@functools.cache
+def _every(n: int) -> np.ndarray:
+    """0..n-1 as the kernels' row indices (kept: a step would otherwise build two of them)."""
+    return np.arange(n, dtype=np.int64)
+
+
+def model_step(
+    args: ModelArgs,
+    tokens: np.ndarray,
+    cache: tuple[np.ndarray, np.ndarray, int],
+    positions: np.ndarray,
+    rope: tuple[np.ndarray, np.ndarray] | None,
+    cache_rows: np.ndarray | None = None,
+    logit_rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """The logits of new tokens (`tokens` (N,), int64), each at its position (`positions` (N,), int64)
+    in its row of the cache (`cache_rows` (N,); None: token b in row b), through the model `args` holds
+    (`model_args`), as one compiled call: `numpy.transformer` and `numpy.head`, each block `_block_step`.
+    One token a row is a decoding step (rows may stand at different positions); several tokens of one
+    row at consecutive positions are a prefill (each attends to the slots up to its own position, so it
+    must not wrap the ring: position < capacity). Each layer's keys and values are written into the
+    cache (`cache_args`: rows x n_kv_head x capacity x hd a layer) at slot position % capacity,
+    attention reading the first min(position + 1, capacity) slots of the row. rope: the cos and sin rows
+    of the tokens' positions (`numpy.rotary`), one a token or one for all. Logits (len(logit_rows), V)
+    of the tokens `logit_rows` picks (None: every token). One call, not one a block: the Python and NumPy
+    calls between per-block calls each started from caches the weights had just streamed through (0-10%
+    of a one-token step here, more the busier the machine). A token id outside the vocabulary raises
+    IndexError."""
+    rope = (_EMPTY_ROWS, _EMPTY_ROWS) if rope is None else rope
+    every = _every(len(tokens))
+    return _model_step(
+        tokens, args, cache, positions, every if cache_rows is None else cache_rows, rope,
+        every if logit_rows is None else logit_rows, numba.get_num_threads(),
+    )  # fmt: skip

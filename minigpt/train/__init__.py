@@ -1,0 +1,1 @@
+"""Training: the loop, a run's setup, a step, checkpoints, the budget, optimizers, fine-tuning, several processes."""

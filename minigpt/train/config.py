@@ -1,0 +1,403 @@
+"""Every training setting in one typed config (each field a `train` option), and its device recipes."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from minigpt.common.settings import (
+    ARCH,
+    BUDGET,
+    EVAL,
+    FINETUNE,
+    MODEL,
+    OPT,
+    RUN,
+    check_choices,
+    nested,
+    nested_names,
+    setting,
+)
+from minigpt.errors import UsageError
+from minigpt.model.config import ARCHS, GPTConfig
+from minigpt.model.lora import DEFAULT_TARGETS, TARGET_CHOICES
+from minigpt.model.presets import GPT2_VOCAB, PRESETS, model_config
+from minigpt.model.presets import preset as get_preset
+
+# Defaults by device. CPU: what bench/bench_train.py and bench/bench_recipe.py found best for a short CPU
+# budget (README: "Defaults" and the recipe ablation). GPU: nanoGPT's shakespeare_char recipe without dropout,
+# as published (no GPU here to measure the newer options on). Muon's rate: 0.012 measured on the CPU recipe
+# (round 3; 0.02 before), the earlier 0.02 where a GPU run chooses Muon. AdamW at 1.6e-2 with beta1 0.8 and
+# the untied head at a quarter of that (4e-3): measured on the CPU recipe (round 8; 8e-3, 0.9 and one rate
+# before); nanoGPT's beta1 and one rate on a GPU.
+RECIPES: dict[str, dict[str, Any]] = {
+    "cpu": dict(
+        preset="nano",
+        arch="modern",
+        optimizer="muon",
+        batch_size=16,
+        lr=1.6e-2,
+        muon_lr=0.012,
+        schedule="wsd",
+        beta1=0.8,
+    ),
+    "gpu": dict(
+        preset="small",
+        arch="gpt2",
+        optimizer="adamw",
+        batch_size=64,
+        lr=1e-3,
+        muon_lr=0.02,
+        schedule="cosine",
+        beta1=0.9,
+    ),
+}
+# LoRA's adapters train with AdamW's part, and were tuned at the CPU recipe's rates before round 8 (README,
+# Fine-tuning); its 1.6e-2 with beta1 0.8 cut LoRA rank 8 from 45% to 13% exact match where full
+# fine-tuning went from 98.6% to 99.0%: a LoRA run on the CPU keeps the rates it was measured at
+LORA_CPU = "LoRA on cpu"
+RATES: dict[str, dict[str, Any]] = {**RECIPES, LORA_CPU: dict(lr=8e-3, beta1=0.9)}
+# head_lr as a fraction of lr when it is not given, by recipe
+HEAD_LR_FRACTION = {"cpu": 0.25, "gpu": 1.0, LORA_CPU: 1.0}
+SCHEDULES = ("cosine", "wsd")
+# min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
+MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
+DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
+# warmup takes at most this fraction of the steps the budget allows, so a short or slow run still reaches
+# the peak lr early and has the rest of the budget to decay
+WARMUP_FRACTION = 0.1
+OPTIMIZERS = ("adamw", "muon")
+ORTHOGONALIZERS = ("newton-schulz", "polar-express")  # Muon's (minigpt.train.muon)
+MUON_DTYPES = ("auto", "float32", "bfloat16")
+BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
+_MIN_LR_DEFAULT = ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '90s', '10m', '1h30m' or '1.5h'; a bare number ('90') is seconds."""
+    s = text.strip().lower().replace(" ", "")
+    pos, total = 0, 0.0
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+    while pos < len(s):
+        m = _DURATION.match(s, pos)
+        if not m or m.end() == pos:
+            break
+        total += float(m.group(1)) * scale[m.group(2)]
+        pos = m.end()
+    if not s or pos != len(s) or total <= 0:
+        raise UsageError(
+            f"cannot read duration {text!r}: use e.g. 90s, 10m, 1h30m (a bare number is seconds)"
+        )
+    return total
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every training setting; saved in the run's config.json and reused on resume."""
+
+    # the model: a preset's shape and an architecture (None: the device's recipe), then any GPTConfig
+    # fields given one by one over both (vocab_size always comes from the tokenizer)
+    preset: str | None = setting(None, f"Model shape preset: {', '.join(PRESETS)}.", panel=MODEL, by=RECIPES)
+    arch: str | None = setting(
+        None, "gpt2 (maps to Hugging Face GPT-2) or modern; the flags below override it.", panel=ARCH,
+        choices=tuple(ARCHS), by=RECIPES,
+    )  # fmt: skip
+    overrides: dict[str, Any] = nested(GPTConfig, skip=("vocab_size",))
+    # optimisation
+    batch_size: int | None = setting(None, "Sequences per micro-batch (per process).", panel=OPT, by=RECIPES)
+    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", panel=OPT)
+    batch_ramp: float = setting(
+        0.0, "Grow the batch from a quarter of --batch-size to all of it, linearly over this fraction of the "
+        "budget (0: the whole batch from the start).", panel=OPT,
+    )  # fmt: skip
+    seq_ramp: float = setting(
+        0.0, "Grow the training windows from a quarter of --block-size to all of it, linearly over this "
+        "fraction of the budget (0: whole windows from the start; text only).", panel=OPT,
+    )  # fmt: skip
+    lr: float | None = setting(None, "Peak learning rate.", panel=OPT, by=RATES)
+    head_lr: float | None = setting(
+        None, "Peak learning rate of an untied LM head (a tied one learns at --lr, as the embedding).",
+        panel=OPT, shown=", ".join(f"{k}: {f'lr*{f:g}' if f != 1 else 'lr'}" for k, f in HEAD_LR_FRACTION.items()),
+    )  # fmt: skip
+    min_lr: float | None = setting(
+        None, "Learning rate at the end of the decay.", panel=OPT, shown=_MIN_LR_DEFAULT
+    )
+    warmup: int = setting(
+        100, f"Linear warmup steps, at most {WARMUP_FRACTION:.0%} of what the budget allows.", panel=OPT
+    )
+    schedule: str | None = setting(
+        None, "After warmup: cosine decays to --min-lr over the whole budget; wsd holds the peak lr, then "
+        "decays linearly over the last --cooldown of it.", panel=OPT, choices=SCHEDULES, by=RECIPES,
+    )  # fmt: skip
+    cooldown: float = setting(0.5, "Fraction of the budget wsd spends decaying.", panel=OPT)
+    weight_decay: float = setting(0.1, "AdamW weight decay on weight matrices.", panel=OPT)
+    grad_clip: float = setting(1.0, "Clip the gradient norm to this (0: off).", panel=OPT)
+    beta1: float | None = setting(None, "AdamW beta1 (its momentum).", panel=OPT, by=RATES)
+    beta2: float = setting(0.99, "AdamW beta2.", panel=OPT)
+    optimizer: str | None = setting(
+        None, "adamw, or muon: minigpt's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
+        choices=OPTIMIZERS, by=RECIPES,
+    )  # fmt: skip
+    muon_lr: float | None = setting(
+        None, "Muon's peak learning rate (--optimizer muon).", panel=OPT, by=RECIPES
+    )
+    orthogonalizer: str = setting(
+        "newton-schulz", "How Muon orthogonalises its update: newton-schulz (one quintic, 5 times) or "
+        "polar-express (5 quintics, each optimal for where the last left the singular values).", panel=OPT,
+        choices=ORTHOGONALIZERS,
+    )  # fmt: skip
+    normuon: bool = setting(
+        False, "NorMuon: Muon's update row by row over the root of its running mean square.", panel=OPT
+    )
+    muon_dtype: str = setting(
+        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs and where the run trains in bf16 (a "
+        "CPU with bf16 instructions), float32 elsewhere (CPUs without them multiply bf16 matrices many times "
+        "slower).", panel=OPT, choices=MUON_DTYPES,
+    )  # fmt: skip
+    zero_init: bool = setting(
+        False, "Start every block's output projections (and an untied head) at zero.", panel=OPT
+    )
+    # fine-tuning from a run (init_from): LoRA adapters on the frozen base instead of every weight
+    lora_rank: int | None = setting(
+        None, "Train LoRA adapters of this rank on the frozen --init-from run instead of every weight "
+        "(saved on their own, tied to that run's weights).", panel=FINETUNE, shown="none, every weight trains",
+    )  # fmt: skip
+    lora_alpha: float | None = setting(
+        None, "LoRA's scale: updates are multiplied by alpha / rank.", panel=FINETUNE, shown="2 x lora-rank"
+    )
+    lora_targets: str = setting(
+        DEFAULT_TARGETS, f"Layers of every block to adapt, and the embedding, head, norms or biases to train "
+        f"whole, comma-separated: {TARGET_CHOICES}.", panel=FINETUNE,
+    )  # fmt: skip
+    # budget: the first one reached stops the run
+    max_iters: int | None = setting(
+        None, "Stop at this optimizer step (counted over the whole run).", panel=BUDGET,
+        shown=f"{DEFAULT_MAX_ITERS} when no budget is given",
+    )  # fmt: skip
+    max_time: float | None = setting(  # seconds
+        None, "Finish within this much wall time, e.g. 90s, 10m, 1h30m (a bare number is seconds): the whole "
+        "command, start-up and the final evaluation included.", panel=BUDGET, parse=parse_duration,
+        metavar="<duration>",
+    )  # fmt: skip
+    max_tokens: int | None = setting(
+        None, "Stop after this many training tokens (over the whole run).", panel=BUDGET
+    )
+    # evaluation and logging (50 batches: README, "Progress")
+    eval_every: int = setting(
+        500,
+        "Evaluate (and checkpoint) every N steps, bar one within N/2 steps of the final evaluation.",
+        panel=EVAL,
+    )
+    eval_iters: int = setting(
+        50, "Batches of fixed windows per split (validation and train) per evaluation.", panel=EVAL
+    )
+    log_every: int = setting(10, "Log the step loss every N steps.", panel=EVAL)
+    # runtime
+    seed: int = setting(1337, "Random seed (weights, batches, dropout).", panel=RUN)
+    device: str = setting("auto", "auto, cpu, cuda or mps.", panel=RUN)
+    dtype: str = setting(
+        "auto", "auto, float32, bfloat16 or float16 (autocast). auto: bfloat16 on GPUs that have it (else "
+        "float16); on the CPU bfloat16 from 128 wide where the CPU has bf16 instructions, else float32.",
+        panel=RUN,
+    )  # fmt: skip
+    compile: bool = setting(False, "torch.compile the model.", panel=RUN)
+
+    def __post_init__(self) -> None:
+        _check_field_types(self)
+        check_choices(self)
+        self._check_counts()
+        self._check_rates()
+        self._check_model()
+
+    def _check_counts(self) -> None:
+        for name in ("batch_size", "grad_accum", "eval_every", "eval_iters", "log_every"):
+            value = getattr(self, name)
+            if value is None and name == "batch_size":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_iters", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"{name} must be at least 1, got {value}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise UsageError(f"max_time must be a positive number of seconds, got {self.max_time}")
+
+    def _check_rates(self) -> None:
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError(f"lr must be positive, got {self.lr}")
+        if self.muon_lr is not None and not self.muon_lr > 0:
+            raise UsageError(f"muon_lr must be positive, got {self.muon_lr}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= (self.lr if self.lr is not None else math.inf):
+            raise UsageError(f"need 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise UsageError("warmup, weight_decay and grad_clip must not be negative (0 turns them off)")
+        if self.head_lr is not None and not self.head_lr > 0:
+            raise UsageError(f"head_lr must be positive, got {self.head_lr}")
+        if self.beta1 is not None and not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
+            raise UsageError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        for name in ("batch_ramp", "seq_ramp"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise UsageError(f"{name} is a fraction of the budget in [0, 1], got {getattr(self, name)}")
+        if not 0 < self.cooldown <= 1:
+            raise UsageError(f"cooldown is a fraction of the budget in (0, 1], got {self.cooldown}")
+        if self.lora_rank is not None and not 1 <= self.lora_rank <= 4096:
+            raise UsageError(f"lora_rank must be from 1 to 4096, got {self.lora_rank}")
+        if self.lora_alpha is not None and not 0 < self.lora_alpha < 1e6:
+            raise UsageError(f"lora_alpha must be a positive number, got {self.lora_alpha}")
+
+    def _check_model(self) -> None:
+        """The model's settings are GPTConfig's own fields of their types; once the preset is known (given,
+        or filled by the recipe), building the GPTConfig checks them together."""
+        if not isinstance(self.overrides, dict):
+            raise UsageError(f"the model settings are not a JSON object, got {self.overrides!r}")
+        object.__setattr__(self, "overrides", {k: v for k, v in self.overrides.items() if v is not None})
+        unknown = sorted(set(self.overrides) - set(nested_names(TrainConfig, "overrides")))
+        if unknown:
+            raise UsageError(f"not settings of the model: {', '.join(map(str, unknown))}")
+        kinds = {f.name: str(f.type) for f in fields(GPTConfig)}
+        for name, value in self.overrides.items():
+            _check_type(name, kinds[name], value)
+        if self.preset is not None:
+            get_preset(self.preset)
+            self.model_config(GPT2_VOCAB)
+
+    @property
+    def has_budget(self) -> bool:
+        return any(getattr(self, name) is not None for name in BUDGET_SETTINGS)
+
+    def budget(self) -> dict[str, Any]:
+        """The budget settings, unset ones left out."""
+        return {name: getattr(self, name) for name in BUDGET_SETTINGS if getattr(self, name) is not None}
+
+    def with_budget(self, budget: dict[str, Any]) -> TrainConfig:
+        """This config with `budget` in place of its whole budget (settings left out of it are unset)."""
+        unknown = set(budget) - set(BUDGET_SETTINGS)
+        if unknown:
+            raise UsageError(f"not budget settings: {', '.join(sorted(unknown))}")
+        return replace(self, **{**dict.fromkeys(BUDGET_SETTINGS), **budget})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        if not isinstance(data, dict):
+            raise UsageError("the train settings are not a JSON object")
+        known = {f.name for f in fields(cls)}
+        # runs saved before schedules, architectures and optimizers were settings: cosine, GPT-2, AdamW;
+        # before the head had its own rate, it learned at lr
+        data = {"schedule": "cosine", "arch": "gpt2", "optimizer": "adamw", "head_lr": data.get("lr"), **data}
+        # runs saved before the model's settings were overrides held them flat (tie for tie_embeddings)
+        flat = {"tie_embeddings" if k == "tie" else k: v for k, v in data.items() if k not in known}
+        model = {k: v for k, v in flat.items() if k in nested_names(cls, "overrides")}
+        overrides = data.get("overrides", {})
+        if isinstance(overrides, dict):
+            overrides = {**model, **overrides}
+        return cls(**{k: v for k, v in data.items() if k in known and k != "overrides"}, overrides=overrides)
+
+    def with_recipe(self, device_type: str) -> TrainConfig:
+        """Fill the settings left unset with the recipe measured best for this kind of device."""
+        device = "cpu" if device_type == "cpu" else "gpu"
+        kind = LORA_CPU if device == "cpu" and self.lora_rank is not None else device
+        recipe = {**RECIPES[device], **RATES[kind]}
+        filled = {k: v for k, v in recipe.items() if getattr(self, k) is None}
+        lr = self.lr if self.lr is not None else recipe["lr"]
+        schedule = self.schedule or recipe["schedule"]
+        if self.min_lr is None:
+            filled["min_lr"] = lr * MIN_LR_FRACTION[schedule]
+        if self.head_lr is None:
+            filled["head_lr"] = lr * HEAD_LR_FRACTION[kind]
+        return replace(self, **filled)
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The model: the preset, the architecture (GPT-2's when none) and the overrides."""
+        if self.preset is None:
+            raise AssertionError("model_config needs a resolved config (with_recipe)")
+        return model_config(self.preset, self.arch, **self.overrides, vocab_size=vocab_size)
+
+
+_KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "text"}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where a run is written, what it starts from, and how many processes on this machine train it."""
+
+    out: Path | None = setting(
+        None, "Run directory to write.", panel=RUN, shown="checkpoints/<first file's name>"
+    )
+    resume: Path | None = setting(
+        None, "Continue this run with its saved settings. Budget options given with it replace the saved "
+        "budget as a whole (--max-time then counts this command's time). FILE... given with it say where "
+        "the run's text is now, if it moved.", panel=RUN,
+    )  # fmt: skip
+    allow_data_change: bool = setting(
+        False, "With --resume: go on even if the text differs from what the run trained on.", panel=RUN,
+        flags=("--allow-data-change",),
+    )  # fmt: skip
+    init_from: Path | None = setting(
+        None, "Fine-tune this run: start from its weights and tokenizer, with a fresh optimizer. On "
+        "conversation JSONL the loss counts the assistant's tokens only.", panel=RUN,
+    )  # fmt: skip
+    overwrite: bool = setting(
+        False, "Replace an existing run directory at --out.", panel=RUN, flags=("--overwrite",)
+    )
+    nproc: int | None = setting(
+        None, "Run in N processes on this machine (one per GPU) through torch.distributed.run.", panel=RUN
+    )
+
+    # what a resume may be given besides a budget: the rest is the saved run's
+    WITH_RESUME = ("resume", "allow_data_change", "overwrite", "nproc")
+    # the options only `train` has (`prepare` takes --nproc alone)
+    RUN_ONLY = ("out", "resume", "allow_data_change", "init_from", "overwrite")
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
+
+    @property
+    def processes(self) -> int:
+        return self.nproc or 1
+
+
+def _check_field_types(config: Any) -> None:
+    """Every field holds its declared type (read from config.json, a field may hold anything), and seeds
+    fit the 64-bit integers torch takes."""
+    for f in fields(config):
+        if f.name != "overrides":  # checked field by field against GPTConfig's types
+            _check_type(f.name, str(f.type), getattr(config, f.name))
+    if not 0 <= config.seed < 2**63:
+        raise UsageError(f"seed must be in 0..2**63-1, got {config.seed}")
+
+
+def _check_type(name: str, kind: str, value: Any) -> None:
+    """`value` is of the declared type `kind` (a field's annotation), numbers finite (a NaN compares false
+    with every bound, so range checks alone let it through) and counts within torch's 64-bit integers."""
+    if value is None and "None" in kind:
+        return
+    if kind.startswith("bool"):
+        ok = isinstance(value, bool)
+    elif kind.startswith("int"):
+        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63
+    elif kind.startswith("float"):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        wanted = next(w for k, w in _KIND_WORDS.items() if kind.startswith(k))
+        raise UsageError(f"{name} must be {wanted}, got {value!r}")
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration with its units spelled out: '45 s', '2 min 30 s', '1 h 5 min'."""
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [(hours, "h"), (minutes, "min"), (secs, "s")]
+    return " ".join(f"{value} {unit}" for value, unit in parts if value)

@@ -1,0 +1,226 @@
+"""How training tells its progress: the reporter protocol, a silent default, and plain lines for logs."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from minigpt.model.config import GPTConfig
+
+if TYPE_CHECKING:
+    from minigpt.train.checkpoint import TrainState
+
+NO_VALUE = "—"  # what a figure shows before there is one
+
+
+@dataclass(frozen=True)
+class TrainingStart:
+    """What a reporter learns when training starts."""
+
+    out: Path
+    model: GPTConfig
+    n_params: int
+    tokenizer: str
+    train_tokens: int
+    val_tokens: int
+    device: str
+    dtype: str
+    world_size: int
+    batch_size: int
+    grad_accum: int
+    budget: str  # the budget in words
+    start: TrainState  # where the run starts: step 0, or the resumed checkpoint's progress and best loss
+    start_progress: float = 0.0  # the fraction of the budget used when this command started
+    elapsed: float = 0.0  # the run's elapsed seconds at start(), this command's start-up included
+    # while the corpus is still being tokenized beside training: how far that has come, in words
+    data_status: Callable[[], str | None] | None = None
+    data: str | None = None  # what the data is, where tokens say too little (conversations)
+    fine_tune: str | None = None  # what a LoRA run trains
+
+
+@dataclass(frozen=True)
+class TrainingEnd:
+    """What a reporter learns when training ends."""
+
+    out: Path
+    state: TrainState
+    reason: str
+    interrupted: bool
+    elapsed: float  # the run's seconds over every command that trained it
+    command_seconds: float  # this command's
+    overrun: float  # seconds past the time budget (0: kept to it, or none)
+    best_val_bpb: float
+    history: list[dict[str, Any]]
+    chat: bool = False  # trained on conversations: `minigpt chat` is the command to try it with
+
+
+class ProgressReporter(Protocol):
+    """Whoever shows a run's progress; the training loop calls these in order (on rank 0 only)."""
+
+    # whether data preparation also shows its notes and progress bars (on stderr)
+    data_progress: bool
+
+    def log(self, message: str) -> None: ...
+
+    def start(self, info: TrainingStart) -> None: ...
+
+    def step(self, record: dict[str, Any], progress: float) -> None:
+        """A logged step: record holds step, tokens, elapsed, loss and lr; progress is the budget fraction."""
+
+    def evaluated(self, record: dict[str, Any], improved: bool) -> None:
+        """An evaluation: record holds step, tokens, elapsed, val_loss, train_loss, val_bpb and val_ppl."""
+
+    def finish(self, summary: TrainingEnd) -> None: ...
+
+
+class QuietReporter:
+    """Reports nothing: the library's default."""
+
+    data_progress = False
+
+    def log(self, message: str) -> None:
+        pass
+
+    def start(self, info: TrainingStart) -> None:
+        pass
+
+    def step(self, record: dict[str, Any], progress: float) -> None:
+        pass
+
+    def evaluated(self, record: dict[str, Any], improved: bool) -> None:
+        pass
+
+    def finish(self, summary: TrainingEnd) -> None:
+        pass
+
+
+def fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return NO_VALUE
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_loss(value: float | None, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if value is not None and math.isfinite(value) else NO_VALUE
+
+
+class Pace:
+    """Tokens per second and time left, measured over this command only (a resume starts afresh)."""
+
+    def __init__(self, tokens: int, progress: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self._t0 = self._t_last = self._t_eta = clock()
+        self._p0 = progress
+        self._tokens_last = tokens
+        self.tokens_per_s = math.nan
+        self._eta = math.inf
+
+    def update(self, tokens: int, progress: float) -> None:
+        now = self.clock()
+        if tokens > self._tokens_last and now > self._t_last:
+            self.tokens_per_s = (tokens - self._tokens_last) / (now - self._t_last)
+        self._t_last, self._tokens_last = now, tokens
+        done = progress - self._p0
+        self._eta = (1 - progress) * (now - self._t0) / done if done > 0 else math.inf
+        self._t_eta = now
+
+    def eta(self) -> float:
+        """Seconds left, counted down from the last update."""
+        return max(0.0, self._eta - (self.clock() - self._t_eta))
+
+    def rate(self) -> str:
+        return f"{self.tokens_per_s:,.0f} tok/s" if math.isfinite(self.tokens_per_s) else f"{NO_VALUE} tok/s"
+
+
+def header_text(info: TrainingStart) -> str:
+    m = info.model
+    procs = f" × {info.world_size} processes" if info.world_size > 1 else ""
+    so_far = " (so far: tokenizing goes on)" if info.data_status else ""
+    data = info.data or f"{info.train_tokens:,} train{so_far} / {info.val_tokens:,} val tokens"
+    rows = "conversations of up to " if info.data else ""
+    fine_tune = f"fine-tuning: {info.fine_tune}\n" if info.fine_tune else ""
+    return (
+        f"model: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, block {m.block_size}, "
+        f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n{fine_tune}"
+        f"data: {data}; device: {info.device}{procs}, "
+        f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {rows}{m.block_size}\n"
+        f"budget: {info.budget}\nwriting to {info.out}"
+    )
+
+
+def eval_line(record: dict[str, Any], improved: bool) -> str:
+    mark = " (best, saved)" if improved else ""
+    return (
+        f"eval  {record['step']:>6,} | val loss {fmt_loss(record['val_loss'])} | "
+        f"val bpb {fmt_loss(record['val_bpb'], 3)} | ppl {record['val_ppl']:.2f} | "
+        f"train loss {fmt_loss(record['train_loss'])}{mark}"
+    )
+
+
+def done_text(summary: TrainingEnd) -> str:
+    s = summary.state
+    took = fmt_duration(summary.elapsed)
+    if abs(summary.elapsed - summary.command_seconds) > 1:
+        took += f" ({fmt_duration(summary.command_seconds)} in this command)"
+    best = (
+        f"best val loss {fmt_loss(s.best_val_loss)} (bpb {fmt_loss(summary.best_val_bpb, 3)}) at step "
+        f"{s.best_step:,}"
+        if s.best_step >= 0
+        else "not evaluated (no time was left for it)"
+    )
+    lines = [
+        f"{'interrupted' if summary.interrupted else 'done'}: {summary.reason} after {s.step:,} steps, "
+        f"{s.tokens:,} tokens, {took}",
+        f"{best}; saved in {summary.out}",
+    ]
+    if summary.overrun >= 0.05:
+        lines.append(
+            f"over budget: the run took {summary.overrun:.1f} s more than its max_time (start-up, the last "
+            f"step or the final evaluation and save took longer than estimated)"
+        )
+    if summary.interrupted:
+        lines.append(f"resume with: minigpt train --resume {summary.out}")
+    elif summary.chat:
+        lines.append(f"chat with: minigpt chat {summary.out}")
+    else:
+        lines.append(f'generate with: minigpt generate --model {summary.out} "Once upon a time"')
+    return "\n".join(lines)
+
+
+class LineReporter:
+    """Plain lines on a stream (stderr by default): for logs and CI, and for library users who want them."""
+
+    data_progress = True
+
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.stream = stream
+        self.clock = clock
+        self.pace = Pace(0, 0.0, clock)
+
+    def log(self, message: str) -> None:
+        print(message, file=self.stream or sys.stderr, flush=True)
+
+    def start(self, info: TrainingStart) -> None:
+        self.pace = Pace(info.start.tokens, info.start_progress, self.clock)
+        self.log(header_text(info))
+
+    def step(self, record: dict[str, Any], progress: float) -> None:
+        self.pace.update(record["tokens"], progress)
+        self.log(
+            f"step {record['step']:>6,} | loss {fmt_loss(record['loss'])} | lr {record['lr']:.2e} | "
+            f"{self.pace.rate()} | {fmt_duration(record['elapsed'])} elapsed, ETA {fmt_duration(self.pace.eta())}"
+        )
+
+    def evaluated(self, record: dict[str, Any], improved: bool) -> None:
+        self.log(eval_line(record, improved))
+
+    def finish(self, summary: TrainingEnd) -> None:
+        self.log(done_text(summary))

@@ -1,0 +1,192 @@
+"""The two things a training loop repeats: one optimizer step, and an evaluation on fixed windows."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from minigpt.chat.data import ConversationData, ConversationSplit
+from minigpt.common.device import autocast_context
+from minigpt.data.dataset import BatchSampler, Dataset, bits_per_byte, eval_batches
+from minigpt.model.config import GPTConfig
+from minigpt.train.budget import EvalCost
+from minigpt.train.distributed import DistContext
+from minigpt.train.optimizers import Optimizers
+
+EVAL_CHUNK = 256  # windows per evaluation forward pass, at most
+EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (128 MB in float32)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where a run computes: its device, its autocast dtype, and this process's place among the ranks."""
+
+    device: torch.device
+    dtype: torch.dtype
+    dist: DistContext = field(default_factory=DistContext)
+
+    def autocast(self) -> Any:
+        return autocast_context(self.device, self.dtype)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: Optimizers,
+    sampler: BatchSampler,
+    runtime: Runtime,
+    *,
+    lr: float,
+    grad_accum: int = 1,
+    grad_clip: float = 0.0,
+    abandon: Callable[[], bool] | None = None,
+) -> float | None:
+    """One optimizer step at learning rate `lr` over `grad_accum` micro-batches from `sampler`.
+
+    Returns the loss, averaged over the micro-batches and the ranks (so every rank sees a NaN on any).
+    A loss that is not finite is returned without stepping: the weights stay as they were. `abandon`, asked
+    after each micro-batch, can give the step up (None is returned, gradients and batch position as before
+    the step): a step of very many micro-batches must not outlast a time budget or a Ctrl-C.
+    """
+    optimizer.set_lr(lr)
+    loss_sum = torch.zeros((), device=runtime.device)
+    for micro in range(grad_accum):
+        x, y = sampler.next_batch()
+        x, y = x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)
+        with runtime.dist.no_sync(model, last=micro == grad_accum - 1), runtime.autocast():
+            _, loss = model(x, y)
+            loss = loss / grad_accum
+        loss.backward()
+        loss_sum += loss.detach()
+        if abandon is not None and micro + 1 < grad_accum and abandon():
+            optimizer.zero_grad(set_to_none=True)
+            sampler.batches -= micro + 1
+            return None
+    loss_tensor = runtime.dist.all_reduce_mean(loss_sum)
+    mean_loss = _clip_gradients(model, grad_clip, loss_tensor) if grad_clip > 0 else loss_tensor.item()
+    if math.isfinite(mean_loss):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return mean_loss
+
+
+def _clip_gradients(model: torch.nn.Module, max_norm: float, loss: torch.Tensor) -> float:
+    """clip_grad_norm_'s scaling by min(max_norm / (norm + 1e-6), 1), skipped when that factor is 1 (most
+    steps once training settles), which leaves the gradients bitwise as the multiplication would; the loss
+    is read in the same device sync as the factor. Returns the loss."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    factor = max_norm / (norm + 1e-6)
+    value, scale = torch.stack([loss.float(), factor.float()]).tolist()
+    if not scale >= 1.0:  # a NaN factor scales too, as clip_grad_norm_ would
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+    return value
+
+
+def _chunk(config: GPTConfig, batch_size: int) -> int:
+    # forward-only passes run faster on more windows at once (README: "Progress");
+    # the logits of one pass stay under EVAL_LOGITS elements
+    return max(batch_size, min(EVAL_CHUNK, EVAL_LOGITS // (config.block_size * config.vocab_size)))
+
+
+@torch.no_grad()
+def split_loss(
+    model: torch.nn.Module,
+    config: GPTConfig,
+    tokens: np.ndarray | ConversationSplit,
+    batch_size: int,
+    eval_iters: int,
+    runtime: Runtime,
+) -> float:
+    """Mean loss per predicted token over eval_iters x batch_size evenly spaced windows of `tokens` (or
+    conversations: their assistant tokens): the same ones every time, shared out between ranks (one may get
+    fewer, or none: windows are counted, not batches)."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x targets, targets
+    dist = runtime.dist
+    chunk = _chunk(config, batch_size)
+    if isinstance(tokens, ConversationSplit):
+        batches = tokens.eval_batches(batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk)
+    else:
+        batches = eval_batches(
+            tokens, config.block_size, batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk
+        )
+    for x, y in batches:
+        with runtime.autocast():
+            _, loss = model(x.to(runtime.device), y.to(runtime.device))
+        targets = int((y >= 0).sum())
+        sums[0] += loss.double() * targets
+        sums[1] += targets
+    model.train(was_training)
+    total, counted = dist.all_reduce_sum(sums).tolist()
+    return total / max(counted, 1.0)
+
+
+def evaluate(
+    model: torch.nn.Module,
+    config: GPTConfig,
+    dataset: Dataset | ConversationData,
+    batch_size: int,
+    eval_iters: int,
+    runtime: Runtime,
+) -> dict[str, float]:
+    """Validation loss, bits per byte and perplexity, and the loss on as many fixed windows of the training
+    split (nanoGPT's convention: both measured the same way, so the gap between them means something)."""
+    val_loss = split_loss(model, config, dataset.val, batch_size, eval_iters, runtime)
+    train_loss = split_loss(model, config, dataset.train, batch_size, eval_iters, runtime)
+    return {
+        "val_loss": val_loss,
+        "train_loss": train_loss,
+        "val_bpb": bits_per_byte(val_loss, len(dataset.val), dataset.val_bytes),
+        "val_ppl": math.exp(min(val_loss, 700)),
+    }
+
+
+def eval_cost(
+    model: torch.nn.Module,
+    config: GPTConfig,
+    dataset: Dataset | ConversationData,
+    batch_size: int,
+    runtime: Runtime,
+    clock: Callable[[], float] = time.perf_counter,
+) -> EvalCost:
+    """What evaluate() costs a process, from a timed forward pass over a batch of windows, the second of two:
+    the first pays one-off costs (the CPU's bf16 kernels, allocations: 83 ms against 27 for the CPU recipe's
+    batch), and timing it left a run with no periodic evaluation to measure again (a 35 s CPU run) 2.5 s of
+    its budget unused and its final evaluation shrunk to fit. Evaluations pass larger chunks, so this still
+    errs long; the second pass costs about half a training step. Also the windows each split holds (a
+    conversation is one window)."""
+    if isinstance(dataset, ConversationData):
+        measured = min(batch_size, dataset.val.conversations)
+
+        def one_pass() -> None:
+            split_loss(model, config, dataset.val, batch_size, 1, runtime)
+
+    else:
+        sample = dataset.val[: batch_size * config.block_size + 1]
+        measured = (len(sample) - 1) // config.block_size
+
+        def one_pass() -> None:
+            split_loss(model, config, sample, batch_size, len(sample), runtime)
+
+    one_pass()
+    start = clock()
+    one_pass()
+    seconds = clock() - start
+    return EvalCost(seconds / max(1, measured), batch_size, split_windows(config, dataset, runtime))
+
+
+def split_windows(
+    config: GPTConfig, dataset: Dataset | ConversationData, runtime: Runtime
+) -> tuple[int, int]:
+    """The windows of the validation and training splits, per process (rank 0's share: the largest)."""
+    world = runtime.dist.world_size
+    if isinstance(dataset, ConversationData):
+        return tuple(-(-s.conversations // world) for s in (dataset.val, dataset.train))  # type: ignore[return-value]
+    return tuple(-(-((len(t) - 1) // config.block_size) // world) for t in (dataset.val, dataset.train))  # type: ignore[return-value]
