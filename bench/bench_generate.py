@@ -177,12 +177,12 @@ for batch in batches:
     out.append([gen.tokens_per_second, gen.time_to_first_token, engine.threads])
 layout = engine.layout
 if engine.kernels:  # the batched steps' form and the prefills' products the engine measured (README: "Generation")
-    if engine.panels:  # the blocks' matrices as panels; the head by rows or tiles, as measured
-        layout += ", blocks as panels, the head"
+    if engine.bands:  # the blocks' matrices as bands; the head by rows or tiles, as measured
+        layout += ", blocks as bands, the head"
     layout += ", " + "; ".join(
         f"{rows} rows: " + ("rows" if t is None else f"tiles from {t}") for rows, t in engine.tiles.items()
     )
-    layout += "; every prefill by the kernels" if engine.panels else f"; prefill kernels to {engine.kernel_rows} rows"
+    layout += "; every prefill by the kernels" if engine.bands else f"; prefill kernels to {engine.kernel_rows} rows"
 print(json.dumps({"results": out, "layout": layout}), "torch" in sys.modules)
 """
 

@@ -15,7 +15,7 @@ from test_engines import save
 
 from minigpt.errors import UsageError
 from minigpt.generate.engines import kernels
-from minigpt.generate.engines.numpy_engine import NumpyEngine, int8_linear, panelled
+from minigpt.generate.engines.numpy_engine import NumpyEngine, banded, int8_linear
 from minigpt.generate.engines.tuning import blas_tuner
 from minigpt.generate.load import load_engine
 from minigpt.model.config import GPTConfig
@@ -201,11 +201,11 @@ def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> No
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("biased", [True, False])
-def test_a_layer_held_as_panels_computes_its_product_and_a_row_the_same_bits_in_any_batch(
+def test_a_layer_held_as_bands_computes_its_product_and_a_row_the_same_bits_in_any_batch(
     quantize: str, biased: bool
 ) -> None:
-    """A linear layer of 48 outputs (three panels) over 37 inputs (odd: a pass's last input alone) held as
-    panels, through 1 to 21 rows (passes of eight, four, two and one rows, a batch's last rows summed
+    """A linear layer of 48 outputs (three bands) over 37 inputs (odd: a pass's last input alone) held as
+    bands, through 1 to 21 rows (passes of eight, four, two and one rows, a batch's last rows summed
     again as part of its last pass): within float32's bound of the float64 product of the same weights
     (n_in units of rounding of the sum of |x w|), and each row's outputs the same bits as that row alone."""
     rng = np.random.default_rng(0)
@@ -213,28 +213,28 @@ def test_a_layer_held_as_panels_computes_its_product_and_a_row_the_same_bits_in_
     layer = LinearWeights(w, rng.standard_normal(48, dtype=np.float32) if biased else None)
     if quantize == "int8":
         layer = int8_linear(layer)
-    panels = panelled(layer)
-    assert panels.weight.shape == (3, 37, kernels.LANES) and kernels.out_features(panels) == 48
+    bands = banded(layer)
+    assert bands.weight.shape == (3, 37, kernels.LANES) and kernels.out_features(bands) == 48
     dense = layer.weight.astype(np.float64) * (1.0 if layer.scale is None else layer.scale[:, None])
     x = rng.standard_normal((21, 37), dtype=np.float32)
-    alone = np.concatenate([kernels.matvec(panels, x[r : r + 1]) for r in range(21)])
+    alone = np.concatenate([kernels.matvec(bands, x[r : r + 1]) for r in range(21)])
     for rows in range(1, 22):
-        got = kernels.matvec(panels, x[:rows])
+        got = kernels.matvec(bands, x[:rows])
         want = x[:rows].astype(np.float64) @ dense.T + (0.0 if layer.bias is None else layer.bias)
         bound = 37 * np.finfo(np.float32).eps * (np.abs(x[:rows]) @ np.abs(dense).T + 1.0)
         assert np.all(np.abs(got - want) <= bound), rows
         np.testing.assert_array_equal(got, alone[:rows])
 
 
-def test_an_engine_holds_its_blocks_as_panels_where_every_width_is_a_multiple_of_16() -> None:
-    """Widths of 32 (GPT-2's bias, a tied head): every block matrix as panels, the head the embedding
+def test_an_engine_holds_its_blocks_as_bands_where_every_width_is_a_multiple_of_16() -> None:
+    """Widths of 32 (GPT-2's bias, a tied head): every block matrix as bands, the head the embedding
     table's rows, every prefill through the kernels; a step of three rows and one of one row compute the
-    exact logits within float32's bound, and the same bits for the same row (the panels sum a row in one
+    exact logits within float32's bound, and the same bits for the same row (the bands sum a row in one
     order at any batch; the head by rows, whose batches of four or more sum in another order than one
     row's, takes fewer here). Widths of 40: rows."""
     config = replace(CONFIGS["gpt2"], n_embd=32, n_head=4)
     engine, model = engine_of(config, tile_from=None)
-    assert engine.panels and engine.kernel_rows > config.block_size
+    assert engine.bands and engine.kernel_rows > config.block_size
     assert all(lin.weight.ndim == 3 for b in engine.weights.h for lin in (b.attn.c_attn, b.mlp.c_proj))
     assert engine._head.weight is engine.weights.wte
     ids = torch.randint(0, config.vocab_size, (3, 6), generator=torch.Generator().manual_seed(5))
@@ -245,7 +245,7 @@ def test_an_engine_holds_its_blocks_as_panels_where_every_width_is_a_multiple_of
         got = engine.forward(ids[:, t : t + 1].tolist(), batch)
         assert_near_exact(got, float64_logits(model, ids[:, : t + 1]), config, f"step {t}")
         np.testing.assert_array_equal(got[0], engine.forward(ids[:1, t : t + 1].tolist(), one)[0])
-    assert not engine_of(CONFIGS["gpt2"])[0].panels
+    assert not engine_of(CONFIGS["gpt2"])[0].bands
 
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])

@@ -159,7 +159,8 @@ def generation_engine(
         run_on.backend, run_on.device, run_on.dtype, explain=explain, weights=run.weights_path,
         quantize=run_on.quantize,
     )  # fmt: skip
-    # threads: the engine times its steps on each count (README: "Generate"); the environment fixes them
+    # threads: the engine times its steps on each count, since the best one depends on the CPU and its load;
+    # the environment fixes them
     engine, tokenizer = load_engine(
         run_dir, backend, run_on.device, run_on.dtype, run_on.quantize, kv_cache=run_on.kv_cache
     )

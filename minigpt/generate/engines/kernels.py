@@ -1,34 +1,46 @@
 """The NumPy engine's one-token steps and short prefills as compiled kernels (numba): the whole model in
 one call.
 
-A cached decoding step reads every weight once and does little else, so its speed is how fast the weights
-stream. Through NumPy it is a few hundred library calls: BLAS matrix-vector products that streamed 14.5
-GB/s on one thread of this machine's AMD EPYC where a plain sum over the same bytes reads 25, and some
-forty small element-wise operations a layer between them, each a Python call (a third of the step).
-Here a step is one call (`model_step`: the embeddings, every block, the final norm and the LM head; a
-prefill the same call, its tokens as rows of one cache row at consecutive positions), and
-each block within it (`_block_step`) its norms, the fused Q/K/V product, rotary positions, the cache write,
-attention over the cache, the output projection and the MLP, each matrix product a loop over the
-matrix's weights read once for all B rows of the step (a batch of samples, a server's clients). The
-blocks' matrices are held as panels of 16 outputs, input-major within each (`numpy.panelled`, made at
-load; the file is unchanged): each input's 16 weights are one 64-byte vector multiplied into every row's
-16 sums at once (`_panel_sums`, in LLVM's vector types), no sum across a vector's lanes at the end, the
-panels split between threads. A model whose widths are not multiples of 16, and the LM head (the tied
-embedding table), keep the file's (out, in) rows: each row a contiguous dot product that LLVM vectorises,
-and from four rows on, where the engine measured that it pays, four weight rows at once by four rows of
-the batch (`_tile`). The exps of GELU, SwiGLU and the softmax are a polynomial the
-vectoriser keeps in vector registers (`_exp`), not a library call per element. The same kernels read int8
-weights with one float32 scale an output (`--quantize int8`): a quarter of the bytes, converted to float32
-in registers, the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over as
-its bits: numba has no float16 on the CPU), half the bytes attention reads, widened in registers.
+What a step computes. `model_step` takes new tokens, one a row for a decoding step (a batch of samples, a
+server's clients) or a row's tokens at consecutive positions for a prefill, and returns their logits: the
+embeddings, every block, the final norm and the LM head. Each block (`_block_step`) runs its norms, the
+fused Q/K/V product, QK-norm and rotary positions, the write of the new keys and values into the cache,
+attention over the cache, the output projection and the MLP. A cached step reads every weight once and
+does little else, so it is bound by how fast the weights stream from memory; through NumPy it would be a
+few hundred library calls, each a Python call that streams nothing and starts from caches the weights
+have just flushed. Here it is one call.
 
-The kernels compute what `minigpt.generate.engines.numpy_engine`'s functions compute, in float32, with sums in whatever
-order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward within the same
-rounding bound as the NumPy path. They cover every option of the NumPy engine except the `general` and
-`additive` attention scores, which stay on its array path (`supported`). numba compiles them on first
-use and keeps the machine code beside this file (or in NUMBA_CACHE_DIR), so later runs load them in a
-fraction of a second. numba is optional at import: without it (`available()` False) the engine runs
-its array path.
+Matrix products. Each reads its matrix's weights once for all the step's rows, so a batch costs little
+more than one row. A weight is held in one of three layouts (`form`):
+  - bands (`BANDS`): where every width of the model is a multiple of LANES, the blocks' matrices are held
+    as bands of LANES consecutive outputs, input-major within each band (`numpy_engine.banded`, made at
+    load; the file is unchanged). Each input's LANES weights are one 64-byte load, multiplied into every
+    row's LANES sums at once (`_band_sums`, written in LLVM's vector types): a vector's lanes are outputs,
+    so no sum across lanes is left at the end. Bands are split between threads.
+  - rows (`ROWS`): other models, and the LM head (the tied embedding table), keep the file's (out, in)
+    rows, each a contiguous dot product that LLVM vectorises, four rows of the batch a pass so that each
+    weight loaded serves four products.
+  - tiles (`TILES`): for batches of four rows or more and weight rows long enough (`tiled`; which lengths
+    gain depends on the CPU, so the engine measures it), four weight rows a quarter of the matrix apart by
+    four rows of the batch (`_tile`), each value loaded used four times.
+
+Prefetching. The band products ask for weights ahead of the ones they multiply (`_prefetch`) at two rows
+or more, where the sums take long enough to hide a fetch from memory; a single row only waits on its
+loads, and the requests would just add to them.
+
+Element-wise work. The exps of GELU, SwiGLU and the softmax are a polynomial the vectoriser keeps in
+vector registers (`_exp`) rather than a library call per element. The same kernels read int8 weights with
+one float32 scale an output (`--quantize int8`), a quarter of the bytes, converted to float32 in
+registers with the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over
+as its bits: numba has no float16 on the CPU), half the bytes attention reads, widened in registers.
+
+The kernels compute what `minigpt.generate.engines.numpy_engine`'s functions compute, in float32, with
+sums in whatever order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward
+within the same rounding bound as the NumPy path. They cover every option of the NumPy engine except the
+`general` and `additive` attention scores, which stay on its array path (`supported`). numba compiles them
+on first use and keeps the machine code beside this file (or in NUMBA_CACHE_DIR), so later runs load
+them instead of compiling again. numba is optional at import: without it (`available()` False) the engine
+runs its array path.
 """
 
 from __future__ import annotations
@@ -71,11 +83,11 @@ except ImportError:  # pragma: no cover - exercised only where numba cannot be i
 
 ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 # how a product reads its weight (`_linear`): output-major rows (`_rows`), four rows a quarter of the
-# matrix apart (`_tile`), or panels of LANES outputs (`_panels`)
-ROWS, TILES, PANELS = 0, 1, 2
-LANES = 16  # a panel's outputs: 64 bytes of float32 weights for each input, one cache line
-# how far ahead of a panel's weights `_panel_sums` asks for them at two rows or more: the line 2 KB on into
-# every cache level, the one 16 KB on into L2 only (`_prefetch`)
+# matrix apart (`_tile`), or bands of LANES outputs (`_bands`)
+ROWS, TILES, BANDS = 0, 1, 2
+LANES = 16  # a band's outputs: 64 bytes of float32 weights for each input, one cache line
+# how far ahead of a band's weights `_band_sums` asks for them at two rows or more: the near line into
+# every cache level, the far one into L2 only (`_prefetch`)
 PREFETCH, PREFETCH_L2 = 2048, 16384
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
@@ -109,8 +121,8 @@ _CACHE = _can_cache()
 @functools.cache
 def available() -> bool:
     """Whether the kernels can run here: numba imports and its threads start on OpenMP or TBB. Its last
-    resort, the `workqueue` layer, took 92 µs to start each parallel loop here (OpenMP: 1.5 µs), and a
-    step starts 31 of them: slower than the array path."""
+    resort, the `workqueue` layer, starts each parallel loop far more slowly than those two, and a step
+    starts dozens of them: the array path is the better choice there."""
     if numba is None:
         return False
     from numba.np.ufunc import parallel
@@ -123,8 +135,9 @@ def available() -> bool:
 
 
 def will_compile() -> bool:
-    """Whether loading the kernels compiles them (tens of seconds) rather than reading numba's cache: it
-    keeps no index of compiled block steps for this source yet, or has nowhere to keep one."""
+    """Whether loading the kernels compiles them (long enough that the user is told) rather than reading
+    numba's cache: it keeps no index of compiled block steps for this source yet, or has nowhere to keep
+    one."""
     if numba is None:
         return False
     if not _CACHE:
@@ -220,12 +233,12 @@ if numba is not None:
 
     @njit(fastmath=_FAST, cache=_CACHE, inline="always")
     def _exp(x: Any) -> Any:
-        """exp of a float32 in float32 arithmetic that LLVM vectorises: numba calls libm's expf once per
-        element without Intel's SVML (about 5 ns here, most of GELU's and a third of attention's time at
-        batch 8). x = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, so k ln2 is exact), e^r by Cephes'
-        expf polynomial, 2^k put into the exponent bits: within 3 units in the last place of the exact
-        value (NumPy's float32 exp: 2). Below -87.3 it is 0; above 88.3 (where e^x nears float32's
-        largest) it stays at e^88.3: GELU's x / (1 + e^u) is then within 1e-37 |x| of infinity's 0."""
+        """exp of a float32 in float32 arithmetic that LLVM vectorises: without Intel's SVML numba calls
+        libm's expf once per element, a call the vectoriser cannot see through. x = k ln2 + r with
+        |r| <= ln2/2 (ln2 in two parts, so k ln2 is exact), e^r by Cephes' expf polynomial, 2^k put into
+        the exponent bits: within 3 units in the last place of the exact value (NumPy's float32 exp: 2).
+        Below -87.3 it is 0; above 88.3 (where e^x nears float32's largest) it stays at e^88.3: GELU's
+        x / (1 + e^u) is then within 1e-37 |x| of infinity's 0."""
         f = np.float32
         under = x < f(-87.3)
         x = min(max(x, f(-87.3)), f(88.3))
@@ -309,10 +322,10 @@ if numba is not None:
     def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any, tiled: bool) -> None:
         """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
         row (`scale`, else empty). By `_rows`, 16 output rows a task; or where `tiled` and x has four
-        rows or more, by `_tile` over rows a quarter of the matrix apart (each thread then reads four
-        long runs of consecutive rows, which the CPU's prefetcher follows: on this machine's AMD EPYC,
-        tiles of four adjacent rows ran a batch of 8 slower than `_rows`, up to 1.8 times on rows of
-        384, the quarters 1.5 times faster), the rows past four quarters by `_rows`."""
+        rows or more, by `_tile` over rows a quarter of the matrix apart, the rows past four quarters by
+        `_rows`. A quarter apart rather than adjacent so that each thread reads four long runs of
+        consecutive rows, which the CPU's prefetcher follows; four adjacent rows a task would make every
+        thread's reads short jumps across the matrix."""
         n_out = w.shape[0]
         if tiled and x.shape[0] >= 4:
             quarter = n_out // 4
@@ -339,11 +352,10 @@ if numba is not None:
 
     def _prefetch(builder: Any, at: Any) -> None:
         """Ask the CPU for the line PREFETCH bytes past `at` into every cache level (prefetcht0), and the
-        one PREFETCH_L2 bytes past it into L2 (LLVM's locality 2: prefetcht1). The far request keeps
-        memory busy while the sums run on weights that came from L3: eight rows' products of the 6x6x384
-        model took 0.88 ms a step with it and 1.27-1.29 without, the near one alone leaving memory idle
-        whenever the lines it asked for were in L3 (anywhere from 8 to 64 KB ahead did as well; one row,
-        waiting on its loads, ran 0.9-0.98x as fast with it)."""
+        one PREFETCH_L2 bytes past it into L2 (LLVM's locality 2: prefetcht1). The near request has the
+        next weights in L1 when the sums reach them; the far one keeps memory busy while the sums run on
+        weights the near one found in L3, which would otherwise leave memory idle. The far distance is
+        not critical: anywhere a few cache pages ahead serves."""
         byte = ir.IntType(8).as_pointer()
         kind = ir.FunctionType(ir.VoidType(), [byte, *[ir.IntType(32)] * 3])
         fetch = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")
@@ -351,28 +363,27 @@ if numba is not None:
             ahead = builder.gep(builder.bitcast(at, byte), [_const(distance)])
             builder.call(fetch, [ahead, _const(0, 32), _const(locality, 32), _const(1, 32)])
 
-    # each row's sums in two vectors, inputs i and i + 1: one would make a row alone wait a fused
-    # multiply-add's latency at each input (two ran one row 1.0-1.25x as fast as one, as fast as four,
-    # and eight rows as fast as one); the same two at every row count sum a row in the same order, so
-    # that its logits are the same bits in a batch of any size
+    # each row's sums in two vectors, inputs i and i + 1: with one, a row alone would wait a fused
+    # multiply-add's latency at each input, and two already hide it; the same two at every row count sum
+    # a row in the same order, so that its logits are the same bits in a batch of any size
     _WAYS = 2
 
-    def _panel_codegen(rows: int, int8: bool) -> Any:
-        """The LLVM IR of `_panel_sums` for `rows` rows of x and float32 (or int8) weights."""
+    def _band_codegen(rows: int, int8: bool) -> Any:
+        """The LLVM IR of `_band_sums` for `rows` rows of x and float32 (or int8) weights."""
         f32 = ir.FloatType()
         vec, wvec = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(8) if int8 else f32, LANES)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             w, start, n_in, x, b0, out, col, _ = args
             arrays = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5)]
-            panel = builder.gep(arrays[0].data, [start])
+            band = builder.gep(arrays[0].data, [start])
             xs = [_row_pointer(builder, arrays[1], builder.add(b0, _const(r))) for r in range(rows)]
             sums = [
                 [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(_WAYS)] for _ in xs
             ]
 
             def step(i: Any, way: int) -> None:  # input i: its LANES weights by each row's x[i]
-                at = builder.gep(panel, [builder.mul(i, _const(LANES))])
+                at = builder.gep(band, [builder.mul(i, _const(LANES))])
                 if rows >= 2:  # the sums take long enough to hide a fetch from memory asked for early
                     _prefetch(builder, at)
                 wv = builder.load(builder.bitcast(at, wvec.as_pointer()), align=1 if int8 else 4)
@@ -402,21 +413,18 @@ if numba is not None:
         return codegen
 
     @intrinsic
-    def _panel_sums(
+    def _band_sums(
         typingctx: Any, w: Any, start: Any, n_in: Any, x: Any, b0: Any, out: Any, col: Any, rows: Any
     ) -> Any:
         """out[b0 + r, col + j] = sum over i of w[start + LANES i + j] x[b0 + r, i], for the LANES outputs
-        j of the panel at `start` and `rows` rows of x (a constant: 1, 2, 4 or 8), without scale or bias.
+        j of the band at `start` and `rows` rows of x (a constant: 1, 2, 4 or 8), without scale or bias.
 
         Written in LLVM's vectors because numba's loops cannot keep a row's LANES sums in one register:
-        the products of output-major rows end in a sum across a vector's lanes for each output, which took
-        a fifth of a batch's time on rows of 384 floats (`_tile`), where a panel's lanes are its outputs
-        and each input is one 64-byte load and `rows` multiply-adds, x[b, i] broadcast to every lane. At
-        two rows or more the weights ahead are asked for (`_prefetch`; two and three rows' steps 1.09x and
-        1.24x as fast as with neither request, eight rows 1.2-1.4x): the 6x6x384 model's panels
-        streamed through eight rows' sums at 24 GB/s with the CPU's prefetcher alone, 28-34 GB/s with the
-        near request, 48 GB/s (L3 and memory at once) with both (one row, waiting on nothing but its
-        loads, ran slower with the requests)."""
+        the products of output-major rows end in a sum across a vector's lanes for each output, where a
+        band's lanes are its outputs and each input is one 64-byte load and `rows` multiply-adds, x[b, i]
+        broadcast to every lane. At two rows or more the weights ahead are asked for (`_prefetch`), so that
+        both the CPU's caches and memory stay busy while the sums run; one row, waiting on nothing but
+        its loads, gains nothing from the requests."""
         int8 = isinstance(w, types.Array) and w.dtype == types.int8
         arrays = (w, x, out)
         if not (
@@ -428,11 +436,11 @@ if numba is not None:
             and (w.ndim, x.ndim, out.ndim) == (1, 2, 2)
         ):
             return None
-        return types.none(w, start, n_in, x, b0, out, col, rows), _panel_codegen(rows.literal_value, int8)
+        return types.none(w, start, n_in, x, b0, out, col, rows), _band_codegen(rows.literal_value, int8)
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _panel(w: Any, start: int, x: Any, out: Any, col: int) -> None:
-        """Every row of x through the panel at `start` into out[:, col:col + LANES]: eight rows a pass, a
+    def _band(w: Any, start: int, x: Any, out: Any, col: int) -> None:
+        """Every row of x through the band at `start` into out[:, col:col + LANES]: eight rows a pass, a
         batch's last rows that do not fill eight (or four, or two) done as part of its last eight (those
         rows summed twice, the same values written again)."""
         rows, n_in = x.shape
@@ -440,29 +448,29 @@ if numba is not None:
         if rows >= 8:
             while b < rows:
                 b = min(b, rows - 8)
-                _panel_sums(w, start, n_in, x, b, out, col, 8)
+                _band_sums(w, start, n_in, x, b, out, col, 8)
                 b += 8
         elif rows >= 4:
             while b < rows:
                 b = min(b, rows - 4)
-                _panel_sums(w, start, n_in, x, b, out, col, 4)
+                _band_sums(w, start, n_in, x, b, out, col, 4)
                 b += 4
         elif rows >= 2:
             while b < rows:
                 b = min(b, rows - 2)
-                _panel_sums(w, start, n_in, x, b, out, col, 2)
+                _band_sums(w, start, n_in, x, b, out, col, 2)
                 b += 2
         else:
-            _panel_sums(w, start, n_in, x, 0, out, col, 1)
+            _band_sums(w, start, n_in, x, 0, out, col, 1)
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
-    def _panels(w: Any, start: int, scale: Any, x: Any, bias: Any, out: Any) -> None:
-        """out[b] = W x[b] (times scale) + bias for every row b, W held from w[start] on as panels
-        (`numpy.panelled`: out.shape[1] / LANES of them, each (n_in, LANES)), a panel a task."""
+    def _bands(w: Any, start: int, scale: Any, x: Any, bias: Any, out: Any) -> None:
+        """out[b] = W x[b] (times scale) + bias for every row b, W held from w[start] on as bands
+        (`numpy_engine.banded`: out.shape[1] / LANES of them, each (n_in, LANES)), a band a task."""
         n_in = x.shape[1]
         for p in prange(out.shape[1] // LANES):
             col = p * LANES
-            _panel(w, start + p * n_in * LANES, x, out, col)
+            _band(w, start + p * n_in * LANES, x, out, col)
             if scale.size or bias.size:
                 for b in range(x.shape[0]):
                     for j in range(col, col + LANES):
@@ -638,9 +646,8 @@ if numba is not None:
     ) -> None:
         """Each row's one query per head over the slots its key/value head has filled in its cache row
         (`cache_rows`), into out (rows, n_head * hd). With four (row, head) tasks a thread or more, two
-        at a time (`_attend_two`; one layer's attention alone at 8 and 16 rows against one at a time: the
-        keys and values cold 1.2-1.3x as fast, in cache 1.1-1.3x); fewer, one at a time, so that the
-        threads' shares stay even."""
+        at a time (`_attend_two`: two streams of keys and values from memory keep more reads in flight
+        than one); fewer, one at a time, so that the threads' shares stay even."""
         tasks = qkv.shape[0] * n_head
         paired = tasks >= 4 * threads
         items = (tasks + 1) // 2 if paired else tasks
@@ -734,11 +741,11 @@ if numba is not None:
     @njit(fastmath=_FAST, cache=_CACHE)
     def _linear(f32: Any, weights: Any, table: Any, slot: int, form: int, x: Any) -> Any:
         """x through the linear layer whose weight is at `slot` of `weights`, its scales and bias the next
-        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; PANELS: `_panels`)."""
+        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; BANDS: `_bands`)."""
         out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
         scale, bias = _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
-        if form == PANELS:
-            _panels(weights, table[slot, 0], scale, x, bias, out)
+        if form == BANDS:
+            _bands(weights, table[slot, 0], scale, x, bias, out)
         else:
             _matvec(_mat(weights, table, slot), scale, x, bias, out, form == TILES)
         return out
@@ -847,16 +854,15 @@ def _array(a: np.ndarray | None) -> np.ndarray:
 
 def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
     """Whether batches of four rows or more go through `_tile` for the output-major w: its rows are
-    `tile_from` long or longer (None: never). Which lengths gain depends on the CPU (here, within a
-    model's step, rows of 1,024 and 1,536 floats gained and rows of 384 lost), so the engine measures it
-    (`NumpyEngine._pick_tiles`)."""
+    `tile_from` long or longer (None: never). Which lengths gain depends on the CPU and the matrix, so
+    the engine measures it (`NumpyEngine._pick_tiles`)."""
     return tile_from is not None and w.weight.ndim == 2 and w.weight.shape[1] >= tile_from
 
 
 def form(w: LinearWeights[np.ndarray], tile_from: int | None) -> int:
-    """How the kernels read w: PANELS where it is held as panels (`numpy.panelled`), else TILES or ROWS
+    """How the kernels read w: BANDS where it is held as bands (`numpy_engine.banded`), else TILES or ROWS
     (`tiled`)."""
-    return PANELS if w.weight.ndim == 3 else TILES if tiled(w, tile_from) else ROWS
+    return BANDS if w.weight.ndim == 3 else TILES if tiled(w, tile_from) else ROWS
 
 
 def out_features(w: LinearWeights[np.ndarray]) -> int:
@@ -866,13 +872,13 @@ def out_features(w: LinearWeights[np.ndarray]) -> int:
 
 
 def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
-    """x (B, in) through a linear layer held output-major or as panels (float32, or int8 with its
+    """x (B, in) through a linear layer held output-major or as bands (float32, or int8 with its
     scales): (B, out), as `numpy.linear` (`form` by `tile_from`)."""
     out = np.empty((x.shape[0], out_features(w)), dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
     scale, bias = _array(w.scale), _array(w.bias)
     if w.weight.ndim == 3:
-        _panels(np.ascontiguousarray(w.weight).reshape(-1), 0, scale, x, bias, out)
+        _bands(np.ascontiguousarray(w.weight).reshape(-1), 0, scale, x, bias, out)
     else:
         _matvec(w.weight, scale, x, bias, out, tiled(w, tile_from))
     return out
@@ -880,8 +886,8 @@ def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = 
 
 def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
     """Token ids (B,) drawn from logits (B, V) at `temperature` > 0 by uniforms u (B,), in one compiled call
-    (`_draw`): sampling's dozen NumPy calls took 75-190 µs a token once a step's weights had streamed
-    through the caches."""
+    (`_draw`) rather than sampling's dozen NumPy calls, each of which would start from caches a step's
+    weights have just streamed through."""
     out = np.empty(logits.shape[0], dtype=np.int64)
     _draw(logits, float(temperature), u, out)
     return out
@@ -894,7 +900,7 @@ def _root(a: np.ndarray) -> np.ndarray:
 
 def _place(a: np.ndarray | None, buffer: np.ndarray) -> tuple[int, int, int]:
     """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector, a matrix held as
-    panels (out / LANES, in, LANES) as its (out, in); (0, 0, 0) for none."""
+    bands (out / LANES, in, LANES) as its (out, in); (0, 0, 0) for none."""
     if a is None or a.size == 0:
         return (0, 0, 0)
     if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2, 3)):
@@ -938,10 +944,9 @@ def model_args(
     `head`: the LM head as an output-major linear layer; batches through `_tile` for weight rows
     `tile_from` long or longer). Its tensors must lie in one float32 buffer, the blocks' linear weights
     in it or in one int8 buffer (`numpy.packed`): the kernel is handed the two buffers and a table of
-    where each tensor lies, not the tensors, because numba reads every array it is handed at every call,
-    and the hundred-odd arrays of a 6-block model took 30-40 µs of each token to hand over (on the
-    6x6x384 model, on two threads; 13 µs with the CPU's caches warm: a fifth of a step of the default
-    2-block model)."""
+    where each tensor lies, not the tensors, because numba unpacks every array it is handed at every
+    call, and a model has tens of them a block: handing them over would cost every token a share of its
+    step that grows with the model's depth."""
     f32, weights = _root(w.wte), _root(w.h[0].attn.c_attn.weight)
     places = [
         _place(w.wte, f32), _place(w.wpe, f32), _place(w.skips, f32), _place(w.ln_f.weight, f32),
@@ -1009,8 +1014,8 @@ def model_step(
     attention reading the first min(position + 1, capacity) slots of the row. rope: the cos and sin rows
     of the tokens' positions (`numpy.rotary`), one a token or one for all. Logits (len(logit_rows), V)
     of the tokens `logit_rows` picks (None: every token). One call, not one a block: the Python and NumPy
-    calls between per-block calls each started from caches the weights had just streamed through (0-10%
-    of a one-token step here, more the busier the machine). A token id outside the vocabulary raises
+    calls between per-block calls would each start from caches the weights had just streamed through. A
+    token id outside the vocabulary raises
     IndexError."""
     rope = (_EMPTY_ROWS, _EMPTY_ROWS) if rope is None else rope
     every = _every(len(tokens))

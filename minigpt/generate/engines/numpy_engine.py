@@ -1,7 +1,7 @@
 """The NumPy engine: minigpt.model.gpt's forward pass, block by block, in float32 NumPy on the CPU, without torch.
 
-`import torch` alone takes 2-3 s on a small CPU machine, longer than generating a few hundred tokens from
-a small model, so `minigpt generate` runs float32 CPU generation here and starts in a fraction of a second.
+Importing torch takes longer than generating a few hundred tokens from a small model on a small CPU
+machine, so `minigpt generate` runs float32 CPU generation here, where start-up is NumPy's import.
 Each function mirrors the one of the same name in `minigpt.model.gpt`, over the same `ModelWeights` tree;
 tests hold its logits to GPT.forward and its greedy tokens to the torch engine's. Random draws come from
 NumPy's PCG64, so a seed reproduces text on this engine (the torch engine's generator gives other text).
@@ -71,8 +71,8 @@ def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 def linear(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     # one matrix product over all B*T rows: NumPy multiplies a stacked (B, T, C) array matrix by matrix,
-    # reading the whole weight once per row, which made a batch of B single tokens cost B steps
-    if w.weight.ndim == 3:  # panels (`panelled`): only the kernels read them
+    # reading the whole weight once per row, which would make a batch of B single tokens cost B steps
+    if w.weight.ndim == 3:  # bands (`banded`): only the kernels read them
         y = _kernels.matvec(w, x.reshape(-1, x.shape[-1]))
         return y.reshape(*x.shape[:-1], y.shape[-1])
     weight = w.weight
@@ -134,8 +134,8 @@ def rotary_at(base: float, head_dim: int, positions: np.ndarray, inverse: np.nda
 
 class RotaryTable:
     """`rotary`'s rows for any positions, computed CHUNK positions at a time and kept: a decoding step's
-    one row is then a slice. Computing it took about 20 µs of NumPy calls a token, and up to 90 once a
-    step's weights had streamed through the caches. The values are `rotary`'s (each row depends only on
+    one row is then a slice, where computing it would be several NumPy calls a token, each starting from
+    caches a step's weights have just streamed through. The values are `rotary`'s (each row depends only on
     its position). One chunk is kept, as a tuple read and replaced whole (a server's threads may share it);
     decoding past it computes the next."""
 
@@ -392,8 +392,8 @@ def sample_next(
         p = softmax(ranked)
         ranked[np.cumsum(p, -1) - p >= top_p] = -np.inf  # the tokens ranked above already reach top_p
         np.put_along_axis(z, order, ranked, -1)
-    # the weights exp(z - max), not divided by their sum: u is drawn over their total (after a token's
-    # weights have streamed through the caches every NumPy call here starts cold, ~6 us each)
+    # the weights exp(z - max), not divided by their sum: u is drawn over their total, which spares a
+    # NumPy call (each starts cold, after a step's weights have streamed through the caches)
     z -= np.maximum.reduce(z, axis=-1, keepdims=True)
     cdf = np.cumsum(np.exp(z, out=z), -1)
     u = rng.random(rows) * cdf[:, -1]
@@ -409,12 +409,12 @@ TILE_ROWS = (8, 16)
 PREFILL_PROBES = (16, 128, 512)  # rows a prefill's products are timed at (`NumpyEngine._pick_kernel_rows`)
 
 
-def transposed(a: np.ndarray, band: int = 128) -> np.ndarray:
-    """A C-contiguous copy of a.T, written `band` rows of `a` at a time: a plain copy strides through
-    memory column by column and runs several times slower."""
+def transposed(a: np.ndarray, chunk: int = 128) -> np.ndarray:
+    """A C-contiguous copy of a.T, written `chunk` rows of `a` at a time: a plain copy strides through
+    memory column by column, touching a new cache line at every element it writes."""
     out = np.empty(a.shape[::-1], dtype=a.dtype)
-    for i in range(0, a.shape[0], band):
-        out[:, i : i + band] = a[i : i + band].T
+    for i in range(0, a.shape[0], chunk):
+        out[:, i : i + chunk] = a[i : i + chunk].T
     return out
 
 
@@ -435,21 +435,21 @@ def int8_linear(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
     return LinearWeights(q, w.bias, scale)
 
 
-def panelled(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
-    """An output-major linear layer (float32 or int8 rows) as panels of `kernels.LANES` outputs, each
-    input-major: (out / LANES, in, LANES), what the kernels' products read (`kernels._panel_sums`); a
-    view of the rows, which `packed` lays out contiguously.
+def banded(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
+    """An output-major linear layer (float32 or int8 rows) as bands of `kernels.LANES` consecutive
+    outputs, each input-major: (out / LANES, in, LANES), what the kernels' products read
+    (`kernels._band_sums`); a view of the rows, which `packed` lays out contiguously.
 
-    Against the rows it replaces, within a model's products (the 6x6x384 model's 24 matrices, one and two
-    threads, alternated): one row 0.95-1.12x as fast, eight rows 1.28-1.58x; in cache 1.2-1.5x the tiles'
-    arithmetic at 8 to 512 rows, and 2-5x NumPy's matrix product on the one thread a prefill gives it."""
+    Within a band an input's LANES weights are adjacent, one 64-byte load that the kernels multiply into
+    every row's LANES sums at once, where output-major rows would leave each output a sum across a
+    vector's lanes to finish."""
     n_out, n_in = w.weight.shape
-    panels = w.weight.reshape(n_out // _kernels.LANES, _kernels.LANES, n_in).transpose(0, 2, 1)
+    bands = w.weight.reshape(n_out // _kernels.LANES, _kernels.LANES, n_in).transpose(0, 2, 1)
     # a view: `packed` writes it out in this order, so the engine's load makes no copy of its own
-    return dataclasses.replace(w, weight=panels)
+    return dataclasses.replace(w, weight=bands)
 
 
-def can_panel(weights: ModelWeights[np.ndarray]) -> bool:
+def can_band(weights: ModelWeights[np.ndarray]) -> bool:
     """Whether every block's linear layers have a multiple of `kernels.LANES` outputs (every model whose
     widths are multiples of 16; the others keep their rows)."""
     outs: list[int] = []
@@ -491,11 +491,10 @@ def packed(
     a tied head and the embeddings one copy).
 
     NumPy asks Linux for transparent huge pages for an allocation of 4 MB or more (madvise), which no
-    matrix of a small model reaches: its weights then lie on 4 KB pages, about ten thousand for the
-    6x6x384 model, and a step that streams them misses the TLB at each. From one buffer on 2 MB pages
-    the same one-token step ran 0.98-1.13x as fast (medians of 15 interleaved rounds; README, "Generation").
-    And the kernels are handed the buffers and where each tensor lies in them (`kernels.model_args`), not
-    a hundred arrays at each step.
+    matrix of a small model reaches: its weights would lie on thousands of 4 KB pages, and a step that
+    streams them would miss the TLB at each; one buffer can lie on 2 MB pages. And the kernels are
+    handed the buffers and where each tensor lies in them (`kernels.model_args`), not a hundred arrays at
+    each step.
     """
     arrays: dict[int, np.ndarray] = {}
     _collect((weights, lm_head), arrays)
@@ -562,13 +561,13 @@ class NumpyEngine:
     """GPT weights in NumPy as the decode loop's Engine (the CPU; float32, or int8 linear layers).
 
     A one-token step over a cache runs as one compiled call (`minigpt.generate.engines.kernels`, where
-    numba is installed and `kernels` is not False; the blocks' matrices held as `panelled` copies of the
+    numba is installed and `kernels` is not False; the blocks' matrices held as `banded` copies of the
     file's (out, in) ones where every width is a multiple of 16, else as they are), and so does a prefill
-    the cache holds without wrapping: any length with panels, else up to `kernel_rows` tokens (16 at
+    the cache holds without wrapping: any length with bands, else up to `kernel_rows` tokens (16 at
     least; measured at load: `_pick_kernel_rows`); other prefills and the attention scores the kernels
-    lack run as NumPy array operations, a prefill's matrix products through the kernels (panels; rows up
-    to `kernel_rows`). Without the
-    kernels the weights are held in the form BLAS's matrix products stream fastest on this machine: `layout`
+    lack run as NumPy array operations, a prefill's matrix products through the kernels (bands; rows up
+    to `kernel_rows`). Without the kernels the weights are held in the form BLAS's matrix products
+    stream fastest on this machine: `layout`
     'output-major' keeps the file's (out, in) matrices, 'input-major' holds transposed copies, and 'auto'
     times a one-token step in each and keeps the faster (the file is never changed); with them 'auto'
     is 'output-major'. Threads (BLAS's and the kernels'): `threads` fixes them, else the environment
@@ -617,33 +616,42 @@ class NumpyEngine:
         self.kernels = False  # while the layouts are timed: the array path's steps
         self.kernel_rows = 0  # a prefill's products of up to this many rows run through the kernels
         self._angles = None if config.pos != "rope" else RotaryTable(config.rope_base, config.head_dim)
+        self._hold_weights(fused, layout, use_kernels)
+        if self.kernels:
+            self._load_kernels(notice)
+            self._use_tiles(self._pick_tiles(quantize) if isinstance(tile_from, str) else tile_from)
+            # bands have no NumPy product to lose to: every prefill's products are the kernels'
+            self.kernel_rows = sys.maxsize if self.bands else self._pick_kernel_rows(quantize)
+
+    def _hold_weights(self, fused: ModelWeights[np.ndarray], layout: str, use_kernels: bool) -> None:
+        """Settle the layout (`pick_layout`), whether the kernels run and whether the blocks are held as
+        bands, and pack the weights and head into the buffers a step reads (`packed`)."""
         have = available_bytes()  # timing both layouts needs room for a second copy of every matrix
         self.layout, self.weights = pick_layout(
             layout,
             {"output-major": lambda: fused, "input-major": lambda: _transposed(fused)},
             self._step_times,
-            {"engine": "numpy", "numpy": np.__version__, "model": model_key(config)},
-            have is None or inference_bytes(config) <= have,
+            {"engine": "numpy", "numpy": np.__version__, "model": model_key(self.config)},
+            have is None or inference_bytes(self.config) <= have,
         )
         self.kernels = use_kernels and self.layout == "output-major"
-        self.panels = self.kernels and can_panel(self.weights)  # the blocks' weights as `panelled`
-        if self.panels:
-            self.weights = dataclasses.replace(self.weights, h=map_linears(self.weights.h, panelled))
+        self.bands = self.kernels and can_band(self.weights)  # the blocks' weights as `banded`
+        if self.bands:
+            self.weights = dataclasses.replace(self.weights, h=map_linears(self.weights.h, banded))
         self.weights, self._head = packed(self.weights, _head(self.weights, self.layout == "input-major"))
         # a prefill's tokens are rows enough for tiles at every width (`_product`)
         self._prefill_args = _kernels.model_args(self.weights, self._head, 0) if self.kernels else None
         self._use_tiles(None)
-        if self.kernels:  # loaded (compiled, the first time on a machine) now, not in the first step
-            if notice is not None and _kernels.will_compile():
-                notice("compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)")
-            idx = np.zeros((1, 1), dtype=np.int64)
-            logits = self._forward(self.weights, self._head, idx, self.new_cache(1), False)
-            # the draw's kernel too: read from numba's cache on its first call, it took 4-5 ms of the
-            # first token's time (a 200-token generate on two threads: 1.5% of its tokens/s)
-            sample_next(logits, 1.0, None, None, np.random.default_rng(0))
-            self._use_tiles(self._pick_tiles(quantize) if isinstance(tile_from, str) else tile_from)
-            # panels have no NumPy product to lose to: every prefill's products are the kernels'
-            self.kernel_rows = sys.maxsize if self.panels else self._pick_kernel_rows(quantize)
+
+    def _load_kernels(self, notice: Callable[[str], None] | None) -> None:
+        """Load the kernels (compiling them, the first time on a machine) with one step now, so that the
+        first step the user waits for does not."""
+        if notice is not None and _kernels.will_compile():
+            notice("compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)")
+        idx = np.zeros((1, 1), dtype=np.int64)
+        logits = self._forward(self.weights, self._head, idx, self.new_cache(1), False)
+        # the draw's kernel too, so that reading it from numba's cache is no part of the first token's time
+        sample_next(logits, 1.0, None, None, np.random.default_rng(0))
 
     @property
     def threads(self) -> int:
@@ -665,8 +673,8 @@ class NumpyEngine:
         """For each batch of TILE_ROWS, the row length from which its steps run fastest by tiles, on this
         CPU for these shapes: never, or from each of the model's input widths, as `remembered` keeps it
         from steps of that many rows timed with each (the first loads on a machine measure, later ones
-        read the answer). Here batches of 8 gained from tiles on rows of 1,024-1,536 floats only, batches
-        of 16 on every matrix (README: "Generate"). Where the blocks are panels the answer is the head's."""
+        read the answer): which widths gain depends on the CPU, the shapes and the batch. Where the blocks
+        are bands the answer is the head's."""
         widths: set[int] = set()
 
         def width(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
@@ -709,9 +717,8 @@ class NumpyEngine:
         largest matrix at PREFILL_PROBES rows, as `remembered` keeps it.
 
         BLAS runs a prefill on one thread (`blas_tuner`), and for a few rows it repacks the whole matrix
-        before multiplying: 6 tokens took 11 ms through the 6x6x384 model where one took 1.5, and the
-        kernels' products, bound by the memory as in a step, beat it up to a few hundred rows; from about
-        a thousand BLAS's blocked products win."""
+        before multiplying, so the kernels' products, bound by the memory as in a step, beat it on short
+        prefills, and BLAS's blocked products win on long ones; where they cross depends on the CPU."""
         lins = [self.weights.h[0].attn.c_attn, self.weights.h[0].mlp.c_fc, self.weights.h[0].mlp.c_proj]
         lin = max(lins, key=lambda w: w.weight.size)
         rng = np.random.default_rng(0)
@@ -743,8 +750,8 @@ class NumpyEngine:
 
     def _product(self, w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
         """x (..., in) through the linear layer w in a prefill: by the kernels up to `kernel_rows` rows (by
-        tiles at every width: a prefill's rows are many, 128 went 1.6x as fast through the 6x6x384 model
-        as by rows of 384 floats), else by NumPy's matrix product (`linear`)."""
+        tiles at every width: a prefill's rows are many, enough for a tile's reuse of each loaded value to
+        pay at any width), else by NumPy's matrix product (`linear`)."""
         rows = x.size // x.shape[-1]
         if rows > self.kernel_rows:
             return linear(w, x)
@@ -759,7 +766,7 @@ class NumpyEngine:
             (batch, c.kv_heads, min(window, capacity or window), c.head_dim) for window in c.layer_windows
         ]
         # one buffer for every layer's keys and values: a batch's cache on 2 MB pages, not thousands of
-        # 4 KB ones that a step's reads of it miss the TLB on (8 rows of the 6x6x384 model: 1.07x)
+        # 4 KB ones that a step's reads of it would miss the TLB on
         buffers = arena(shapes + shapes, self.kv_cache, zeros=True)
         keys, values = buffers[: len(shapes)], buffers[len(shapes) :]
         return KernelCache(keys, values, c.block_size if c.pos == "learned" else None)
@@ -827,8 +834,8 @@ class NumpyEngine:
     def _prefill(self, idx: np.ndarray, cache: KernelCache, every_position: bool) -> np.ndarray:
         """The logits of tokens idx (rows, T) after the cached ones, as one compiled call
         (`kernels.model_step`, every token its own query row, each attending to its row's slots up to its
-        position): a short prompt's prefill took 3.5 ms of NumPy calls through the 6x6x384 model, 10
-        the first time in a process, where a step takes 1. One row of an empty cache serves every row
+        position), where the array path would spend a short prompt's prefill on a few hundred NumPy
+        calls, each costing more than the arithmetic it does. One row of an empty cache serves every row
         (samples of one prompt): its keys and values are copied into the others."""
         rows, new = idx.shape
         wpe = self.weights.wpe

@@ -3,8 +3,8 @@
 Layout: `best_times` times alternatives (the same step over weights in each layout) round robin. The
 answer depends on the CPU, the BLAS library and the model's shapes, not on the moment, so `remembered`
 keeps each layout's best time per machine and shape in the cache directory ($MINIGPT_CACHE_DIR, else
-~/.cache/minigpt, as for token caches): the first three loads on a machine measure (a fraction of a
-second each), later loads read the answer.
+~/.cache/minigpt, as for token caches): the first three loads on a machine measure, later loads read the
+answer.
 
 Threads: measured on the steps themselves, not fixed.
 
@@ -17,11 +17,10 @@ separately its first prefills, per token) run on each candidate count in turn (`
 more than 1.5 times slower than the best dropped after its first step), the count with the lowest median
 time is kept, and the trial runs again after 25 steps, then 50, 100... up to every `every` steps, so a
 change of load is followed, and a choice made in a moment of load (three steps each) is soon looked at
-again (here a batch of 8 that chose one thread while another process held a core decoded at two-thirds
-of its speed on two for the rest of a 250-token run). A trial step
-is a real step: measuring costs no start-up time, only the difference between the counts over a few
-steps. The first pass of a kind runs on the smallest count, one thread: on a busy machine a first pass on
-every core can take a second.
+again rather than kept for the rest of a run it no longer fits. A trial step is a real step: measuring
+costs no start-up time, only the difference between the counts over a few steps. The first pass of a
+kind runs on the smallest count, one thread: on a busy machine a first pass on every core can wait on
+every core's other work.
 
 A thread count named in the environment (OMP_NUM_THREADS, or the BLAS library's own variable) is used
 as given, untried.
@@ -95,7 +94,7 @@ def machine() -> str:
             if line.startswith("model name"):
                 name = line.split(":", 1)[1].strip()
                 break
-    # only where /proc has no name: on Linux platform.processor() runs `uname -p` (7 ms of a start-up)
+    # only where /proc has no name: on Linux platform.processor() runs `uname -p`, a subprocess at start-up
     return f"{name or platform.processor() or platform.machine()}, {cores()} cores"
 
 
@@ -298,8 +297,8 @@ class ThreadTuner:
 
 
 class _Step:
-    """One timed pass (`ThreadTuner.step`): a plain object rather than a generator's context manager, a
-    few µs less of each token once its step has streamed the weights through the CPU's caches."""
+    """One timed pass (`ThreadTuner.step`): a plain object rather than a generator's context manager,
+    whose extra Python calls each token would pay from caches its step has just flushed."""
 
     __slots__ = ("trial", "threads", "work", "tuner", "start")
 
@@ -323,8 +322,8 @@ def blas_tuner(
 ) -> ThreadTuner:
     """A tuner over NumPy's BLAS threads, or with `kernels` (get and set the compiled kernels' threads)
     over those, BLAS then kept on one thread: it runs only the prefills, and its idle threads spin for a
-    while after each product, taking a core from the kernels' threads (2 threads: 530 tokens/s after a
-    3-token prompt, 760 after a 1-token one). `threads` fixed, else the environment's, else chosen by
+    while after each product, taking a core from the kernels' threads for the steps that follow.
+    `threads` fixed, else the environment's, else chosen by
     timing among `thread_candidates(cores())`. threadpoolctl (imported only when needed) switches BLAS."""
     fixed = threads or env_threads(BLAS_ENV)
     if kernels is None and fixed is not None and threads is None:
