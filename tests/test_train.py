@@ -20,7 +20,7 @@ from conftest import ROOT, FakeClock
 from rich.console import Console
 
 from minigpt.cli.main import app
-from minigpt.cli.training_display import TrainingPanel
+from minigpt.cli.training_display import TrainingDisplay
 from minigpt.common.files import load_tensors
 from minigpt.common.settings import nested_names, options_of
 from minigpt.data.dataset import BatchSampler, DataConfig, prepare_data
@@ -591,57 +591,61 @@ def training_start(start: TrainState, progress: float = 0.0, elapsed: float = 0.
     )  # fmt: skip
 
 
-def panel_lines(panel: TrainingPanel) -> list[str]:
+def display_lines(display: TrainingDisplay) -> list[str]:
     console = Console(width=80, file=io.StringIO(), color_system=None)
     with console.capture() as captured:
-        console.print(panel.render())
+        console.print(display.render())
     return captured.get().splitlines()
 
 
-def test_panel_shows_dashes_until_there_are_values_and_fits_80_columns() -> None:
+def test_display_shows_dashes_until_there_are_values_and_fits_80_columns() -> None:
     clock = FakeClock()
-    panel = TrainingPanel(console=Console(file=io.StringIO()), live=False, clock=clock)
-    panel.start(training_start(TrainState(), elapsed=2.0))
-    lines = panel_lines(panel)
+    display = TrainingDisplay(console=Console(file=io.StringIO()), live=False, clock=clock)
+    display.start(training_start(TrainState(), elapsed=2.0))
+    lines = display_lines(display)
     assert all(len(line) <= 80 for line in lines) and "nan" not in "".join(lines)
     assert "step loss —" in lines[2] and "— tok/s" in lines[2]
     assert "val loss —  train loss —  best val —" in lines[3]
     assert lines[1].startswith("elapsed 0:02  ETA —")
     clock.now += 1.0  # no step yet: the clock figures move on each redraw anyway
-    assert panel_lines(panel)[1].startswith("elapsed 0:03")
+    assert display_lines(display)[1].startswith("elapsed 0:03")
 
 
-def test_panel_after_a_resume_carries_the_best_loss_and_counts_its_own_rate() -> None:
+def test_display_after_a_resume_carries_the_best_loss_and_counts_its_own_rate() -> None:
     clock = FakeClock()
-    panel = TrainingPanel(console=Console(file=io.StringIO()), live=False, clock=clock)
+    display = TrainingDisplay(console=Console(file=io.StringIO()), live=False, clock=clock)
     resumed = TrainState(step=1000, tokens=1_024_000, elapsed=600.0, best_val_loss=1.5, best_step=1000,
                          last_eval={"val_loss": 1.5, "train_loss": 1.4})  # fmt: skip
-    panel.start(training_start(resumed, progress=0.5, elapsed=602.0))
-    assert "best val 1.5000 at step 1,000" in panel_lines(panel)[3]
+    display.start(training_start(resumed, progress=0.5, elapsed=602.0))
+    assert "best val 1.5000 at step 1,000" in display_lines(display)[3]
     clock.now += 2.0
-    panel.step({"step": 1010, "tokens": 1_034_240, "elapsed": 604.0, "loss": 1.45, "lr": 1e-3}, 0.51)
-    lines = panel_lines(panel)
+    display.step({"step": 1010, "tokens": 1_034_240, "elapsed": 604.0, "loss": 1.45, "lr": 1e-3}, 0.51)
+    lines = display_lines(display)
     assert "5,120 tok/s" in lines[2]  # 10,240 tokens in 2 s, not the run's 1 million since step 0
     assert lines[1].startswith("elapsed 10:04  ETA 1:38")  # 49% of the budget left, at 1% per 2 s
     clock.now += 96.0
     end = TrainingEnd(out=Path("run"), state=resumed, reason="reached max_iters 2,000", interrupted=False,
                       elapsed=700.0, command_seconds=100.0, overrun=0.0, best_val_bpb=2.1, history=[])  # fmt: skip
-    assert panel_lines(panel)[1].startswith("elapsed 11:40")
+    assert display_lines(display)[1].startswith("elapsed 11:40")
     assert "2,000 after 1,000 steps, 1,024,000 tokens, 11:40 (1:40 in this command)" in done_text(end)
 
 
-def test_the_live_panel_redraws_with_the_clock_between_steps() -> None:
-    """rich's timer refreshes the live panel 4 times a second; each refresh renders the clock's time, so
+def test_the_live_display_redraws_with_the_clock_between_steps() -> None:
+    """rich's timer refreshes the live display 4 times a second; each refresh renders the clock's time, so
     elapsed moves with no step taken (the refreshes are made by hand here, on a fake clock)."""
     clock, out = FakeClock(), io.StringIO()
-    panel = TrainingPanel(console=Console(file=out, force_terminal=True, width=80), live=True, clock=clock)
-    panel.start(training_start(TrainState()))
-    live = panel._live
+    display = TrainingDisplay(
+        console=Console(file=out, force_terminal=True, width=80), live=True, clock=clock
+    )
+    display.start(training_start(TrainState()))
+    live = display._live
     assert live is not None and live.auto_refresh and live.refresh_per_second == 4
     for _ in range(3):
         clock.now += 1.0
         live.refresh()  # what the timer does
-    panel.finish(TrainingEnd(Path("run"), TrainState(), "reached max_iters 1", False, 1.0, 1.0, 0.0, 2.0, []))
+    display.finish(
+        TrainingEnd(Path("run"), TrainState(), "reached max_iters 1", False, 1.0, 1.0, 0.0, 2.0, [])
+    )
     assert all(f"elapsed 0:0{s}" in out.getvalue() for s in (1, 2, 3))
 
 

@@ -244,7 +244,7 @@ def train(
     _quiet_openmp()
     launch = _launch(given)
     with startup.loading():  # torch's import: no collector passes over it (minigpt.common.startup)
-        from minigpt.cli.training_display import TrainingPanel
+        from minigpt.cli.training_display import TrainingDisplay
         from minigpt.train.loop import check_launch, command_arguments, plan_run
         from minigpt.train.loop import train as run_training
 
@@ -258,7 +258,7 @@ def train(
         # mistakes show here as one line, not once per rank inside torchrun's failure report
         check_launch(launch.processes, plan_run(**run_args))
         raise typer.Exit(launch_local(launch.processes, command_line(ctx, skip=("nproc",))))
-    result = run_training(**run_args, reporter=TrainingPanel(), started=(ctx.obj or {}).get("started"))
+    result = run_training(**run_args, reporter=TrainingDisplay(), started=(ctx.obj or {}).get("started"))
     if result.interrupted:
         raise typer.Exit(130)
 
@@ -639,10 +639,10 @@ def demo(given: Given = NO_OPTIONS) -> None:
     The same three steps as `minigpt train FILE`, `minigpt generate` and `minigpt params RUN`.
     """
     from minigpt.cli.demo import DEMO_PROMPT, generate_demo_text, show_demo_params, train_demo
-    from minigpt.cli.training_display import TrainingPanel
+    from minigpt.cli.training_display import TrainingDisplay
 
     cfg = DemoConfig(**given.of(DemoConfig))
-    result = train_demo(cfg, TrainingPanel())
+    result = train_demo(cfg, TrainingDisplay())
     if result.interrupted:
         raise typer.Exit(130)
     typer.echo(

@@ -1,4 +1,4 @@
-"""The CLI's training progress: a live panel on a terminal, plain lines in logs, loss curves at the end."""
+"""The CLI's training progress: a live display on a terminal, plain lines in logs, loss curves at the end."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, he
     return out
 
 
-class TrainingPanel(LineReporter):
-    """On a terminal, a live panel redrawn 4 times a second (elapsed time and ETA tick between steps) with
+class TrainingDisplay(LineReporter):
+    """On a terminal, a live display redrawn 4 times a second (elapsed time and ETA tick between steps) with
     evaluation lines above it; elsewhere LineReporter's plain lines. Both end with the loss curves."""
 
     def __init__(

@@ -97,7 +97,7 @@ class Progress:
         """A Meter for the phase: on a terminal a rich bar follows it (without `bar`, the caller shows it),
         in a log a plain line is printed every `interval` seconds while it runs (none if it is shorter)."""
         meter = Meter(description, total, self.clock)
-        if not self.enabled or (self.terminal and not bar):  # the caller shows the meter (a live panel)
+        if not self.enabled or (self.terminal and not bar):  # the caller shows the meter (a live display)
             yield meter
         elif self.terminal:
             with self._bar(meter):
