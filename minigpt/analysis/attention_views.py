@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -195,18 +196,48 @@ def position_view(
     `windows`: how many of the latest positions each layer sees; those before are shown as "-".
     """
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     L, H, n = weights.shape
     start = max(0, n - display)
     row_names = [f"L{layer} H{head}" for layer in range(L) for head in range(H)]
     rows = weights.reshape(L * H, n)
-    strong = [{p for p, _ in top_attended(r, top)} for r in rows]
-    name_w = max(len(s) for s in row_names)
     col_w = [max(3, min(6, _cell_width(labels[p]))) for p in range(n)]
+    shown = _ShownPositions(
+        rows, row_names, labels, col_w, start, H,
+        strong=[{p for p, _ in top_attended(r, top)} for r in rows],
+        first_seen=[max(0, n - w) for w in windows] if windows is not None else [0] * L,
+    )  # fmt: skip
+    parts = _position_notes(title, n, start, windows)
+    for c, chunk in enumerate(_column_chunks(col_w, start, max(len(s) for s in row_names), width)):
+        parts.extend([Text(""), _position_table(shown, chunk, with_earlier=bool(start) and c == 0)])
+    parts.extend([Text(""), Text(f"Top {top} attended tokens per head", style="bold")])
+    parts.append(_top_summary(rows, row_names, labels, top, H))
+    return Group(*parts)
+
+
+@dataclass
+class _ShownPositions:
+    """What `position_view`'s tables draw: one row of weights per (layer, head) over the positions, their
+    names and column labels and widths, where the shown columns start, heads per layer, each row's
+    strongest positions, and each layer's first position inside its window."""
+
+    rows: torch.Tensor
+    row_names: list[str]
+    labels: Sequence[str]
+    col_w: list[int]
+    start: int
+    heads: int
+    strong: list[set[int]]
+    first_seen: list[int]
+
+
+def _position_notes(title: str, n: int, start: int, windows: Sequence[int] | None) -> list[RenderableType]:
+    """The title, then what a reader must know to read the tables: which layers see only their window,
+    and that the first column sums the positions not shown."""
+    from rich.text import Text
+
     parts: list[RenderableType] = [Text(title, style="bold")]
-    first_seen = [max(0, n - w) for w in windows] if windows is not None else [0] * L
     local = [layer for layer, w in enumerate(windows or []) if w < n]
     if windows is not None and local:
         who = ("layer {} sees only its" if len(local) == 1 else "layers {} see only their").format(
@@ -218,39 +249,62 @@ def position_view(
         parts.append(
             Text(f"(earlier: the total weight on the {start} tokens before those shown)", style="dim")
         )
-    # split the shown positions into tables that fit the terminal (one space between columns)
+    return parts
+
+
+def _column_chunks(col_w: Sequence[int], start: int, name_w: int, width: int) -> list[list[int]]:
+    """The shown positions split into tables that fit `width` (one space between columns; the first
+    table also holds the "earlier" column when positions are left out)."""
     chunks: list[list[int]] = [[]]
     used = name_w + (7 if start else 0)
-    for p in range(start, n):
+    for p in range(start, len(col_w)):
         if chunks[-1] and used + col_w[p] + 1 > width:
             chunks.append([])
             used = name_w
         chunks[-1].append(p)
         used += col_w[p] + 1
-    for c, chunk in enumerate(chunks):
-        table = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, pad_edge=False)
-        table.add_column("", no_wrap=True, style="bold")
-        if start and c == 0:
-            table.add_column(Text("…\nearlier", justify="right"), justify="right", no_wrap=True)
+    return chunks
+
+
+def _position_table(shown: _ShownPositions, chunk: Sequence[int], with_earlier: bool) -> RenderableType:
+    """One table of `position_view`: every head's weights on the positions of `chunk` as percentages
+    (the strongest bold, those before a layer's window "-"), led by the "earlier" column where asked."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, pad_edge=False)
+    table.add_column("", no_wrap=True, style="bold")
+    if with_earlier:
+        table.add_column(Text("…\nearlier", justify="right"), justify="right", no_wrap=True)
+    for p in chunk:
+        header = Text(f"{p}\n{_fit(shown.labels[p], shown.col_w[p])}", justify="right")
+        table.add_column(header, justify="right", no_wrap=True, min_width=shown.col_w[p])
+    H, names = shown.heads, shown.row_names
+    for i, name in enumerate(names):
+        cells: list[Text] = []
+        if with_earlier:
+            rest = float(shown.rows[i, : shown.start].sum())
+            cells.append(Text(_percent(rest), style=_cell_style(rest, False)))
         for p in chunk:
-            header = Text(f"{p}\n{_fit(labels[p], col_w[p])}", justify="right")
-            table.add_column(header, justify="right", no_wrap=True, min_width=col_w[p])
-        for i, name in enumerate(row_names):
-            cells: list[Text] = []
-            if start and c == 0:
-                rest = float(rows[i, :start].sum())
-                cells.append(Text(_percent(rest), style=_cell_style(rest, False)))
-            for p in chunk:
-                w = float(rows[i, p])
-                if p < first_seen[i // H]:
-                    cells.append(Text("-", style="dim"))
-                else:
-                    cells.append(Text(_percent(w), style=_cell_style(w, p in strong[i])))
-            table.add_row(name, *cells, end_section=(i + 1) % H == 0 and i + 1 < len(row_names))
-        parts.extend([Text(""), table])
+            w = float(shown.rows[i, p])
+            if p < shown.first_seen[i // H]:
+                cells.append(Text("-", style="dim"))
+            else:
+                cells.append(Text(_percent(w), style=_cell_style(w, p in shown.strong[i])))
+        table.add_row(name, *cells, end_section=(i + 1) % H == 0 and i + 1 < len(names))
+    return table
+
+
+def _top_summary(
+    rows: torch.Tensor, row_names: Sequence[str], labels: Sequence[str], top: int, H: int
+) -> RenderableType:
+    """Each head's `top` most attended tokens over all positions, with where they are and their weight."""
+    from rich.table import Table
+    from rich.text import Text
+
     summary = Table(box=None, padding=(0, 2, 0, 0))
     summary.add_column("head", style="bold", no_wrap=True)
-    for k in range(min(top, n)):
+    for k in range(min(top, rows.shape[1])):
         summary.add_column(f"#{k + 1}", no_wrap=True)
     for i, name in enumerate(row_names):
         cells = [
@@ -258,8 +312,7 @@ def position_view(
             for p, w in top_attended(rows[i], top)
         ]
         summary.add_row(name, *cells, end_section=(i + 1) % H == 0 and i + 1 < len(row_names))
-    parts.extend([Text(""), Text(f"Top {top} attended tokens per head", style="bold"), summary])
-    return Group(*parts)
+    return summary
 
 
 def _cell_width(label: str) -> int:
