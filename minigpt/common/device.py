@@ -14,11 +14,9 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast trains faster than float32 from about
-# this width on: the CPU recipe's step at 128 wide took 1.33x fewer seconds (1.13x at 64, 1.47x at 192),
-# once attention over few keys runs in float32 (minigpt.model.gpt.CPU_HALF_ATTENTION_MAX_KEYS; before that, bf16
-# won only from 192). Narrower models were not measured to gain. Without the instructions bf16 is emulated:
-# a bf16 matrix product ran at 0.3-3 GFLOP/s on an AVX2 EPYC (Zen 3) against 160 in float32, and a 192-wide
-# training step took 2.7 s (README: round 3). bench/bench_cpu_bf16.py measures both.
+# this width on, where the matrix products outweigh the casts around them (attention over few keys stays in
+# float32: minigpt.model.gpt.CPU_HALF_ATTENTION_MAX_KEYS). Without the instructions bf16 is emulated, far
+# slower than float32, so the CPU never chooses it there. bench/bench_cpu_bf16.py measures both.
 CPU_BF16_MIN_WIDTH = 128
 
 
@@ -66,9 +64,9 @@ def cpu_has_bf16() -> bool:
 def resolve_dtype(name: str, device: torch.device, training_width: int | None = None) -> torch.dtype:
     """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs; on the CPU float32, except
     for training models at least CPU_BF16_MIN_WIDTH wide on a CPU with bf16 instructions, where bf16
-    autocast measured faster.
+    autocast is faster.
 
-    Generation stays float32 on the CPU, where it measured faster than bf16 (README: "Generate").
+    Generation stays float32 on the CPU, where bf16 decodes more slowly.
     """
     import torch
 

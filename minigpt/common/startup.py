@@ -2,8 +2,8 @@
 
 Importing typer, numba's compiler or torch and loading a model make hundreds of thousands of long-lived
 objects, and Python's cyclic collector walks all of them again each time enough new ones have come, and
-once more as the interpreter exits. For a short `minigpt generate` that was 0.2-0.35 s of a 1.2-1.4 s
-command (README: "Generate"). So the command line runs its start-up (imports, parsing) and every model
+once more as the interpreter exits: a sizeable share of a short `minigpt generate`, spent on objects
+that live until the end anyway. So the command line runs its start-up (imports, parsing) and every model
 load with the collector off, then freezes what they made (`gc.freeze`: later passes skip those objects,
 which stay alive as long as anything refers to them, as before) and turns it back on, so a long `train`
 or `serve` still collects its own garbage. Only the command line process does this (`minigpt.cli.main.main`
