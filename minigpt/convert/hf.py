@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
-HF_CARD = "README.md"
 # what `convert to-hf` wrote for char and bpe tokenizers before tokenizer.json could hold them: still read
 MINIGPT_TOKENIZER = "minigpt_tokenizer.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -352,7 +351,8 @@ def from_hf(
 def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu") -> ConvertResult:
     """Write a directory transformers' AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained
     load (GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM, as `hfmap.family_for` picks):
-    config.json, model.safetensors, the tokenizer files (minigpt.tokenizer.hf) and a README.md model card.
+    config.json, model.safetensors, the tokenizer files (minigpt.tokenizer.hf) and a model card (RunDir.CARD:
+    the hub and a run folder name it alike).
     """
     run, out = Path(run), Path(out)
     rundir = RunDir(run)
@@ -370,7 +370,7 @@ def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu")
         atomic_write_bytes(out / name, text.encode("utf-8"))
     usage = _hf_usage(out.name, has_chat_tokens(tok))
     write_card(
-        out / HF_CARD,
+        out / RunDir.CARD,
         lambda license: model_card(
             out.name, data, config, tok.describe(), model.num_params(), library="transformers",
             made_by=f"`minigpt convert to-hf` of the run {run.resolve()}", usage=usage, license=license,

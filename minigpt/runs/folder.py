@@ -8,7 +8,8 @@
                           run config.json names (and refused on any other: its header holds the base's hash)
     state.safetensors     latest weights + optimizer moments + resume state (JSON metadata)
     metrics.jsonl         every logged step and evaluation
-    README.md             the model card (minigpt.runs.model_card), rewritten at every save
+    (RunDir.CARD)         the model card under Hugging Face's name for it (minigpt.runs.model_card),
+                          rewritten at every save
     exports.jsonl         one record per export (convert to-hf, to-gguf): format, where, when
 
 Safetensors and JSON only, every write atomic; importable without torch.
@@ -80,7 +81,7 @@ class RunDir:
     STATE = "state.safetensors"
     METRICS = "metrics.jsonl"
     ADAPTER = "adapter.safetensors"  # a LoRA run's, in place of WEIGHTS
-    CARD = "README.md"
+    CARD = "README.md"  # the model card, under the name the Hugging Face hub reads it by
     EXPORTS = "exports.jsonl"
     # what a save writes (exports.jsonl is not the run changing: `modified` leaves it out)
     FILES = (CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, STATE, METRICS, CARD)
@@ -350,8 +351,8 @@ class RunDir:
         together: both are written in full, then renamed into place one right after the other.
 
         The tokenizer files come with the weights, not before: a run without weights loads nowhere, and
-        GPT-2's tokenizer.json takes a second or two to build (its 50,000 merges) that a run's first step
-        would otherwise wait for."""
+        a large vocabulary's tokenizer.json (GPT-2's 50,000 merges) takes long enough to build that a
+        run's first step would otherwise wait for it."""
         from minigpt.model.gpt import model_tensors
         from minigpt.tokenizer.hf import tokenizer_config, tokenizer_json
 
@@ -383,8 +384,8 @@ class RunDir:
 
     def _tokenizer_files_hold(self, tokenizer: Tokenizer, block_size: int) -> bool:
         """Whether this object wrote these tokenizer files for this tokenizer (tokenizers are immutable)
-        and they are still there: a run's later checkpoints skip rebuilding the same bytes (0.4 s a save
-        for GPT-2's 50,000 merges)."""
+        and they are still there: a run's later checkpoints skip rebuilding the same bytes, which for a
+        large vocabulary would cost every save."""
         written = self._tokenizer_written
         if written is None or written[0] is not tokenizer or written[1] != block_size:
             return False
@@ -392,7 +393,7 @@ class RunDir:
         return all(f.is_file() and not f.is_symlink() for f in files)
 
     def _write_card(self, config: dict[str, Any], model: GPT, tokenizer: Tokenizer) -> None:
-        """README.md, the model card (minigpt.runs.model_card.write_card: a user's own README.md stays)."""
+        """The model card, CARD (minigpt.runs.model_card.write_card: a card of the user's own stays)."""
         from minigpt.runs.model_card import model_card, write_card
 
         name = self.path.name

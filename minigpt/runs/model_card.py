@@ -1,8 +1,8 @@
-"""README.md model cards for run folders and exports: what the model is, what it learned from, how it was
+"""Model cards for run folders and exports: what the model is, what it learned from, how it was
 made and how well it does, in the Hugging Face hub's format (YAML metadata, then Markdown).
 
 The licence is the user's to choose: the card leaves `license:` commented out, and a card written over an
-older one keeps the `license:` line the user set there. A README.md minigpt did not write is never replaced.
+older one keeps the `license:` line the user set there. A card file minigpt did not write is never replaced.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from minigpt.model.config import GPTConfig
 
 __all__ = ["CARD_MARKER", "data_label", "kept_license", "model_card", "settings_line", "write_card"]
 
-# in every card minigpt writes: a README.md without it is the user's own and is never replaced
+# in every card minigpt writes: a card file without it is the user's own and is never replaced
 CARD_MARKER = "<!-- written by minigpt: regenerated at every save; the license line above is kept -->"
 
 _LICENSE_HINT = (
@@ -63,7 +63,7 @@ def settings_line(train: dict[str, Any]) -> str:
 
 def write_card(path: Path, render: Callable[[str | None], str]) -> bool:
     """Write the card `render(license)` gives to path, `license` being the one set in the card there
-    before; a README.md there that minigpt did not write stays as it is (returns False)."""
+    before; a card file there that minigpt did not write stays as it is (returns False)."""
     old = read_bounded(path).decode("utf-8", errors="replace") if path.is_file() else None
     if old is not None and CARD_MARKER not in old:
         return False
@@ -130,7 +130,7 @@ def model_card(
     library: str = "minigpt",
     license: str | None = None,
 ) -> str:
-    """A README.md for the model `data` (a run's config.json) describes: `made_by` says how this folder came
+    """A model card for the model `data` (a run's config.json) describes: `made_by` says how this folder came
     to be, `usage` (Markdown) how to run it; `license` is the one the user chose, if any."""
     how = settings_line(data.get("train") or {})
     version = data.get("minigpt_version", __version__)
