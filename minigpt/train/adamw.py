@@ -1,8 +1,8 @@
 """AdamW through torch's fused kernel, and the parameter groups minigpt's optimizers share.
 
 Why not torch.optim: its Optimizer base class imports torch._dynamo the first time an optimizer is built or
-stepped (its methods are wrapped to keep the compiler out), which is 1.5 s of every `minigpt train`'s start
-on a CPU, as long as importing torch itself, for a compiler a run without --compile never uses. The update is
+stepped (its methods are wrapped to keep the compiler out), a large share of every `minigpt train`'s
+start-up on a CPU, spent on a compiler a run without --compile never uses. The update is
 the same kernel `torch.optim.AdamW(fused=True)` calls, with the step count kept as it keeps it, so the two
 agree bitwise (tests/test_optimizers.py) and a run's optimizer state file holds the same tensors.
 """

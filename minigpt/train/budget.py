@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # weight of the newest step in the running estimate of seconds per step
 STEP_TIME_WEIGHT = 0.1
 # what a command still does after its final save: the summary, leaving the process group, and exiting
-# Python (0.12-0.15 s measured on the 2-core machine since the command line freezes its objects before the
-# interpreter's last garbage collection, minigpt.common.startup; 0.6-0.7 s before)
+# Python (short, since the command line freezes its start-up objects before the interpreter's last garbage
+# collection: minigpt.common.startup)
 EXIT_SECONDS = 0.5
 # a training step against a forward pass of the same batch: the backward pass costs about two more
 STEP_FORWARDS = 3
@@ -28,12 +28,11 @@ STEP_FORWARDS = 3
 # more (a 50,257-token head, a wide model, a loaded machine), none when one batch costs more than that
 EVAL_SHARE = 0.1
 # the time kept back for the final evaluation is its measured cost and this share more: on a shared machine
-# an evaluation can take a quarter longer than the one measured before it (without it, one 35 s run in three
-# and one 75 s run in four ended 0.12-0.17 s past max_time, load 1.7-1.9; README, recipe round 7)
+# an evaluation can take longer than the one measured before it, and the run must still end by max_time
 EVAL_SLACK = 0.25
 # a run stopped by a signal (Ctrl-C, a scheduler's SIGTERM) evaluates for at most this long before its save:
-# a full evaluation can take a minute (50 batches through a 50,257-token head on a small CPU), and whoever
-# stopped the run is waiting
+# a full evaluation through a large vocabulary's head on a small CPU takes far longer, and whoever stopped
+# the run is waiting
 STOP_EVAL_SECONDS = 5.0
 
 

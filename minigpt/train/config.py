@@ -27,12 +27,11 @@ from minigpt.model.lora import DEFAULT_TARGETS, TARGET_CHOICES
 from minigpt.model.presets import GPT2_VOCAB, PRESETS, model_config
 from minigpt.model.presets import preset as get_preset
 
-# Defaults by device. CPU: what bench/bench_train.py and bench/bench_recipe.py found best for a short CPU
-# budget (README: "Defaults" and the recipe ablation). GPU: nanoGPT's shakespeare_char recipe without dropout,
-# as published (no GPU here to measure the newer options on). Muon's rate: 0.012 measured on the CPU recipe
-# (round 3; 0.02 before), the earlier 0.02 where a GPU run chooses Muon. AdamW at 1.6e-2 with beta1 0.8 and
-# the untied head at a quarter of that (4e-3): measured on the CPU recipe (round 8; 8e-3, 0.9 and one rate
-# before); nanoGPT's beta1 and one rate on a GPU.
+# Defaults by device. CPU: the recipe bench/bench_train.py and bench/bench_recipe.py find best for a short
+# CPU budget, its rates (Muon's, AdamW's with beta1, and the untied head's share, HEAD_LR_FRACTION) tuned on
+# it. GPU: nanoGPT's shakespeare_char recipe without dropout, as published, with its beta1 and one rate for
+# every weight, and Muon's published rate where a GPU run chooses Muon: the newer options were tuned on the
+# CPU only, so the GPU keeps a recipe known to work there.
 RECIPES: dict[str, dict[str, Any]] = {
     "cpu": dict(
         preset="nano",
@@ -55,9 +54,9 @@ RECIPES: dict[str, dict[str, Any]] = {
         beta1=0.9,
     ),
 }
-# LoRA's adapters train with AdamW's part, and were tuned at the CPU recipe's rates before round 8 (README,
-# Fine-tuning); its 1.6e-2 with beta1 0.8 cut LoRA rank 8 from 45% to 13% exact match where full
-# fine-tuning went from 98.6% to 99.0%: a LoRA run on the CPU keeps the rates it was measured at
+# LoRA's adapters train with AdamW's part, at the rates they were tuned at: the CPU recipe's higher rate
+# and lower beta1 suit full fine-tuning but make LoRA's adapters learn far worse (bench/bench_finetune.py),
+# so a LoRA run on the CPU keeps its own
 LORA_CPU = "LoRA on cpu"
 RATES: dict[str, dict[str, Any]] = {**RECIPES, LORA_CPU: dict(lr=8e-3, beta1=0.9)}
 # head_lr as a fraction of lr when it is not given, by recipe
@@ -186,7 +185,7 @@ class TrainConfig:
     max_tokens: int | None = setting(
         None, "Stop after this many training tokens (over the whole run).", panel=BUDGET
     )
-    # evaluation and logging (50 batches: README, "Progress")
+    # evaluation and logging
     eval_every: int = setting(
         500,
         "Evaluate (and checkpoint) every N steps, bar one within N/2 steps of the final evaluation.",

@@ -197,8 +197,8 @@ def evaluate_and_save(
     """Evaluate, record it, and checkpoint (the best weights too when validation improved), with as many
     batches as the time budget allows (see Budget.eval_iters_now), or a few seconds' worth when a signal
     stopped the run (`stopping`). A periodic evaluation that does not fit is skipped, and so is one that the
-    final one would follow within half of eval_every steps (it would show what the final one shows; a 75 s
-    CPU run's second came 56-290 steps before its end and cost 2-3 s of steps); a final one that does not
+    final one would follow within half of eval_every steps (it would show what the final one shows, at the
+    cost of steps a short run cannot spare); a final one that does not
     fit still saves, and a run never evaluated keeps these weights. What it took is measured for the next
     ones and for the time kept back for the final one."""
     budget, state = run.budget, run.state

@@ -8,8 +8,8 @@ singular values are known to lie in closest to 1 in the worst case. NorMuon (Li 
 row (neuron) of the update by the root of its running mean square, so no neuron's update dominates.
 
 The iterations run in bf16 on GPUs and, in training, wherever the run computes in bf16 (a CPU with bf16
-instructions: `minigpt.train.optimizers.muon_dtype`), else in float32: bf16 matrix products are slow on a CPU
-without those instructions (10-70x slower than float32 on an AVX2-only CPU); `--muon-dtype` picks. Matrices
+instructions: `minigpt.train.optimizers.muon_dtype`), else in float32: without those instructions a CPU
+emulates bf16 matrix products, many times slower than float32's; `--muon-dtype` picks. Matrices
 of one shape are orthogonalised together, one batched product per iteration.
 """
 

@@ -105,7 +105,7 @@ def make_optimizer(
 
 def muon_dtype(setting: str, compute_dtype: torch.dtype | None) -> str:
     """--muon-dtype as Muon takes it: auto is bfloat16 for a run that computes in bf16 (on a CPU, bf16
-    autocast is chosen only where the CPU has bf16 instructions: there the recipe's Muon step took 7.6 ms
-    against 10.5 in float32 and trained as well at equal steps; README, recipe round 7), else Muon's own
+    autocast is chosen only where the CPU has bf16 instructions, and there Muon's iterations are faster in
+    bf16 and train as well at equal steps), else Muon's own
     auto (bf16 on GPUs, float32 elsewhere)."""
     return "bfloat16" if setting == "auto" and compute_dtype == torch.bfloat16 else setting

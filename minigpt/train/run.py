@@ -302,39 +302,12 @@ def _set_up_with(
     make_sampler: SamplerFactory,
 ) -> TrainingRun:
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
-    if isinstance(dataset, ConversationData):
-        if cfg.seq_ramp:
-            raise UsageError("--seq-ramp grows windows of text; conversations train whole: drop --seq-ramp")
-        make_sampler = ConversationSampler
-    sampler = make_sampler(
-        dataset.train,
-        model.config.block_size,
-        cfg.batch_size,
-        cfg.seed,
-        dist.rank,
-        dist.world_size,  # type: ignore[arg-type]
-    )
-    # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
-    # a resume takes what its checkpoint says
-    sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
+    sampler = _make_batch_sampler(cfg, dist, dataset, model.config.block_size, make_sampler)
     parts = Trainables(model, make_optimizer(model, cfg, runtime.dtype), sampler)
     rundir = RunDir(plan.out)
-    state = TrainState()
-    if plan.resume:
-        state = load_checkpoint(rundir, parts)
-        reporter.log(f"resuming {plan.out} at step {state.step:,} ({state.tokens:,} tokens)")
-        cfg = keep_global_batch(cfg, state.world_size, dist.world_size, reporter)
-        if plan.replaced_budget is not None:
-            state.time_budget_from = state.elapsed  # a new time budget counts this command's time
-    state.world_size = dist.world_size
+    state, cfg = _starting_state(plan, dist, reporter, cfg, rundir, parts)
     _check_same_text(plan, dataset)
-    settings: dict[str, Any] = {
-        "train": cfg.to_dict(),
-        "data": {**data_dict(plan.data), "inputs": list(dataset.inputs)},
-        "metrics": {},
-    }
-    if plan.lora is not None:
-        settings["adapter"] = adapter_settings(plan.lora)
+    settings = _run_settings(plan, cfg, dataset)
     if dist.is_master and not plan.resume:
         if plan.overwrite:
             rundir.clear()
@@ -352,6 +325,61 @@ def _set_up_with(
     _reserve_time(run)
     reporter.start(_training_start(run, plan))
     return run
+
+
+def _make_batch_sampler(
+    cfg: TrainConfig, dist: DistContext, dataset: Dataset, block_size: int, make_sampler: SamplerFactory
+) -> BatchSampler:
+    """This rank's sampler of training batches: `make_sampler`'s windows of text, or whole conversations."""
+    if isinstance(dataset, ConversationData):
+        if cfg.seq_ramp:
+            raise UsageError("--seq-ramp grows windows of text; conversations train whole: drop --seq-ramp")
+        make_sampler = ConversationSampler
+    sampler = make_sampler(
+        dataset.train,
+        block_size,
+        cfg.batch_size,
+        cfg.seed,
+        dist.rank,
+        dist.world_size,  # type: ignore[arg-type]
+    )
+    # a run that starts before its corpus is tokenized follows the availability schedule (every rank alike);
+    # a resume takes what its checkpoint says
+    sampler.ramp, _ = dist.agree_stop(not dataset.tokenized_at_start)
+    return sampler
+
+
+def _starting_state(
+    plan: RunPlan,
+    dist: DistContext,
+    reporter: ProgressReporter,
+    cfg: TrainConfig,
+    rundir: RunDir,
+    parts: Trainables,
+) -> tuple[TrainState, TrainConfig]:
+    """A new run's empty state, or a resumed run's checkpoint loaded into `parts`, with the settings it
+    trains on (the global batch kept when the number of processes changed)."""
+    state = TrainState()
+    if plan.resume:
+        state = load_checkpoint(rundir, parts)
+        reporter.log(f"resuming {plan.out} at step {state.step:,} ({state.tokens:,} tokens)")
+        cfg = keep_global_batch(cfg, state.world_size, dist.world_size, reporter)
+        if plan.replaced_budget is not None:
+            state.time_budget_from = state.elapsed  # a new time budget counts this command's time
+    state.world_size = dist.world_size
+    return state, cfg
+
+
+def _run_settings(plan: RunPlan, cfg: TrainConfig, dataset: Dataset) -> dict[str, Any]:
+    """What config.json records of how the run trains: its settings, its data and (LoRA) its adapter."""
+    settings: dict[str, Any] = {
+        "train": cfg.to_dict(),
+        "data": {**data_dict(plan.data), "inputs": list(dataset.inputs)},
+        "metrics": {},
+    }
+    if plan.lora is not None:
+        settings["adapter"] = adapter_settings(plan.lora)
+    return settings
 
 
 def _prepare(

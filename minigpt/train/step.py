@@ -89,8 +89,8 @@ def _clip_gradients(model: torch.nn.Module, max_norm: float, loss: torch.Tensor)
 
 
 def _chunk(config: GPTConfig, batch_size: int) -> int:
-    # forward-only passes run faster on more windows at once (README: "Progress");
-    # the logits of one pass stay under EVAL_LOGITS elements
+    # forward-only passes keep nothing for a backward pass, so they take more windows at once, which runs
+    # faster; the logits of one pass stay under EVAL_LOGITS elements
     return max(batch_size, min(EVAL_CHUNK, EVAL_LOGITS // (config.block_size * config.vocab_size)))
 
 
@@ -157,9 +157,9 @@ def eval_cost(
     clock: Callable[[], float] = time.perf_counter,
 ) -> EvalCost:
     """What evaluate() costs a process, from a timed forward pass over a batch of windows, the second of two:
-    the first pays one-off costs (the CPU's bf16 kernels, allocations: 83 ms against 27 for the CPU recipe's
-    batch), and timing it left a run with no periodic evaluation to measure again (a 35 s CPU run) 2.5 s of
-    its budget unused and its final evaluation shrunk to fit. Evaluations pass larger chunks, so this still
+    the first pays one-off costs (the CPU's bf16 kernels, allocations) several times a pass's own, and
+    timing it would leave a short run with no periodic evaluation to measure again part of its budget
+    unused and its final evaluation shrunk to fit. Evaluations pass larger chunks, so this still
     errs long; the second pass costs about half a training step. Also the windows each split holds (a
     conversation is one window)."""
     if isinstance(dataset, ConversationData):
