@@ -37,7 +37,7 @@ MAX_RECORD_BYTES = 64 << 20  # one JSON line or Parquet value; a larger one is d
 PARQUET_BATCH_ROWS = 4096  # rows decoded at a time: one row group is never held whole
 PARQUET_EXTRA = "pip install 'minigpt[parquet]'"
 # Python's UTF decoders never yield a lone surrogate; others can (utf-7, unicode_escape, punycode), and
-# JSON can spell one (\ud800), so only such text is searched for one (a search costs ~5 ms per MB)
+# JSON can spell one (\ud800), so only such text is searched for one (a search is a pass over the text)
 _SURROGATE_FREE_CODECS = ("utf-8", "utf-16", "utf-32", "ascii", "iso8859-1")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 OPENERS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {

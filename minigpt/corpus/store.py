@@ -77,8 +77,9 @@ class ChunkIds:
     """A chunk's ids as a read-only array that reads each slice from the file when it is taken.
 
     Reads, not a memory map: pages a process maps count in its resident memory, and random training
-    windows over a memory-mapped store of gigabytes brought a 1 GB corpus's train command to 1.4 GB
-    resident (for a 550 MB heap); read with pread, the same pages stay in the kernel's page cache only.
+    windows over a memory-mapped store of gigabytes would touch most of them and count them in the train
+    command's resident memory, far above its heap; read with pread, the same pages stay in the kernel's
+    page cache only.
     """
 
     def __init__(self, path: Path, dtype: np.dtype, tokens: int) -> None:

@@ -24,8 +24,8 @@ from minigpt.corpus.store import Chunk, ChunkIds
 from minigpt.errors import MinigptError
 
 # the training pool grows this many times faster than batches consume tokens: each token of the pool is
-# drawn about 1/16 times on average while it grows, and tokenizing (~2M tokens/s per core) keeps ahead of
-# training on a CPU (~10-50k tokens/s) and of most GPUs
+# drawn about 1/16 times on average while it grows, and tokenizing, far faster per core than training
+# consumes tokens, keeps ahead of training on a CPU and of most GPUs
 RAMP_FACTOR = 16
 
 

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from minigpt.corpus.readers import ReadOptions
 
 ERRORS_CHOICES = ("strict", "replace", "ignore")
-# BPE learns from at most this much text, drawn evenly across the corpus: learned from 64 MB it compresses
-# held-out text as well as learned from everything, and training on it takes seconds at any corpus size
-# (README, "Corpora at scale"; bench/bench_corpus.py --sample-cost-mb)
+# BPE learns from at most this much text, drawn evenly across the corpus: a sample this large already learns
+# merges that compress held-out text as well as the whole corpus's would, and bounds the time learning
+# takes at any corpus size (bench/bench_corpus.py --sample-cost-mb measures both)
 DEFAULT_TOKENIZER_SAMPLE = 64_000_000
 _SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|k|m|g)?\s*")
 

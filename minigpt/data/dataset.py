@@ -513,8 +513,8 @@ def eval_rows(
     count: int, batch_size: int, max_batches: int | None, rank: int = 0, world_size: int = 1
 ) -> Sequence[int]:
     """This rank's share of the rows (windows, conversations) an evaluation takes: all `count` of them, or
-    max_batches x batch_size x world_size evenly spaced. Never all of them in memory: a 10 GB corpus's
-    training split has ~60M windows, and an array of them was 0.5 GB where an evaluation takes a few hundred.
+    max_batches x batch_size x world_size evenly spaced. Never all of them in memory: a large corpus's
+    training split has tens of millions of windows, where an evaluation takes a few hundred.
     """
     rows: Sequence[int] = range(count)
     if max_batches is not None and max_batches * batch_size * world_size < count:
