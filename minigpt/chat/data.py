@@ -218,9 +218,9 @@ def padded_width(longest: int, widest: int) -> int:
     and of an eighth of its power of two (at most 1/8 more from 128 on), never past `widest`.
 
     Padded to the longest alone, nearly every batch of variable-length conversations has a width of its
-    own, and on the CPU in bfloat16 oneDNN builds and keeps kernels for each new shape: fine-tuning the
-    char model of bench/bench_finetune.py (block 128) for 300 steps peaked at 664 MB (full) and 719 MB
-    (LoRA), with 16-token steps 515 and 469 MB, as fast. The padded tokens predict nothing."""
+    own, and on the CPU in bfloat16 oneDNN builds and keeps kernels for each new shape, so a run's memory
+    grows with every width it meets; a few widths bound it at no cost in speed (bench/bench_finetune.py).
+    The padded tokens predict nothing."""
     step = max(PAD_MULTIPLE, 1 << max(longest.bit_length() - 4, 0))
     return min(-(-longest // step) * step, widest)
 

@@ -421,7 +421,7 @@ def convert_to_hf(
     with --qk-norm (and windows) as Qwen3ForCausalLM. An option none of them holds is an error naming it.
 
     The tokenizer (any kind: bpe, char, tiktoken) is written as tokenizer.json for AutoTokenizer, GPT-2
-    style ones also as vocab.json + merges.txt; a README.md model card describes the model.
+    style ones also as vocab.json + merges.txt; a model card describes the model.
     """
     from minigpt.convert.hf import to_hf
     from minigpt.convert.hf_map import ARCHITECTURES, family_for
@@ -535,7 +535,7 @@ def _launch(given: Given) -> LaunchConfig:
 
 def _quiet_openmp() -> None:
     """Before torch loads OpenMP: its threads sleep soon after a parallel region instead of spinning on
-    the cores the next step needs (README: "Benchmarks", "Generate"); the environment's setting stands."""
+    the cores the next step needs; the environment's setting stands."""
     import os
 
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
@@ -574,7 +574,7 @@ def _write_generation(gen: Any, model: Path, as_json: bool, stream: bool | None)
 
     with _writing_stdout():
         if as_json:
-            from minigpt.cli.views import print_json  # rich: 17 ms of start-up that plain text does not need
+            from minigpt.cli.views import print_json  # rich: start-up time that plain text does not need
 
             gen.run()
             print_json({"model": str(model), **gen.to_json()})

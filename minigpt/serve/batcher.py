@@ -250,8 +250,9 @@ class Batcher:
                 log.exception("decoding failed")
                 self._fail_all("internal error while decoding (see the server log)")
             # a step holds the GIL throughout (one compiled call): hand it to the event loop now, so it sends
-            # this step's text and takes new requests at once rather than after Python's 5 ms switch
-            # interval (clients that get their last chunk late send their next request late: README, Serve)
+            # this step's text and takes new requests at once rather than after Python's thread switch
+            # interval (sys.getswitchinterval): clients that get their last chunk late send their next
+            # request late
             time.sleep(0)
 
     def step(self) -> None:

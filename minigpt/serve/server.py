@@ -80,7 +80,7 @@ def run_server(models: Sequence[ServedModel], cfg: ServeConfig) -> None:
         )
     url = _url(sock)
     print(f"serving on {url}/ (OpenAI API at {url}/v1; Ctrl-C stops)", file=sys.stderr, flush=True)
-    # a stream still open at Ctrl-C gets 3 s to finish before its connection is closed
+    # a stream still open at Ctrl-C gets a few seconds to finish before its connection is closed
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=3))
     server.run(sockets=[sock])
     if not server.started:

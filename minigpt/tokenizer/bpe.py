@@ -37,7 +37,7 @@ GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{
 # cl100k_base (GPT-4) exactly as tiktoken ships it
 CL100K_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 # The same splits as CL100K_SPLIT_PATTERN (tests check this on random text) without the possessive
-# quantifiers that cannot change a match there, which tiktoken's regex engine runs faster (README: "Tokenizers").
+# quantifiers that cannot change a match there, which tiktoken's regex engine runs faster.
 GPT4_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s++$|\s*[\r\n]|\s+(?!\S)|\s+"""
 O200K_SPLIT_PATTERN = "|".join(
     [
@@ -125,7 +125,8 @@ TOKENIZER_CHOICES = (
     "char, bpe, " + ", ".join(NAMED_ENCODINGS) + ", a path to a .tiktoken file or a minigpt tokenizer.json"
 )
 
-# 512 gave the lowest validation bits per byte for equal CPU time on small models (bench/bench_tokenizers.py)
+# small models gain most from a small vocabulary: at equal CPU time it gives the lowest validation bits per
+# byte (bench/bench_tokenizers.py compares sizes)
 DEFAULT_BPE_VOCAB_SIZE = 512
 
 
@@ -208,7 +209,7 @@ class _RankedBPE(Tokenizer):
         return lengths
 
     def _content_hash(self) -> str:
-        # straight from the ranks: to_json's base64 of a 50k-200k vocabulary takes a second
+        # straight from the ranks: to_json's base64 of a large vocabulary costs far more than its bytes' hash
         h = hashlib.sha256(json.dumps([self.kind, self.pattern, self.specials], sort_keys=True).encode())
         for token, rank in sorted(self.ranks.items(), key=lambda item: item[1]):
             h.update(rank.to_bytes(4, "little") + len(token).to_bytes(4, "little") + token)
