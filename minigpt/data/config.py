@@ -51,8 +51,8 @@ class DataConfig:
         None, "Vocabulary size for --tokenizer bpe.", panel=DATA, shown=str(DEFAULT_BPE_VOCAB_SIZE)
     )
     val_fraction: float = setting(
-        0.1, "Fraction of the text held out for validation: whole documents from the start of the corpus, "
-        "at most 32 MB.", panel=DATA,
+        0.1, "Fraction of the text held out for validation: whole documents from the end of the corpus (in "
+        "the order given), at most 32 MB.", panel=DATA,
     )  # fmt: skip
     val_file: Path | None = setting(None, "Validate on this text instead of a held-out fraction.", panel=DATA)
     encoding: str = setting("utf-8", "Text encoding of plain text files.", panel=DATA)
