@@ -59,9 +59,38 @@ def _usage_line(e: click_errors.UsageError) -> str:
     return f"{message[:1].lower()}{message[1:]} ({where})"
 
 
+def _plain_flags(command: Any, ctx: Any) -> None:
+    """Show a command's on/off flags without a value: typer writes `--json <bool>`, as if `--json true`
+    were valid."""
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+
+
+# `minigpt --help` lists the commands in this order: try it, train, use the model, look inside, then the rest
+WORKFLOW = ("demo", "train", "generate", "chat", "params", "eval", "attention", "prepare", "runs", "convert",
+            "serve")  # fmt: skip
+
+
 class _Group(TyperGroup):
     """Errors as one line on stderr, never a traceback or a box: a MinigptError with its exit code, a
-    usage error (unknown option, bad value, missing argument) with exit code 2 and the closest valid name."""
+    usage error (unknown option, bad value, missing argument) with exit code 2 and the closest valid name.
+    Its help and its commands' show on/off flags as flags."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _plain_flags(command, ctx)
+        return command
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _plain_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The commands in the order a new user meets them (WORKFLOW), any others after."""
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: WORKFLOW.index(n) if n in WORKFLOW else len(WORKFLOW))
 
     def invoke(self, ctx: Any) -> Any:
         startup.settle()
@@ -101,7 +130,6 @@ class _Group(TyperGroup):
 
 app = typer.Typer(
     cls=_Group,
-    help="Train, sample and inspect small GPT-style language models.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -124,9 +152,11 @@ def _root(
 ) -> None:
     """Train, sample and inspect small GPT-style language models.
 
-    minigpt train FILE      train a model on your text (checkpoints under checkpoints/)
-    minigpt generate TEXT   continue TEXT with the latest model
-    minigpt params          parameter breakdown of a run, a preset or any shape
+    Start here: minigpt demo   (trains for two minutes, no file needed)
+    Then on your own text:
+      minigpt train FILE --max-time 5m   train a model (under checkpoints/)
+      minigpt generate "TEXT"            continue TEXT with the newest run
+      minigpt params                     its parameters, memory and FLOPs
     """
     # `train --max-time` is the wall time of the whole command: from the process's start when main() runs
     # it (the interpreter's start-up and imports count), else from here
@@ -669,7 +699,7 @@ def serve(
     ] = None,
     given: Given = NO_OPTIONS,
 ) -> None:
-    """Serve runs over an OpenAI-compatible API (/v1/completions, /v1/models) with a web page at /.
+    """Serve runs over an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) and a web page.
 
     Examples: `minigpt serve`, `minigpt serve checkpoints/a --model checkpoints/b --port 8080`,
     then `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
