@@ -173,6 +173,11 @@ RunOption = Annotated[
 ]
 
 
+# how a command that defaults to the newest run takes another: the error when there is none says so
+_NAME_MODEL = "pass --model DIR"
+_NAME_RUN = "name a run: `minigpt {} RUN`"
+
+
 def _json_option(what: str) -> Any:
     """The --json flag of a command that prints `what` instead of its tables."""
     return typer.Option("--json", help=f"Print {what}.")
@@ -218,7 +223,8 @@ def params(
         else:
             print_params(report, name)
         return
-    summary = summarize(RunDir(run) if run is not None else RunDir.latest())
+    rundir = RunDir(run) if run is not None else RunDir.latest(name_one=_NAME_RUN.format("params"))
+    summary = summarize(rundir)
     report = count_params(RunDir(summary.path).model_config())
     if as_json:
         print_json({**report.to_dict(), "name": summary.path, "stored_total": summary.params,
@@ -376,7 +382,7 @@ def attention(
     from minigpt.analysis.attention_views import show_attention
 
     cfg = AttentionConfig(**given.of(AttentionConfig))  # a bad option is reported before a missing run
-    show_attention(_run_or_latest(model), text, cfg, as_json)
+    show_attention(_run_or_latest(model, _NAME_MODEL), text, cfg, as_json)
 
 
 convert_app = typer.Typer(
@@ -530,7 +536,7 @@ def generate(
     if as_json and shown.stream:
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
     text = read_prompt(prompt, shown.prompt_file)
-    model = _run_or_latest(model)
+    model = _run_or_latest(model, _NAME_MODEL)
     engine, tokenizer = generation_engine(model, run_on, shown.explain, settings.num_samples)
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
@@ -571,13 +577,14 @@ def _quiet_openmp() -> None:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
-def _run_or_latest(run: Path | None) -> Path:
-    """The run named, else the newest under checkpoints/ (said on stderr)."""
+def _run_or_latest(run: Path | None, name_one: str) -> Path:
+    """The run named, else the newest under checkpoints/ (said on stderr); `name_one`: how the command
+    takes a run, for the error when there is none."""
     if run is not None:
         return run
     from minigpt.runs.folder import RunDir
 
-    latest = RunDir.latest().path
+    latest = RunDir.latest(name_one=name_one).path
     typer.echo(f"using {latest}", err=True)
     return latest
 
@@ -645,7 +652,7 @@ def chat(
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
     system = ChatConfig(**given.of(ChatConfig)).system
-    run = _run_or_latest(run)
+    run = _run_or_latest(run, _NAME_RUN.format("chat"))
     seed = settings.seed
     if seed is None and settings.temperature > 0:
         seed = secrets.randbits(31)
@@ -711,5 +718,6 @@ def serve(
     from minigpt.serve.models import load_models
 
     cfg, run_on = ServeConfig(**given.of(ServeConfig)), EngineConfig(**given.of(EngineConfig))
-    paths = ([run] if run is not None else []) + list(cfg.models or []) or [_run_or_latest(None)]
+    paths = ([run] if run is not None else []) + list(cfg.models or [])
+    paths = paths or [_run_or_latest(None, _NAME_RUN.format("serve"))]
     run_server(load_models(paths, run_on, cfg), cfg)

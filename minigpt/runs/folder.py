@@ -127,8 +127,9 @@ class RunDir:
     # --- finding runs -----------------------------------------------------------------------------------
 
     @classmethod
-    def latest(cls, root: Path = DEFAULT_ROOT) -> RunDir:
-        """The run under root that changed last (trained, resumed or converted) and has weights."""
+    def latest(cls, root: Path = DEFAULT_ROOT, name_one: str = "") -> RunDir:
+        """The run under root that changed last (trained, resumed or converted) and has weights; `name_one`
+        says how the asking command takes a run instead (e.g. "pass --model DIR"), for the error."""
         root = Path(root)
         found = (
             [p for name in (cls.WEIGHTS, cls.ADAPTER) for p in root.glob(f"*/{name}")]
@@ -137,9 +138,8 @@ class RunDir:
         )
         runs = [cls(p.parent) for p in found]
         if not runs:
-            raise MinigptError(
-                f"no trained model under {root}/: run `minigpt train FILE` first or pass --model DIR"
-            )
+            instead = f", or {name_one}" if name_one else ""
+            raise MinigptError(f"no trained model under {root}/: run `minigpt train FILE` first{instead}")
         return max(runs, key=lambda r: r.modified())
 
     def modified(self) -> float:
