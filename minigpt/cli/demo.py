@@ -25,7 +25,7 @@ class DemoConfig:
     """How long the demo trains, where its run goes, and how much it generates."""
 
     max_time: str = setting("2m", "Training time budget, e.g. 90s, 2m, 10m.")
-    out: Path = setting(Path("checkpoints/demo"), "Run directory for the demo model (replaced on each demo).")
+    out: Path = setting(Path("checkpoints/demo"), "Run directory for the demo model.")
     tokens: int = setting(300, "Tokens to generate at the end.", min=1)
     seed: int = setting(1337, "Seed for training and sampling.")
 
@@ -58,17 +58,21 @@ def write_demo_text(path: Path) -> Path:
     return path
 
 
-def train_demo(cfg: DemoConfig, reporter: ProgressReporter) -> TrainResult:
-    """Step 1: train the CPU recipe's model on the demo corpus for `cfg.max_time`, replacing `cfg.out`."""
+def train_demo(cfg: DemoConfig, reporter: ProgressReporter, overwrite: bool = False) -> TrainResult:
+    """Step 1: train the CPU recipe's model on the demo corpus for `cfg.max_time` into `cfg.out`, which
+    must not hold a run unless `overwrite`: a run there may be the user's, however it got its name."""
     from minigpt.data.config import default_cache_dir
     from minigpt.data.dataset import DataConfig
+    from minigpt.runs.folder import RunDir
     from minigpt.train.loop import TrainConfig, train
 
+    # refused before anything runs, in the demo's own options (train's message names --resume)
+    RunDir(cfg.out).guard_new(overwrite, "pass --out DIR for a new one, or --overwrite to replace it")
     corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")
     seconds = cfg.seconds
     print(f"== 1/3 training on Python's reference documentation ({corpus}) for {seconds:g}s", file=sys.stderr)
     settings = TrainConfig(max_time=seconds, seed=cfg.seed)
-    return train(settings, DataConfig(paths=(corpus,)), out=cfg.out, overwrite=True, reporter=reporter)
+    return train(settings, DataConfig(paths=(corpus,)), out=cfg.out, overwrite=overwrite, reporter=reporter)
 
 
 def generate_demo_text(cfg: DemoConfig, out: TextIO) -> None:

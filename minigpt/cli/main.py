@@ -669,7 +669,7 @@ def chat(
 
 
 @app.command()
-@with_options(options_of(DemoConfig))
+@with_options(options_of(DemoConfig), _overwrite("Replace an existing run at --out."))
 def demo(given: Given = NO_OPTIONS) -> None:
     """Train on Python's own documentation (no file needed), generate from the model, count its parameters.
 
@@ -679,7 +679,7 @@ def demo(given: Given = NO_OPTIONS) -> None:
     from minigpt.cli.training_display import TrainingDisplay
 
     cfg = DemoConfig(**given.of(DemoConfig))
-    result = train_demo(cfg, TrainingDisplay())
+    result = train_demo(cfg, TrainingDisplay(), _overwriting(given))
     if result.interrupted:
         raise typer.Exit(130)
     typer.echo(

@@ -323,15 +323,14 @@ class RunDir:
 
     # --- writing ----------------------------------------------------------------------------------------
 
-    def guard_new(self, overwrite: bool) -> None:
-        """Refuse to write a new run over an existing one unless told to (resume has its own path)."""
+    def guard_new(self, overwrite: bool, remedy: str = "") -> None:
+        """Refuse to write a new run over an existing one unless told to (resume has its own path);
+        `remedy` says what to do instead in the asking command's options (default: `train`'s)."""
         if self.path.exists() and not self.path.is_dir():
             raise MinigptError(f"{self} exists and is not a directory: choose another --out")
         if self.path.is_dir() and any(self.path.iterdir()) and not overwrite:
-            raise MinigptError(
-                f"{self} already holds a run: resume it with --resume {self}, "
-                f"choose another --out, or pass --overwrite"
-            )
+            remedy = remedy or f"resume it with --resume {self}, choose another --out, or pass --overwrite"
+            raise MinigptError(f"{self} already holds a run: {remedy}")
 
     def clear(self, names: tuple[str, ...] = (WEIGHTS, STATE, METRICS)) -> None:
         """Remove these run files, so an overwritten or converted run keeps nothing of the old one."""
