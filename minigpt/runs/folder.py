@@ -22,6 +22,7 @@ import errno
 import json
 import math
 import os
+import shlex
 import stat
 import sys
 import time
@@ -59,6 +60,7 @@ from minigpt.model.lora import (
 )
 from minigpt.model.memory import allocating, check_fits, inference_bytes
 from minigpt.model.weights import check_shapes
+from minigpt.runs.usage import example_prompt, generate_command
 
 if TYPE_CHECKING:
     import torch
@@ -395,12 +397,13 @@ class RunDir:
         """The model card, CARD (minigpt.runs.model_card.write_card: a card of the user's own stays)."""
         from minigpt.runs.model_card import model_card, write_card
 
-        name = self.path.name
+        name, run = self.path.name, str(self.path)  # the path as given: the commands work where it was given
+        convert = [shlex.join(["minigpt", "convert", kind, run, f"{run}{suffix}"]) for kind, suffix in
+                   (("to-hf", "-hf"), ("to-gguf", ".gguf"))]  # fmt: skip
         usage = (
-            f'```bash\nminigpt generate --model {name} "Once upon a time"\n'
-            f"minigpt convert to-hf {name} {name}-hf      # transformers\n"
-            f"minigpt convert to-gguf {name} {name}.gguf  # llama.cpp\n```\n\n"
-            f'`AutoTokenizer.from_pretrained("{name}")` loads the tokenizer as it is here.'
+            f"```bash\n{generate_command(self.path, example_prompt(tokenizer))}\n"
+            f"{convert[0]}      # transformers\n{convert[1]}  # llama.cpp\n```\n\n"
+            f"`AutoTokenizer.from_pretrained({json.dumps(run)})` loads the tokenizer as it is here."
         )
         write_card(
             self.path / self.CARD,

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from minigpt.chat.data import ConversationData
-from minigpt.data.dataset import BatchSampler, DataConfig, bits_per_byte
+from minigpt.data.dataset import BatchSampler, DataConfig, Dataset, bits_per_byte
 from minigpt.errors import MinigptError
 from minigpt.model.memory import labelled
 from minigpt.runs.folder import RunDir
+from minigpt.runs.usage import example_prompt
 from minigpt.train.budget import STOP_EVAL_SECONDS, batch_at, lr_at, window_at
 from minigpt.train.checkpoint import TrainState, save_checkpoint
 from minigpt.train.config import DEFAULT_MAX_ITERS, LaunchConfig, TrainConfig, parse_duration
@@ -29,6 +30,8 @@ from minigpt.train.run import SamplerFactory, TrainingRun, check_launch, plan_ru
 from minigpt.train.step import evaluate, train_step
 
 __all__ = ["TrainConfig", "TrainResult", "TrainState", "check_launch", "parse_duration", "plan_run", "train"]
+
+TRY_PROMPT_TOKENS = 256  # of the training text, decoded to find its first line's opening words
 
 
 @dataclass
@@ -315,7 +318,16 @@ def _training_end(run: TrainingRun, reason: str, interrupted: bool, command_seco
         best_val_bpb=bits_per_byte(state.best_val_loss, len(val), run.dataset.val_bytes),
         history=run.history,
         chat=isinstance(run.dataset, ConversationData),
+        prompt=_try_prompt(run.dataset),
     )
+
+
+def _try_prompt(dataset: Dataset | ConversationData) -> str:
+    """A prompt from the start of the training text, for the command that tries the run (none for a chat)."""
+    if isinstance(dataset, ConversationData):
+        return ""
+    start = dataset.train[:TRY_PROMPT_TOKENS].tolist()
+    return example_prompt(dataset.tokenizer, dataset.tokenizer.decode(start))
 
 
 def _step_seed(seed: int, rank: int, step: int) -> int:

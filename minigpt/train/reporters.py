@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from minigpt.model.config import GPTConfig
+from minigpt.runs.usage import generate_command
 
 if TYPE_CHECKING:
     from minigpt.train.checkpoint import TrainState
@@ -57,6 +58,7 @@ class TrainingEnd:
     best_val_bpb: float
     history: list[dict[str, Any]]
     chat: bool = False  # trained on conversations: `minigpt chat` is the command to try it with
+    prompt: str = ""  # what `minigpt generate` can start from (minigpt.runs.usage.example_prompt)
 
 
 class ProgressReporter(Protocol):
@@ -191,7 +193,7 @@ def done_text(summary: TrainingEnd) -> str:
     elif summary.chat:
         lines.append(f"chat with: minigpt chat {summary.out}")
     else:
-        lines.append(f'generate with: minigpt generate --model {summary.out} "Once upon a time"')
+        lines.append(f"generate with: {generate_command(summary.out, summary.prompt)}")
     return "\n".join(lines)
 
 
