@@ -239,7 +239,7 @@ def runs(
     as_json: Annotated[bool, _json_option("a JSON list instead of a table")] = False,
 ) -> None:
     """List the runs under a folder, newest first: data, tokenizer, shape, steps, best loss, age."""
-    from minigpt.cli.views import print_json, runs_view
+    from minigpt.cli.views import print_json, runs_view, show
     from minigpt.runs.summary import list_runs
 
     summaries, problems = list_runs(root)
@@ -253,7 +253,8 @@ def runs(
         return
     from rich.console import Console
 
-    Console().print(runs_view(summaries, f"Runs under {root}"))
+    console = Console()
+    show(runs_view(summaries, f"Runs under {root}", console.width if console.is_terminal else None), console)
 
 
 @app.command()
@@ -347,16 +348,14 @@ def eval_cmd(
     Any text file, or the assistant's answers in conversation JSONL (windows are then conversations).
     """
     from minigpt.analysis.evaluate import evaluate_run
-    from minigpt.cli.views import eval_view, print_json
+    from minigpt.cli.views import eval_view, print_json, show
 
     cfg, run_on = EvalConfig(**given.of(EvalConfig)), EngineConfig(**given.of(EngineConfig))
     result = evaluate_run(run, files, cfg, run_on.device, run_on.quantize)
     if as_json:
         print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return
-    from rich.console import Console
-
-    Console().print(eval_view(result, f"{run} on {', '.join(str(f) for f in files)}"))
+    show(eval_view(result, f"{run} on {', '.join(str(f) for f in files)}"))
 
 
 @app.command()

@@ -1,11 +1,14 @@
-"""What the commands print: the params tables, the eval table and one-line summaries (rich, no logic)."""
+"""What the commands print: the params tables, the eval table, the runs table and one-line summaries (rich,
+no logic). Tables fit the terminal they print on, wrapping a cell rather than cutting it; printed to a pipe
+or a file they take the width that keeps every cell whole (`show`)."""
 
 from __future__ import annotations
 
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -35,13 +38,40 @@ def human_count(n: float) -> str:
     return f"{n:,.0f}"
 
 
+UNBOUNDED = 1 << 20  # columns: a width no line reaches
+
+
+def natural_width(renderable: RenderableType) -> int:
+    """The width `renderable` takes when no cell or line is wrapped."""
+    console = Console(width=UNBOUNDED)
+    return Measurement.get(console, console.options, renderable).maximum
+
+
+def show(renderable: RenderableType, console: Console | None = None) -> None:
+    """Print on stdout: on a terminal at its width; to a pipe or a file (whose width rich would take to be
+    80 columns) at the width that keeps every cell and line whole, for grep and for reading."""
+    console = console or Console()
+    if not console.is_terminal:
+        console.width = max(1, natural_width(renderable))
+    console.print(renderable)
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left")
+
+
+def _column(table: Table, name: str, justify: str = "left", **style: Any) -> None:
+    """A column that wraps (folds) a value too wide for the terminal rather than cutting it to "…"."""
+    table.add_column(name, justify=justify, overflow="fold", **style)  # type: ignore[arg-type]
+
+
 def _rows_table(
     title: str, first: str, rows: list[Row], total_name: str, total: int, signed: bool = False
 ) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column(first)
-    table.add_column("Formula", style="dim")
-    table.add_column("Parameters", justify="right")
+    table = _table(title)
+    _column(table, first)
+    _column(table, "Formula", style="dim")
+    _column(table, "Parameters", "right", no_wrap=True)
     for row in rows:
         table.add_row(row.name, row.formula, f"{row.count:+,}" if signed else f"{row.count:,}")
     table.add_section()
@@ -86,9 +116,9 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
         mark = Text("✓ matches" if ok else "✗ differs", style="green" if ok else "bold red")
         recon.add_row(f"Stored in {RunDir.WEIGHTS}", mark, f"{stored_total:,}")
 
-    costs = Table(title="Where they are and what they cost", title_justify="left")
-    costs.add_column("Quantity")
-    costs.add_column("Value", justify="right")
+    costs = _table("Where they are and what they cost")
+    _column(costs, "Quantity")
+    _column(costs, "Value", "right")
     for part, n in report.shares.items():
         costs.add_row(f"share: {part}", f"{n:,} ({100 * n / report.exact_total:.1f}%)")
     m = report.memory_bytes
@@ -120,10 +150,8 @@ def print_params(
     trained: str | None = None,
     console: Console | None = None,
 ) -> None:
-    console = console or Console()
-    console.print(params_view(report, title, stored_total))
-    if trained:
-        console.print(Text(trained, style="dim"))
+    view = params_view(report, title, stored_total)
+    show(Group(view, Text(trained, style="dim")) if trained else view, console)
 
 
 def print_json(obj: Any) -> None:
@@ -132,9 +160,9 @@ def print_json(obj: Any) -> None:
 
 
 def eval_view(result: EvalResult, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = _table(title)
     for name in ("loss (nats/token)", "perplexity", "bits per byte", "tokens", "bytes"):
-        table.add_column(name, justify="right")
+        _column(table, name, "right")
     table.add_row(
         f"{result.loss:.4f}",
         f"{result.perplexity:.2f}",
@@ -167,23 +195,52 @@ def _maybe(value: float | int | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def runs_view(summaries: list[RunSummary], title: str) -> Table:
-    """One line per run, newest first; an "exported" column when some run was exported (to hf, gguf)."""
-    exported = any(s.exports for s in summaries)
-    table = Table(title=title, title_justify="left")
-    for name, justify in (("run", "left"), ("data", "left"), ("tokenizer", "left"), ("shape", "left"),
-                          ("arch", "left"), ("params", "right"), ("steps", "right"), ("tokens", "right"), ("best val", "right"),
-                          ("bpb", "right"), ("time", "right"), ("age", "right")):  # fmt: skip
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    if exported:
-        table.add_column("exported")
-    for s in summaries:
-        table.add_row(
-            s.path, s.data, s.tokenizer, s.shape, s.arch, human_count(s.params), _maybe(s.steps, ","),
-            "—" if s.tokens is None else human_count(s.tokens), _maybe(s.best_val_loss, ".4f"),
-            _maybe(s.best_val_bpb, ".3f"), "—" if s.elapsed is None else human_duration(s.elapsed),
-            human_duration(s.age) + " ago", *([", ".join(s.exports) or "—"] if exported else []),
-        )  # fmt: skip
+# the runs table's columns as shown, and which go first when the terminal is narrow: the run's path stays,
+# then what tells runs apart (loss, age, data, size), then the rest
+_RUN_COLUMNS = ("run", "data", "tokenizer", "shape", "arch", "params", "steps", "tokens", "best val", "bpb",
+                "time", "age", "exported")  # fmt: skip
+_DROPPED_FIRST = ("exported", "arch", "tokens", "time", "shape", "tokenizer", "steps", "bpb", "params",
+                  "data", "age", "best val")  # fmt: skip
+_NUMBERS = {"params", "steps", "tokens", "best val", "bpb", "time", "age"}
+
+
+def _run_cells(s: RunSummary) -> dict[str, str]:
+    return {
+        "run": s.path, "data": s.data, "tokenizer": s.tokenizer, "shape": s.shape, "arch": s.arch,
+        "params": human_count(s.params), "steps": _maybe(s.steps, ","),
+        "tokens": "—" if s.tokens is None else human_count(s.tokens), "best val": _maybe(s.best_val_loss, ".4f"),
+        "bpb": _maybe(s.best_val_bpb, ".3f"), "time": "—" if s.elapsed is None else human_duration(s.elapsed),
+        "age": human_duration(s.age) + " ago", "exported": ", ".join(s.exports) or "—",
+    }  # fmt: skip
+
+
+def _runs_table(title: str, columns: list[str], rows: list[dict[str, str]], left_out: list[str]) -> Table:
+    table = _table(title)
+    for name in columns:
+        _column(table, name, "right" if name in _NUMBERS else "left", no_wrap=name in _NUMBERS)
+    for cells in rows:
+        table.add_row(*(cells[name] for name in columns))
+    if left_out:
+        table.caption = f"left out at this width: {', '.join(left_out)} (--json has every field)"
+        table.caption_justify = "left"
+    return table
+
+
+def runs_view(summaries: list[RunSummary], title: str, width: int | None = None) -> Table:
+    """One line per run, newest first; an "exported" column when some run was exported (to hf, gguf).
+    At `width` (a terminal's), columns go in _DROPPED_FIRST's order until the table fits; the path stays
+    whole, folded onto more lines only where it alone is too wide."""
+    rows = [_run_cells(s) for s in summaries]
+    shown = [c for c in _RUN_COLUMNS if c != "exported" or any(s.exports for s in summaries)]
+    left_out: list[str] = []
+    table = _runs_table(title, shown, rows, left_out)
+    for name in _DROPPED_FIRST:
+        if width is None or natural_width(table) <= width:
+            break
+        if name in shown:
+            shown.remove(name)
+            left_out = [c for c in _RUN_COLUMNS if c not in shown and c in left_out + [name]]
+            table = _runs_table(title, shown, rows, left_out)
     return table
 
 
