@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 import torch
 
@@ -110,6 +111,37 @@ def test_apply_chat_template_gives_minigpts_ids(kind: str, layout: str, tmp_path
     config = json.loads((out / "config.json").read_text())
     assert config["eos_token_id"] == tok.specials[END] and config["architectures"] == [layout]
     assert template.parse(want) == messages(CONVERSATION)
+
+
+# the template as it was before llama.cpp's Jinja engine was asked to parse it (tests/test_chat_llama_cpp.py)
+TUPLE_TEMPLATE = (
+    "{%- for message in messages -%}{%- if message['role'] in ('system', 'developer') -%}{{ '<|system|>' }}"
+    "{%- elif message['role'] in ('user',) -%}{{ '<|user|>' }}{%- elif message['role'] in ('assistant',) -%}"
+    "{{ '<|assistant|>' }}{%- else -%}{{ raise_exception('a message role must be system, user or assistant') }}"
+    "{%- endif -%}{{ message['content'] }}{{ '<|end|>' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
+
+
+def test_the_template_renders_as_the_tuple_one_did(tmp_path: Path, runner) -> None:
+    """Every role ("developer" is the system's), with and without the generation prompt, and the error."""
+    hf = transformers.AutoTokenizer.from_pretrained(
+        to_hf(runner, chat_run(tmp_path / "run", chat_tokenizer("char"), {}), tmp_path / "hf")
+    )
+    developer = [{"role": "developer", "content": "Answer in one line."}, *CONVERSATION[1:]]
+    for conversation in (CONVERSATION, developer, CONVERSATION[1:2]):
+        for prompt in (False, True):
+            got = hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=prompt)
+            was = hf.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=prompt, chat_template=TUPLE_TEMPLATE
+            )
+            as_system = [{**m, "role": m["role"].replace("developer", "system")} for m in conversation]
+            assert got == was == ChatTemplate.text(messages(as_system), prompt)
+    for template in (None, TUPLE_TEMPLATE):
+        with pytest.raises(jinja2.TemplateError, match="a message role must be system, user or assistant"):
+            hf.apply_chat_template(
+                [{"role": "tool", "content": "42"}], tokenize=False, chat_template=template
+            )
 
 
 @pytest.mark.skipif(not SANITIZES, reason="this transformers has no sanitize_control_tokens")

@@ -121,7 +121,7 @@ class ChatTemplate:
         keeps a control token's name typed in a message as text, as `render()` does; "developer" (OpenAI's
         newer name for it) is the system role, as in `minigpt serve`."""
         roles = "".join(
-            f"{{%- {'if' if i == 0 else 'elif'} message['role'] in {names!r} -%}}{{{{ '{ROLE_TOKENS[role]}' }}}}"
+            f"{{%- {'if' if i == 0 else 'elif'} {_jinja_is_one_of(names)} -%}}{{{{ '{ROLE_TOKENS[role]}' }}}}"
             for i, (role, names) in enumerate(_JINJA_ROLES.items())
         )
         unknown = "{{ raise_exception('a message role must be system, user or assistant') }}"
@@ -134,3 +134,9 @@ class ChatTemplate:
 
 # the message roles the Jinja template takes, by the role whose token they get
 _JINJA_ROLES = {"system": ("system", "developer"), "user": ("user",), "assistant": ("assistant",)}
+
+
+def _jinja_is_one_of(names: Sequence[str]) -> str:
+    """A Jinja test that the message's role is one of `names`, written with `==` and `or`: llama.cpp's Jinja
+    engine cannot parse a one-element tuple such as `in ('user',)`, and stops its chat mode on it."""
+    return " or ".join(f"message['role'] == {name!r}" for name in names)
