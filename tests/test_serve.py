@@ -20,14 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed: pip install -e '.[dev]'")
+
+import pydantic  # noqa: E402  (a dependency of fastapi)
 
 from minigpt.cli.main import app  # noqa: E402
 from minigpt.generate.decode import Generation, Sampling, encode_prompt  # noqa: E402
 from minigpt.generate.load import load_engine  # noqa: E402
 from minigpt.serve.batcher import Batcher, Job, QueueFull, Update  # noqa: E402
+from minigpt.serve.chat import ChatRequest  # noqa: E402
+from minigpt.serve.protocol import CompletionRequest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
@@ -348,7 +354,19 @@ BAD = [
     ({"prompt": [[1, 2], []]}, "prompt", "none of them empty"),
     ({"prompt": [1, True]}, "prompt", "a list of token ids"),
     ({"prompt": ["a"] * 65}, "prompt", "at most 64"),
+    ({"prompt": 5}, "prompt", "lists of token ids, none of them empty lists, not a number"),
+    ({"prompt": 2.5}, "prompt", "not a number"),
+    ({"prompt": float("inf")}, "prompt", "not a number"),
+    ({"prompt": True}, "prompt", "not a boolean"),
+    ({"prompt": None}, "prompt", "not null"),
+    ({"prompt": {"text": "a"}}, "prompt", "not an object"),
+    ({"prompt": [1, [2, "a"]]}, "prompt", "a list of lists of token ids"),
+    ({"prompt": [[1, 2], [True]]}, "prompt", "a list of lists of token ids"),
+    ({"prompt": [[[1]]]}, "prompt", "a list of lists of token ids"),
+    ({"prompt": ["a", None]}, "prompt", "a list of lists of token ids"),
+    ({"prompt": [1.0, 2.0]}, "prompt", "a list of lists of token ids"),
     ({"prompt": [1, 10**6]}, "prompt", "token id 1000000, which is not in this model's vocabulary"),
+    ({"prompt": [[1], [2**64]]}, "prompt", "token id 18446744073709551616"),
     ({"prompt": [[1], [-1]]}, "prompt", "token id -1"),
     ({"prompt": [1] * 33}, "prompt", "context is 32 tokens"),
     ({"prompt": "Ünknown"}, "prompt", "never saw"),
@@ -380,7 +398,32 @@ def test_bad_requests_are_400_in_openai_shape(
     assert status == (404 if param == "model" else 400), out
     assert out["error"]["type"] == "invalid_request_error" and message in out["error"]["message"]
     assert out["error"]["param"] == param or param is None
-    assert "Traceback" not in json.dumps(out)
+    assert "Traceback" not in json.dumps(out) and not any("Traceback" in line for line in server.lines)
+
+
+# any JSON value, as a request body's field may hold
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(JSON)
+def test_any_malformed_prompt_or_message_is_a_validation_error(value: Any) -> None:
+    """What FastAPI answers 400: a pydantic ValidationError, never another exception (a 500); and what passes
+    is what the decoding takes."""
+    try:
+        prompts = CompletionRequest.model_validate({"prompt": value}).prompt
+        assert all(isinstance(p, str) or (p and all(type(i) is int for i in p)) for p in prompts)
+    except pydantic.ValidationError:
+        pass
+    for messages in (value, [value], [{"role": "user", "content": value}]):
+        try:
+            request = ChatRequest.model_validate({"messages": messages})
+            assert all(isinstance(m.content, str) for m in request.messages)
+        except pydantic.ValidationError:
+            pass
 
 
 def test_malformed_json_and_unknown_routes(server: Server, client: openai.OpenAI) -> None:

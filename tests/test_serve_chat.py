@@ -121,6 +121,24 @@ def test_greedy_answers_stop_and_logprobs(client: openai.OpenAI, server: Server,
         ({"messages": MESSAGES, "top_logprobs": 2}, None, "needs logprobs: true"),
         ({"messages": MESSAGES, "max_token": 5}, "max_token", "unrecognized request argument"),
         ({"messages": [{"role": "user", "content": "\u00e9"}]}, "messages", "never saw"),
+        ({"messages": 5}, "messages", "valid list"),
+        ({"messages": None}, "messages", "valid list"),
+        ({"messages": MESSAGES[1]}, "messages", "valid list"),
+        ({"messages": [5]}, "messages.0", "valid dictionary"),
+        ({"messages": [{"role": "user"}]}, "messages.0.content", "Field required"),
+        *[
+            ({"messages": [{"role": "user", "content": content}]}, "messages.0.content", "list of text parts")
+            for content in (
+                None,
+                5,
+                [],
+                ["The dog"],
+                {"type": "text", "text": "The dog"},
+                [{"type": "text", "text": 5}],
+                [{"type": "text"}],
+                [{"type": "image_url", "image_url": {"url": "http://x/dog.png"}}],
+            )
+        ],  # fmt: skip
     ],
 )
 def test_bad_chat_requests_are_openai_style_400s(
@@ -130,6 +148,17 @@ def test_bad_chat_requests_are_openai_style_400s(
     assert status == 400, reply
     assert why in reply["error"]["message"] and reply["error"]["param"] == param
     assert reply["error"]["type"] == "invalid_request_error"
+
+
+def test_text_parts_are_the_string_they_join(client: openai.OpenAI, runs: Path) -> None:
+    parts = [{"type": "text", "text": "The "}, {"type": "text", "text": "dog"}]
+    answers = [
+        client.chat.completions.create(
+            model="chat", messages=[MESSAGES[0], {"role": "user", "content": content}], max_tokens=8, temperature=0
+        ).choices[0].message.content
+        for content in (parts, "The dog")
+    ]  # fmt: skip
+    assert answers == reference(runs, 8, temperature=0.0) * 2
 
 
 def test_a_run_without_chat_tokens_cannot_chat(server: Server) -> None:

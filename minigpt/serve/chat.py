@@ -33,10 +33,24 @@ MAX_MESSAGES = 1024
 
 
 def _content(value: Any) -> Any:
-    """A message's content: a string, or OpenAI's list of text parts joined."""
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-        return "".join(str(p.get("text", "")) for p in value)
-    return value
+    """A message's content: a string, or OpenAI's list of text parts ({"type": "text", "text": "..."}) joined;
+    anything else is a ValueError (a 400), an image part included."""
+    if isinstance(value, str):
+        return value
+    if not (isinstance(value, list) and value and all(_is_text_part(p) for p in value)):
+        raise ValueError(
+            'must be a string or a non-empty list of text parts: {"type": "text", "text": "..."}'
+        )
+    return "".join(p["text"] for p in value)
+
+
+def _is_text_part(part: Any) -> bool:
+    return (
+        isinstance(part, dict)
+        and part.keys() == {"type", "text"}
+        and part["type"] == "text"
+        and isinstance(part["text"], str)
+    )
 
 
 class ChatMessage(_Strict):

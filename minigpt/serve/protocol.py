@@ -59,20 +59,30 @@ def _is_id(x: Any) -> bool:
 
 def _prompts(value: Any) -> Any:
     """`prompt` as OpenAI takes it, as a list of prompts: a string, a list of strings, a list of token ids,
-    or a list of lists of token ids."""
+    or a list of lists of token ids. Any other JSON value is a ValueError (a 400), never a TypeError."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value and all(_is_id(x) for x in value):
         return [value]
-    ids_lists = all(isinstance(p, list) and p and all(_is_id(x) for x in p) for p in value or [None])
-    if not (isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or ids_lists)):
+    strings = isinstance(value, list) and all(isinstance(p, str) for p in value)
+    ids_lists = isinstance(value, list) and all(
+        isinstance(p, list) and p and all(_is_id(x) for x in p) for p in value
+    )
+    if not (value and (strings or ids_lists)):
+        given = "" if isinstance(value, list) else f", not {_json_kind(value)}"
         raise ValueError(
             "must be a string, a list of strings, a list of token ids or a list of lists of token ids, "
-            "none of them empty lists"
+            f"none of them empty lists{given}"
         )
     if len(value) > MAX_PROMPTS:
         raise ValueError(f"holds {len(value)} prompts; at most {MAX_PROMPTS} go in one request")
     return value
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value other than a list is, in an error message."""
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string", dict: "an object"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def _stops(value: Any) -> Any:
