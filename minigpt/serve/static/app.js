@@ -311,8 +311,11 @@ function drawCurve(metrics) {
   const hi = Math.max(...all.map((p) => p[1]));
   const x = (step) => left + ((w - left - 8) * step) / maxStep;
   const y = (loss) => 8 + ((h - bottom - 8) * (hi - loss)) / (hi - lo || 1);
+  // a line through one point draws nothing: a series of one (a run evaluated once) is a dot
   const line = (pairs, cls) =>
-    svg("polyline", { class: cls, points: pairs.map(([s, l]) => `${x(s)},${y(l)}`).join(" ") });
+    pairs.length === 1
+      ? svg("circle", { class: cls, cx: x(pairs[0][0]), cy: y(pairs[0][1]), r: 3 })
+      : svg("polyline", { class: cls, points: pairs.map(([s, l]) => `${x(s)},${y(l)}`).join(" ") });
   box.replaceChildren(
     svg("line", { class: "axis", x1: left, y1: h - bottom, x2: w, y2: h - bottom }),
     svg("line", { class: "axis", x1: left, y1: 0, x2: left, y2: h - bottom }),
