@@ -29,11 +29,16 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 import pydantic  # noqa: E402  (a dependency of fastapi)
 
 from minigpt.cli.main import app  # noqa: E402
+from minigpt.cli.main import serve as serve_command  # noqa: E402
 from minigpt.generate.decode import Generation, Sampling, encode_prompt  # noqa: E402
 from minigpt.generate.load import load_engine  # noqa: E402
+from minigpt.model.config import GPTConfig  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
+from minigpt.runs.folder import RunDir  # noqa: E402
 from minigpt.serve.batcher import Batcher, Job, QueueFull, Update  # noqa: E402
 from minigpt.serve.chat import ChatRequest  # noqa: E402
 from minigpt.serve.protocol import CompletionRequest  # noqa: E402
+from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
@@ -601,6 +606,43 @@ def test_startup_errors_are_one_line(runs: Path, tmp_path: Path) -> None:
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     taken.close()
+
+
+def help_examples() -> list[tuple[list[str], str, dict[str, Any]]]:
+    """`serve --help`'s examples: each `minigpt serve` command's arguments, with the URL and body of the curl
+    request that follows it."""
+    examples: list[tuple[list[str], str, dict[str, Any]]] = []
+    waiting: list[list[str]] = []
+    for span in re.findall(r"`([^`]*)`", " ".join((serve_command.__doc__ or "").split())):
+        if span.startswith("minigpt serve"):
+            waiting.append(span.split()[2:])
+        elif span.startswith("curl "):
+            body = json.loads(re.search(r"-d '(\{.*\})'", span).group(1))
+            examples += [(args, span.split()[1], body) for args in waiting]
+            waiting = []
+    return examples
+
+
+@pytest.mark.slow
+def test_the_help_examples_work(tmp_path: Path) -> None:
+    """Each serve command of `serve --help`, then its curl request: runs named as there, whose tokenizer
+    knows the prompt, one server alone and two together (where a request must name its run)."""
+    examples = help_examples()
+    assert [] in [args for args, _, _ in examples] and any("--model" in args for args, _, _ in examples)
+    tok = CharTokenizer.from_text("ROMEO: JULIET.")
+    for name in ("a", "b"):
+        config = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)
+        RunDir(tmp_path / "checkpoints" / name).save(GPT(config), tok, {})
+    for args, url, body in examples:
+        # the curl goes where that command listens
+        port = args[args.index("--port") + 1] if "--port" in args else "8000"
+        assert url.startswith(f"localhost:{port}/"), (args, url)
+        served = Server(tmp_path, *args)  # on a free port
+        try:
+            status, out = request(served.url + url.removeprefix(f"localhost:{port}"), body, key=None)
+        finally:
+            served.stop()
+        assert status == 200, (args, body, out)
 
 
 def test_without_the_extra_it_says_how_to_install(runner: Any, monkeypatch: pytest.MonkeyPatch) -> None:

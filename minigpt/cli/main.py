@@ -707,8 +707,10 @@ def serve(
 ) -> None:
     """Serve runs over an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) and a web page.
 
-    Examples: `minigpt serve`, `minigpt serve checkpoints/a --model checkpoints/b --port 8080`,
-    then `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
+    Example: `minigpt serve`, then
+    `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:"}'`.
+    Several runs: `minigpt serve checkpoints/a --model checkpoints/b`; a request names one (its folder):
+    `curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"model": "b", "prompt": "ROMEO:"}'`.
     """
     _quiet_openmp()
     from minigpt.serve.server import require_extra, run_server
