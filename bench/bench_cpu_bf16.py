@@ -1,5 +1,6 @@
 """bf16 autocast on the CPU: what torch's attention kernel costs in bf16, and a training step's time in float32
-and bf16 by model width, which is what `--dtype auto` and `minigpt.model.gpt.CPU_HALF_ATTENTION_MAX_KEYS` follow.
+and bf16 by model width, which is what `--dtype auto` and
+`minigpt.model.fused_attention.CPU_HALF_ATTENTION_MAX_KEYS` follow.
 
     python bench/bench_cpu_bf16.py                 # both tables, medians of 5 interleaved rounds
     python bench/bench_cpu_bf16.py --widths 128    # one width
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import minigpt.model.gpt as model_module  # noqa: E402
+import minigpt.model.fused_attention as model_module  # noqa: E402
 from minigpt.common.device import cpu_has_bf16  # noqa: E402
 from minigpt.model.gpt import GPT  # noqa: E402
 from minigpt.model.presets import model_config  # noqa: E402

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from minigpt.data.dataset import DataConfig  # noqa: E402
 from minigpt.generate.decode import Sampling, decode  # noqa: E402
 from minigpt.generate.load import load_engine  # noqa: E402
-from minigpt.model import gpt as model_module  # noqa: E402
+from minigpt.model import head_loss as model_module  # noqa: E402
 from minigpt.model.params import count_params  # noqa: E402
 from minigpt.runs.folder import RunDir  # noqa: E402
 from minigpt.train.loop import TrainConfig, train  # noqa: E402

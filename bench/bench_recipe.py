@@ -120,6 +120,7 @@ def step_costs(rows: list[str], rounds: int, steps: int = 3) -> dict[str, tuple[
     import torch
 
     from minigpt.model.gpt import GPT
+    from minigpt.model.init import zero_output_projections
     from minigpt.train.config import TrainConfig
     from minigpt.train.optimizers import make_optimizer
 
@@ -128,7 +129,7 @@ def step_costs(rows: list[str], rounds: int, steps: int = 3) -> dict[str, tuple[
         assert cfg.batch_size is not None and cfg.lr is not None
         model = GPT(cfg.model_config(65))
         if cfg.zero_init:
-            model.zero_output_projections()
+            zero_output_projections(model)
         optimizer = make_optimizer(model, cfg)
         optimizer.set_lr(cfg.lr)
         forward = torch.compile(model) if cfg.compile else model

@@ -17,8 +17,10 @@ from minigpt.errors import UsageError
 from minigpt.generate.decode import decode
 from minigpt.generate.engines import numpy_engine as nm
 from minigpt.model import gpt as tm
+from minigpt.model import rotary
+from minigpt.model.build import model_tensors
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import GPT, model_tensors
+from minigpt.model.gpt import GPT
 from minigpt.model.weights import LinearWeights, MLPWeights, NormWeights, check_shapes, expected_shapes
 
 
@@ -53,7 +55,7 @@ def test_attention_with_a_window_is_the_masked_softmax_loop(window: int, n_kv_he
     model = tiny_model(0, cfg, scale=3.0)
     w = model.weights().h[0].attn
     x = torch.randn(2, 13, cfg.n_embd)
-    rope = tm.rotary(cfg.rope_base, cfg.head_dim, 0, 13, x.device)
+    rope = rotary.rotary(cfg.rope_base, cfg.head_dim, 0, 13, x.device)
     with torch.no_grad():
         q, k, v = tm.qkv(w, x, rope)
         y = reference_attention(q, k, v, window)
@@ -74,15 +76,15 @@ def test_rotary_scores_depend_only_on_the_distance() -> None:
     q, k = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
 
     def scores(start: int) -> torch.Tensor:
-        rope = tm.rotary(10000.0, 16, start, 9, q.device)
-        return tm.rotate(q, rope) @ tm.rotate(k, rope).transpose(-1, -2)
+        rope = rotary.rotary(10000.0, 16, start, 9, q.device)
+        return rotary.rotate(q, rope) @ rotary.rotate(k, rope).transpose(-1, -2)
 
     torch.testing.assert_close(scores(0), scores(1000), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(scores(0), q @ k.transpose(-1, -2), atol=1e-2)  # it does rotate
-    rope = tm.rotary(10000.0, 16, 5, 9, q.device)
-    torch.testing.assert_close(tm.rotate(q, rope).norm(dim=-1), q.norm(dim=-1))  # rotations keep lengths
+    rope = rotary.rotary(10000.0, 16, 5, 9, q.device)
+    torch.testing.assert_close(rotary.rotate(q, rope).norm(dim=-1), q.norm(dim=-1))  # rotations keep lengths
     cos, sin = nm.rotary(10000.0, 16, 5, 9)
-    np.testing.assert_allclose(nm.rotate(q.numpy(), (cos, sin)), tm.rotate(q, rope).numpy(), atol=1e-5)
+    np.testing.assert_allclose(nm.rotate(q.numpy(), (cos, sin)), rotary.rotate(q, rope).numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("pos", ["learned", "rope"])

@@ -22,7 +22,7 @@ from minigpt.generate.decode import Generation, encode_prompt
 from minigpt.generate.engines import numpy_engine as nm
 from minigpt.generate.load import load_engine
 from minigpt.model import gpt as tm
-from minigpt.model import memory
+from minigpt.model import memory, rotary
 from minigpt.model.config import SCORES, GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.model.weights import AttentionWeights
@@ -265,7 +265,7 @@ def test_general_keeps_rotary_scores_relative_and_dot_grows_with_the_head() -> N
     x = torch.randn(1, 9, 32)
 
     def logits(start: int, weights: AttentionWeights[torch.Tensor] = w) -> torch.Tensor:
-        rope = tm.rotary(10000.0, 16, start, 9, x.device)
+        rope = rotary.rotary(10000.0, 16, start, 9, x.device)
         q, k, _ = tm.qkv(weights, x, rope)
         return tm.attention_logits(weights, q, k)
 

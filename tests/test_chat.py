@@ -39,7 +39,8 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
                        pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)  # fmt: skip
     import torch
 
-    from minigpt.model.gpt import GPT, model_tensors
+    from minigpt.model.build import model_tensors
+    from minigpt.model.gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(config)
@@ -51,7 +52,7 @@ def endless_model(block_size: int = 32) -> tuple[GPTConfig, dict[str, np.ndarray
 def endless_run(path: Path) -> Path:
     import torch
 
-    from minigpt.model.gpt import build_model
+    from minigpt.model.build import build_model
     from minigpt.runs.folder import RunDir
 
     config, tensors, tok = endless_model()

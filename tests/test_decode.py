@@ -29,8 +29,9 @@ from minigpt.generate.decode import (
 )
 from minigpt.generate.engines.numpy_engine import NumpyEngine
 from minigpt.generate.engines.torch_engine import TorchEngine
+from minigpt.model.build import model_tensors
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import GPT, model_tensors
+from minigpt.model.gpt import GPT
 from minigpt.model.kvcache import KVCache, first_position, gather_rows
 from minigpt.tokenizer.base import Tokenizer
 from minigpt.tokenizer.char import CharTokenizer

@@ -26,8 +26,9 @@ from minigpt.generate.engines import numpy_engine as numpy_engine
 from minigpt.generate.engines.numpy_engine import NumpyEngine
 from minigpt.generate.engines.torch_engine import TorchEngine
 from minigpt.generate.load import choose_backend, load_engine
+from minigpt.model.build import model_tensors
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import GPT, model_tensors
+from minigpt.model.gpt import GPT
 from minigpt.model.weights import for_decoding, weights_by_name
 from minigpt.runs.folder import RunDir
 from minigpt.tokenizer.char import CharTokenizer

@@ -25,8 +25,9 @@ from minigpt.common.settings import nested_names
 from minigpt.data.dataset import DataConfig
 from minigpt.errors import MinigptError, UsageError
 from minigpt.generate.load import load_engine
+from minigpt.model.build import build_model, model_tensors
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import GPT, build_model, model_tensors
+from minigpt.model.gpt import GPT
 from minigpt.model.lora import VECTORS, LoRAConfig, adapter_shapes, merge, resolve_targets, trainable_count
 from minigpt.runs.folder import RunDir
 from minigpt.train.finetune import full_model, plan_fine_tune

@@ -19,8 +19,9 @@ gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed: pip 
 from conftest import CORPUS, MIXED, R50K_FILE  # noqa: E402
 
 from minigpt.cli.main import app  # noqa: E402
+from minigpt.model.build import model_tensors  # noqa: E402
 from minigpt.model.config import GPTConfig  # noqa: E402
-from minigpt.model.gpt import GPT, model_tensors  # noqa: E402
+from minigpt.model.gpt import GPT  # noqa: E402
 from minigpt.runs.folder import RunDir  # noqa: E402
 from minigpt.tokenizer.base import Tokenizer  # noqa: E402
 from minigpt.tokenizer.bpe import GPT2_SPLIT_PATTERN, BPETokenizer, TiktokenTokenizer  # noqa: E402

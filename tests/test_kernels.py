@@ -18,8 +18,8 @@ from minigpt.generate.engines import kernels
 from minigpt.generate.engines.numpy_engine import NumpyEngine, banded, int8_linear
 from minigpt.generate.engines.tuning import blas_tuner
 from minigpt.generate.load import load_engine
+from minigpt.model.build import model_tensors
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import model_tensors
 from minigpt.model.presets import model_config
 from minigpt.model.weights import LinearWeights
 

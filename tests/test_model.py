@@ -51,8 +51,8 @@ def test_loss_and_gradients_equal_cross_entropy_of_the_logits(
     with ignored (-1) targets scattered through the batch and none in one row; also with the head's rows
     padded to a multiple of 7 or 128 (the padding takes no probability and gets no gradient)."""
     assert TINY.vocab_size % 7 and TINY.vocab_size % 128
-    monkeypatch.setattr("minigpt.model.gpt.HEAD_LOSS_ELEMENTS", chunk_elements)
-    monkeypatch.setattr("minigpt.model.gpt.HEAD_ROW_MULTIPLE", {"cpu": multiple})
+    monkeypatch.setattr("minigpt.model.head_loss.HEAD_LOSS_ELEMENTS", chunk_elements)
+    monkeypatch.setattr("minigpt.model.head_loss.HEAD_ROW_MULTIPLE", {"cpu": multiple})
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**TINY.__dict__, "logit_cap": cap})).double()
     idx = torch.randint(0, TINY.vocab_size, (3, 10))
@@ -196,7 +196,7 @@ def test_dropout_only_in_training() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("tied", [True, False])
 def test_expected_shapes_without_torch_match_the_module(bias: bool, tied: bool) -> None:
-    from minigpt.model.gpt import model_tensors
+    from minigpt.model.build import model_tensors
     from minigpt.model.weights import check_shapes, expected_shapes
 
     config = GPTConfig(
@@ -218,7 +218,7 @@ def test_cpu_half_attention_runs_in_float32_over_few_keys(monkeypatch, keys: int
     """Under bf16 autocast on the CPU, attention over at most CPU_HALF_ATTENTION_MAX_KEYS keys is computed in
     float32 from the bf16 q, k, v (torch's bf16 kernel is slower there) and handed back in bf16; over more
     keys it stays in bf16. Either way: the textbook attention of the bf16 inputs, to bf16's rounding."""
-    import minigpt.model.gpt as model_module
+    import minigpt.model.fused_attention as model_module
 
     monkeypatch.setattr(model_module, "CPU_HALF_ATTENTION_MAX_KEYS", 8)
     seen: list[torch.dtype] = []
@@ -232,7 +232,7 @@ def test_cpu_half_attention_runs_in_float32_over_few_keys(monkeypatch, keys: int
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, keys, 8).bfloat16().requires_grad_() for _ in range(3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = model_module._fused_attention(q, k, v, window=keys, dropout=0.0, scale=None)
+        y = model_module.fused_attention(q, k, v, None, True, dropout=0.0, scale=None)
     assert seen == [torch.float32 if keys <= 8 else torch.bfloat16] and y.dtype == torch.bfloat16
     q64, k64, v64 = q.double(), k.double(), v.double()
     scores = (q64 @ k64.transpose(-2, -1)) / math.sqrt(8)

@@ -20,7 +20,7 @@ from minigpt.generate.engines import kernels
 from minigpt.generate.engines.numpy_engine import NumpyEngine, int8_linear
 from minigpt.generate.engines.torch_engine import TorchEngine
 from minigpt.generate.load import choose_backend, load_engine
-from minigpt.model.gpt import model_tensors
+from minigpt.model.build import model_tensors
 from minigpt.model.quantize import check_quantize, quantize_int8, quantize_weights
 from minigpt.model.weights import LinearWeights
 

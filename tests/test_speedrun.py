@@ -19,8 +19,11 @@ from minigpt.generate.decode import decode
 from minigpt.generate.engines.numpy_engine import NumpyEngine
 from minigpt.generate.engines.torch_engine import TorchEngine
 from minigpt.model import gpt as tm
+from minigpt.model import rotary
+from minigpt.model.build import model_tensors
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
+from minigpt.model.init import zero_output_projections
 from minigpt.model.params import count_params
 from minigpt.train.budget import batch_at, window_at
 from minigpt.train.config import TrainConfig
@@ -80,7 +83,7 @@ def test_skips_carry_the_first_layers_inputs_to_their_mirrors(n_layer: int) -> N
         model.skip_weights.copy_(torch.tensor([0.5, -1.5][: n_layer // 2]))
     w = model.weights()
     idx = torch.randint(0, 29, (2, 9))
-    rope = tm.rotary(cfg.rope_base, cfg.head_dim, 0, 9, idx.device)
+    rope = rotary.rotary(cfg.rope_base, cfg.head_dim, 0, 9, idx.device)
     x, inputs = w.wte[idx], {}
     for layer, block in enumerate(w.h):
         mirror = n_layer - 1 - layer
@@ -124,7 +127,7 @@ def test_numpy_engine_equals_the_torch_model_with_the_speedrun_options(options: 
     idx = torch.randint(0, 29, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(idx, all_logits=True)[0].numpy()
-    tensors = {k: v.numpy() for k, v in tm.model_tensors(model).items()}
+    tensors = {k: v.numpy() for k, v in model_tensors(model).items()}
     chunks = [idx[:, :7], idx[:, 7:9], *[idx[:, t : t + 1] for t in range(9, 16)]]
     for layout in ("output-major", "input-major"):  # the engines' decoding layouts (main's issue 30)
         for engine in (NumpyEngine(cfg, tensors, layout=layout), TorchEngine(model, layout=layout)):
@@ -165,7 +168,7 @@ def test_zero_init_zeroes_the_output_projections_and_draws_the_rest_alike() -> N
     plain = GPT(config(tie_embeddings=False))
     torch.manual_seed(4)
     zeroed = GPT(config(tie_embeddings=False))
-    zeroed.zero_output_projections()
+    zero_output_projections(zeroed)
     for (name, a), (_, b) in zip(plain.named_parameters(), zeroed.named_parameters(), strict=True):
         if name.endswith("c_proj.weight") or name == "lm_head.weight":
             assert not b.any(), name
@@ -176,7 +179,7 @@ def test_zero_init_zeroes_the_output_projections_and_draws_the_rest_alike() -> N
     assert loss.item() == pytest.approx(math.log(29))  # every logit 0: the uniform distribution
     tied = GPT(config())
     head = tied.lm_head.weight.clone()
-    tied.zero_output_projections()
+    zero_output_projections(tied)
     assert torch.equal(tied.lm_head.weight, head)  # a tied head is the token embedding: kept
 
 

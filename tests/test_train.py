@@ -820,7 +820,7 @@ from minigpt.model.config import ARCHS, GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.runs.folder import RunDir
 from minigpt.tokenizer.char import CharTokenizer
-from minigpt.model.gpt import model_tensors
+from minigpt.model.build import model_tensors
 
 # kill -9 at the KILL_AT-th event: each half of every file written (so in the middle of a write), and each
 # rename (after the temp file was written and synced, before it lands)

@@ -15,8 +15,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast trains faster than float32 from about
 # this width on, where the matrix products outweigh the casts around them (attention over few keys stays in
-# float32: minigpt.model.gpt.CPU_HALF_ATTENTION_MAX_KEYS). Without the instructions bf16 is emulated, far
-# slower than float32, so the CPU never chooses it there. bench/bench_cpu_bf16.py measures both.
+# float32: minigpt.model.fused_attention.CPU_HALF_ATTENTION_MAX_KEYS). Without the instructions bf16 is
+# emulated, far slower than float32, so the CPU never chooses it there. bench/bench_cpu_bf16.py measures both.
 CPU_BF16_MIN_WIDTH = 128
 
 

@@ -32,8 +32,8 @@ from minigpt.convert.hf_map import (
     to_hf_tensors,
 )
 from minigpt.errors import MinigptError, UsageError
+from minigpt.model.build import build_model, model_tensors
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import build_model, model_tensors
 from minigpt.runs.folder import FORMAT as RUN_FORMAT
 from minigpt.runs.folder import RunDir
 from minigpt.runs.model_card import model_card, write_card

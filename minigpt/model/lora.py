@@ -2,10 +2,10 @@
 
 A LoRA run trains, for each chosen linear layer of every block, two small matrices A (rank x in) and
 B (out x rank) while the base weights stay frozen; the layer computes x W^T + b + (alpha / rank) (x A^T) B^T
-(`model.linear`, over the weight tree's `LowRank`). B starts at zero, so training starts from the base model
-exactly. Tokens the fine-tuning adds (the chat template's) get new embedding and head rows, trained in full
-as part of the adapter: `<layer>.added`. Beside the factors a run may train tensors whole: the embedding, the
-head, every norm's gain, the linear layers' biases.
+(`adapters.low_rank`, over the weight tree's `LowRank`). B starts at zero, so training starts from the base
+model exactly. Tokens the fine-tuning adds (the chat template's) get new embedding and head rows, trained in
+full as part of the adapter: `<layer>.added`. Beside the factors a run may train tensors whole: the embedding,
+the head, every norm's gain, the linear layers' biases.
 
 The adapter file holds only these tensors, with the sha256 of the base run's weights file in its header: it
 is applied to that base and refused on any other. Merging adds (alpha / rank) B A to each adapted weight and

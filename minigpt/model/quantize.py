@@ -2,10 +2,10 @@
 
 A cached decoding step reads every weight once per token, so its speed follows the bytes it reads: int8
 weights are a quarter of float32's. Each linear weight becomes int8 with one symmetric scale per output
-channel (scale = max |w| / 127 of that row), and `minigpt.model.gpt.linear` multiplies through PyTorch's CPU
-kernel for that layout (`torch._weight_int8pack_mm`). Activations, norms, biases, the embeddings, the
-LM head and the KV cache keep the model's dtype; only the linear layers' inputs pass through bf16, the
-dtype the kernel is fast in.
+channel (scale = max |w| / 127 of that row), and `int8_linear` (where `minigpt.model.gpt.linear` hands such
+a layer) multiplies through PyTorch's CPU kernel for that layout (`torch._weight_int8pack_mm`). Activations,
+norms, biases, the embeddings, the LM head and the KV cache keep the model's dtype; only the linear layers'
+inputs pass through bf16, the dtype the kernel is fast in.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from minigpt.errors import UsageError
 from minigpt.model.weights import QUANTIZATIONS, LinearWeights, ModelWeights, map_linears
 
-__all__ = ["QUANTIZATIONS", "check_quantize", "quantize_int8", "quantize_weights"]
+__all__ = ["QUANTIZATIONS", "check_quantize", "int8_linear", "quantize_int8", "quantize_weights"]
 
 
 def check_quantize(quantize: str, device: torch.device | str) -> None:
@@ -44,3 +44,12 @@ def quantize_weights(weights: ModelWeights[torch.Tensor], quantize: str) -> Mode
     check_quantize(quantize, weights.wte.device)
     with torch.no_grad():
         return map_linears(weights, quantize_int8)
+
+
+def int8_linear(w: LinearWeights[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """x through the int8 layer w: x Wᵀ + b with W the int8 rows times their scales."""
+    # the kernel takes activations in the scales' dtype, bf16 for float32 models because its float32 path is
+    # several times slower; results return to x's dtype
+    y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).to(w.scale.dtype), w.weight, w.scale)
+    y = y.view(*x.shape[:-1], -1)
+    return y.to(x.dtype) if w.bias is None else w.bias + y  # the sum promotes to the bias's dtype, x's

@@ -291,7 +291,7 @@ class RunDir:
 
     def load_model(self, device: str = "cpu") -> tuple[GPT, Tokenizer, dict[str, Any]]:
         """Model (best weights, eval mode), tokenizer and config.json."""
-        from minigpt.model.gpt import build_model
+        from minigpt.model.build import build_model
 
         data, config, tokenizer = self.open()
         model = build_model(config, self.load_weights(config), self.weights_path, device)
@@ -354,7 +354,7 @@ class RunDir:
         The tokenizer files come with the weights, not before: a run without weights loads nowhere, and
         a large vocabulary's tokenizer.json (GPT-2's 50,000 merges) takes long enough to build that a
         run's first step would otherwise wait for it."""
-        from minigpt.model.gpt import model_tensors
+        from minigpt.model.build import model_tensors
         from minigpt.tokenizer.hf import tokenizer_config, tokenizer_json
 
         make_dir(self.path)

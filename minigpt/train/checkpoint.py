@@ -11,7 +11,8 @@ import torch
 
 from minigpt.data.dataset import BatchSampler
 from minigpt.errors import MinigptError
-from minigpt.model.gpt import GPT, build_model, model_tensors
+from minigpt.model.build import build_model, model_tensors
+from minigpt.model.gpt import GPT
 from minigpt.model.lora import check_adapter_shapes
 from minigpt.runs.folder import RunDir
 from minigpt.tokenizer.base import Tokenizer

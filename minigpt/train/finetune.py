@@ -16,8 +16,10 @@ import torch
 from minigpt.chat.template import with_chat_tokens
 from minigpt.convert.config import MergeConfig
 from minigpt.errors import UsageError
+from minigpt.model.adapters import init_adapters
+from minigpt.model.build import build_model, uninitialized
 from minigpt.model.config import GPTConfig
-from minigpt.model.gpt import GPT, build_model
+from minigpt.model.gpt import GPT
 from minigpt.model.lora import ADDED, EMBEDDING, HEAD, LoRAConfig, file_sha256, resolve_targets
 from minigpt.runs.folder import AdapterLink, RunDir
 from minigpt.tokenizer.base import Tokenizer
@@ -88,11 +90,11 @@ def full_model(shape: GPTConfig, source: Path, device: torch.device) -> GPT:
 def lora_model(shape: GPTConfig, link: AdapterLink, out: Path, device: torch.device, fresh: bool) -> GPT:
     """A model of `shape` with the base's weights frozen and LoRA adapters to train: B zero and the new
     rows the base's mean for a `fresh` run (a resumed one restores them from its state)."""
-    model = GPT.uninitialized(shape, link.lora)
+    model = uninitialized(shape, link.lora)
     base = RunDir(out).base_weights(shape, link)
     model.load_state_dict(base, strict=False)  # the adapter's tensors are all the state lacks
     if fresh:
-        model.reset_adapters()
+        init_adapters(model, shape.n_layer)
         layers = (EMBEDDING,) if shape.tie_embeddings else (EMBEDDING, HEAD)
         with torch.no_grad():
             for layer in layers if link.lora.new_rows else ():

@@ -36,6 +36,7 @@ from minigpt.data.dataset import (
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
+from minigpt.model.init import zero_output_projections
 from minigpt.model.memory import FLOAT32, Allocating, allocating, check_fits, state_bytes, training_bytes
 from minigpt.model.params import count_params
 from minigpt.runs.folder import DEFAULT_ROOT, AdapterLink, RunDir
@@ -441,7 +442,7 @@ def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: 
         else:
             model = GPT(shape).to(device)
             if cfg.zero_init:
-                model.zero_output_projections()
+                zero_output_projections(model)
     model.train()
     return model
 

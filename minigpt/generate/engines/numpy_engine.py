@@ -2,9 +2,10 @@
 
 Importing torch takes longer than generating a few hundred tokens from a small model on a small CPU
 machine, so `minigpt generate` runs float32 CPU generation here, where start-up is NumPy's import.
-Each function mirrors the one of the same name in `minigpt.model.gpt`, over the same `ModelWeights` tree;
-tests hold its logits to GPT.forward and its greedy tokens to the torch engine's. Random draws come from
-NumPy's PCG64, so a seed reproduces text on this engine (the torch engine's generator gives other text).
+Each function mirrors the one of the same name in `minigpt.model.gpt`, or in the variant module it calls
+there (`rotary`, `scores`, `kv_cached`), over the same `ModelWeights` tree; tests hold its logits to
+GPT.forward and its greedy tokens to the torch engine's. Random draws come from NumPy's PCG64, so a seed
+reproduces text on this engine (the torch engine's generator gives other text).
 """
 
 from __future__ import annotations
