@@ -14,8 +14,8 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "relu2", "swiglu")
 SCORES = ("scaled", "dot", "general", "additive")  # how a query scores a key (--attn-score)
 # Architectures: GPT-2's (the one that maps to Hugging Face GPT-2) and the later choices small-model
-# recipes converged on, which bench/bench_recipe.py picked (README: the ablation); each field given on its
-# own overrides the one it names.
+# recipes converged on, which an ablation of the CPU recipe picked (bench/bench_recipe.py); each field given
+# on its own overrides the one it names.
 ARCHS: dict[str, dict[str, Any]] = {
     "gpt2": dict(pos="learned", norm="layernorm", mlp="gelu", qk_norm=False, tie_embeddings=True, bias=True),
     "modern": dict(pos="rope", norm="rmsnorm", mlp="swiglu", qk_norm=False, tie_embeddings=False, bias=True),

@@ -130,7 +130,7 @@ class KVCache(Generic[Array]):
         if self._common is None:
             self.positions += n
         else:  # `fill`, not a ufunc: after a step has streamed the weights through the CPU's caches,
-            # NumPy's ufunc machinery took 15-25 µs to come back to, fill 4-5
+            # NumPy's ufunc machinery is slow to come back to, and fill is several times quicker
             self._common += n
             self.positions.fill(self._common)
 

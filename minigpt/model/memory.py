@@ -18,12 +18,12 @@ from minigpt.model.params import count_params
 
 FLOAT32 = 4
 UNLIMITED = 1 << 60  # a cgroup limit this large means none
-# values of the additive score's pre-activations materialised at once (16 MiB in float32), unless a single
-# query's row is larger: a chunk holds at least one query
+# values of the additive score's pre-activations materialised at once, unless a single query's row is larger:
+# a chunk holds at least one query
 SCORE_CHUNK_VALUES = 2**22
 # a training step keeps up to this many such tensors alive at once: the recomputed tanh, its gradient and
-# the gradient of its input (the backward pass of one chunk); measured, peak RSS grew by 2.3-3.1 chunks
-# in training and 1.0-1.2 in inference (a chunk of 16-256 MiB, B 16, H 8, T 256, d_head 16)
+# the gradient of its input (the backward pass of one chunk), and one to spare: a step's measured peak
+# stays below it, an inference's near one
 _TRAINING_COPIES = 4
 
 

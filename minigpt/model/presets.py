@@ -14,7 +14,7 @@ GPT2_VOCAB = 50257
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU-friendly shapes for tests, the demo and laptops
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),
-    # minigpt's default on CPU; block 128 since issue 28 (README: the recipe's round 3; 64 before)
+    # minigpt's default on CPU, the CPU recipe's shape
     "nano": dict(n_layer=2, n_head=4, n_embd=128, block_size=128),
     "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
