@@ -1,6 +1,9 @@
 """Every command keeps every option, default, panel and choice it had before its options were generated from
 the configs: tests/fixtures/cli_options.json holds them as the hand-written CLI showed them (for the commands
-moved last, also whether each is required, its bounds, its environment variable and its help)."""
+moved last, also whether each is required, its bounds, its environment variable and its help). Every other
+command and subcommand (`minigpt` itself, train, params, prepare and convert's group) is pinned as the code
+showed it at f961398, the last commit before the move into packages: names, stated default, panel, choices,
+whether it is required, bounds and environment variable."""
 
 from __future__ import annotations
 
@@ -16,14 +19,15 @@ from minigpt.cli.main import app
 
 PINNED = Path(__file__).parent / "fixtures" / "cli_options.json"
 _DEFAULT = re.compile(r"\\\[default: (.*)\]$")
+ROOT = "minigpt"
 
 
 def option_table(command: str) -> dict[str, dict[str, Any]]:
-    """Every parameter of `minigpt COMMAND` ("convert from-hf" for a subcommand) by its first name: all its
-    names, the default its help states, its help panel and its choices; then whether it is required, its
-    bounds, its environment variable and its help."""
+    """Every parameter of `minigpt COMMAND` ("convert from-hf" for a subcommand, "minigpt" for the program's
+    own) by its first name: all its names, the default its help states, its help panel and its choices; then
+    whether it is required, its bounds, its environment variable and its help."""
     click_command = typer.main.get_command(app)
-    for name in command.split():
+    for name in [] if command == ROOT else command.split():
         click_command = click_command.commands[name]  # type: ignore[attr-defined]
     table = {}
     for p in click_command.params:
@@ -42,24 +46,6 @@ def option_table(command: str) -> dict[str, dict[str, Any]]:
     return table
 
 
-def test_train_keeps_every_option_default_panel_and_choice() -> None:
-    pinned, now = json.loads(PINNED.read_text())["train"], option_table("train")
-    assert set(pinned) <= set(now)  # options may be added, none taken away
-    for name, before in pinned.items():
-        after = now[name]
-        assert after["names"] == before["names"], name
-        assert after["default"] == before["default"], name
-        assert after["panel"] == before["panel"], name
-        # a choice shown before is still offered; free text may have become a checked choice
-        assert set(before["choices"]) <= set(after["choices"]), name
-
-
-def test_params_keeps_every_option() -> None:
-    pinned, now = json.loads(PINNED.read_text())["params"], option_table("params")
-    assert set(pinned) <= set(now)
-    assert all(now[name]["names"] == pinned[name]["names"] for name in pinned)
-
-
 MOVED = ("eval", "attention", "runs", "convert from-hf", "convert to-hf", "convert to-gguf", "convert merge",
          "chat", "demo", "serve", "generate")  # fmt: skip
 
@@ -67,3 +53,29 @@ MOVED = ("eval", "attention", "runs", "convert from-hf", "convert to-hf", "conve
 @pytest.mark.parametrize("command", MOVED)
 def test_commands_moved_to_configs_keep_every_option_as_they_were(command: str) -> None:
     assert option_table(command) == json.loads(PINNED.read_text())[command]
+
+
+PINNED_AT_MOVE = (ROOT, "train", "params", "prepare", "convert")
+
+
+@pytest.mark.parametrize("command", PINNED_AT_MOVE)
+def test_other_commands_keep_every_option_as_they_were_before_the_move(command: str) -> None:
+    pinned, now = json.loads(PINNED.read_text())[command], option_table(command)
+    assert set(pinned) <= set(now)  # options may be added, none taken away
+    for name, before in pinned.items():
+        assert {field: now[name][field] for field in before} == before, name
+
+
+def commands(group: Any, path: str = ROOT) -> list[str]:
+    """`path` and every command and subcommand under it, as option_table names them."""
+    under = "" if path == ROOT else f"{path} "
+    found = [path]
+    for name, sub in getattr(group, "commands", {}).items():
+        found += commands(sub, under + name)
+    return found
+
+
+def test_every_command_and_subcommand_is_pinned() -> None:
+    app_commands = set(commands(typer.main.get_command(app)))
+    # a new command is pinned in the commit that adds it
+    assert app_commands == set(json.loads(PINNED.read_text())) == {*MOVED, *PINNED_AT_MOVE}
