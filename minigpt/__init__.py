@@ -1,3 +1,3 @@
 """minigpt: train, sample and inspect small GPT-style language models."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -134,7 +134,7 @@ def test_cli_subprocess_help_version_and_no_torch_import() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=True
     )
-    assert out.stdout.startswith("minigpt ")
+    assert out.stdout == "minigpt 0.2.0\n"
     code = "import sys, minigpt.cli.main; assert 'torch' not in sys.modules, 'cli imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
     out = subprocess.run(
