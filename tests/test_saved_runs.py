@@ -13,14 +13,24 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS = FIXTURES / "corpus.txt"
 
-# produced by minigpt 0.1 (commit d41956f) from these very files, before the code was restructured
+# produced by minigpt 0.1 (commit d41956f) from these very files, before the code was restructured; the
+# modern run (every architecture option at once, trained and measured at f961398, the commit before the move
+# into packages) by `minigpt train tests/fixtures/corpus.txt --tokenizer char --n-layer 2 --n-head 4
+# --n-embd 32 --block-size 32 --arch modern --qk-norm --n-kv-head 2 --window 8 --window-pattern SL
+# --value-embeds --skips --logit-cap 15 --attn-score general --max-iters 60`
 GREEDY = {
-    "char": " wie qumpin wick wick wiebrog wie wily qumpily wiebrog wiebrog wiebrog wiebrog w",
-    "bpe": " lazy" * 26 + " l",
+    "run-v0.1-char": " wie qumpin wick wick wiebrog wie wily qumpily wiebrog wiebrog wiebrog wiebrog w",
+    "run-v0.1-bpe": " lazy" * 26 + " l",
+    "run-v0.1.0-modern": " bold while wizards brown brown wizards brown brown while while while wizards br",
 }
 EVAL = {
-    "char": dict(loss=1.7013775549310248, bits_per_byte=2.4545689611787793, tokens=31712, bytes=31712),
-    "bpe": dict(loss=2.3494993021728794, bits_per_byte=1.4930811567162119, tokens=13952, bytes=31674),
+    "run-v0.1-char": dict(
+        loss=1.7013775549310248, bits_per_byte=2.4545689611787793, tokens=31712, bytes=31712
+    ),
+    "run-v0.1-bpe": dict(
+        loss=2.3494993021728794, bits_per_byte=1.4930811567162119, tokens=13952, bytes=31674
+    ),
+    "run-v0.1.0-modern": dict(loss=0.6971573141581114, bits_per_byte=1.0057853998553765, tokens=31712),
 }
 
 
@@ -31,21 +41,21 @@ def minigpt(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-@pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_old_run_generates_the_same_greedy_text(kind: str, backend: str) -> None:
+@pytest.mark.parametrize("run", GREEDY)
+def test_old_run_generates_the_same_greedy_text(run: str, backend: str) -> None:
     """80 tokens from a block-32 model: past the context window, so the slide policy is covered too."""
-    run = FIXTURES / f"run-v0.1-{kind}"
+    model = str(FIXTURES / run)
     proc = minigpt(
-        "generate", "-m", str(run), "-t", "0", "-n", "80", "--backend", backend, "--json", "The quick"
+        "generate", "-m", model, "-t", "0", "-n", "80", "--backend", backend, "--json", "The quick"
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["samples"][0]["text"] == GREEDY[kind]
+    assert json.loads(proc.stdout)["samples"][0]["text"] == GREEDY[run]
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_old_run_scores_the_same(kind: str) -> None:
-    proc = minigpt("eval", str(FIXTURES / f"run-v0.1-{kind}"), str(CORPUS), "--json")
+@pytest.mark.parametrize("run", EVAL)
+def test_old_run_scores_the_same(run: str) -> None:
+    proc = minigpt("eval", str(FIXTURES / run), str(CORPUS), "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    for key, value in EVAL[kind].items():
+    for key, value in EVAL[run].items():
         assert result[key] == pytest.approx(value, rel=1e-6), key
