@@ -2,11 +2,13 @@
 PY ?= python
 TORCH ?= torch==2.13.0
 
-.PHONY: install test demo lint bench
+.PHONY: install test test-fast demo lint bench
 install:
 	$(PY) -m pip install $(TORCH) -e '.[dev]'
 test:
 	$(PY) -m pytest
+test-fast:  # the fast tier: every module's core behaviour, without the tests marked slow
+	$(PY) -m pytest -m "not slow"
 demo:
 	$(PY) -m minigpt demo
 lint:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -22,6 +24,14 @@ settings.register_profile(
     "ci", derandomize=True, database=None, max_examples=200, deadline=None, print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def slow_but(values: Iterable[Any], *fast: str, ids: Callable[[Any], str] = str) -> list[Any]:
+    """`values` as parameters named by `ids`, each marked slow but those named in `fast`: the fast tier
+    (`-m "not slow"`) runs that sample of a sweep, the full suite all of it."""
+    params = [pytest.param(v, id=ids(v), marks=() if ids(v) in fast else pytest.mark.slow) for v in values]
+    assert set(fast) <= {p.id for p in params}, f"no such case: {set(fast) - {p.id for p in params}}"
+    return params
 
 
 class FakeClock:

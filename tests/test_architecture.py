@@ -154,6 +154,7 @@ OPTIONS = dict(
 GRID = [dict(zip(OPTIONS, values, strict=True)) for values in itertools.product(*OPTIONS.values())]
 
 
+@pytest.mark.slow
 def test_every_combination_stores_the_tensors_its_config_names() -> None:
     for options in GRID:
         cfg = config(n_layer=3, **options)
@@ -162,6 +163,7 @@ def test_every_combination_stores_the_tensors_its_config_names() -> None:
         check_shapes(cfg, real, Path("w"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", GRID[::7], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_numpy_engine_equals_the_torch_model_for_every_option(options: dict[str, Any]) -> None:
     """Logits of a prefill, two tokens, then single tokens through the cache, against GPT.forward over
@@ -182,7 +184,7 @@ def test_numpy_engine_equals_the_torch_model_for_every_option(options: dict[str,
 
 
 @pytest.mark.parametrize("backend", ENGINES)
-@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("window", [None, pytest.param(6, marks=pytest.mark.slow)])
 def test_a_one_layer_rotary_model_decodes_past_the_block_as_nanogpts_crop_loop(
     backend: str, window: int | None
 ) -> None:

@@ -312,6 +312,7 @@ def test_cli_byte_level_tokenizer(runner: Any, tmp_path: Path, monkeypatch: pyte
     assert len(data["weights"][0][0]) == len(text.encode())
 
 
+@pytest.mark.slow
 def test_cli_long_text_keeps_last_block(runner: Any, tmp_path: Path) -> None:
     tok = CharTokenizer.from_text("abcdefgh \n")
     RunDir(tmp_path / "run").save(tiny_model(tok.vocab_size, block_size=80), tok, extra={})
@@ -405,6 +406,7 @@ def test_cli_png_without_pillow_names_the_extra(runner: Any, char_run: Path, tmp
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.slow
 def test_subprocess_attention_json(char_run: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "minigpt", "attention", "Hi\nhow", "--model", str(char_run), "--json"],

@@ -301,6 +301,7 @@ def additive_run(runner, tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_score_is_saved_and_honoured_by_every_command(runner, additive_run: Path, tmp_path: Path) -> None:
     config = RunDir(additive_run).model_config()
     assert json.loads((additive_run / RunDir.CONFIG).read_text())["model"]["attn_score"] == "additive"
@@ -341,6 +342,7 @@ def test_the_score_is_saved_and_honoured_by_every_command(runner, additive_run: 
 CHARS = list("abcdefghijklmnopqrstuvwxyz .\n")  # 29, the configs' vocabulary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("score", SCORES)
 def test_every_command_reads_the_score_from_a_saved_run(runner, tmp_path: Path, score: str) -> None:
     """A saved run of each score, grouped queries and a local first layer: `attention` shows the patterns
@@ -397,6 +399,7 @@ def test_every_command_reads_the_score_from_a_saved_run(runner, tmp_path: Path, 
         assert len(lines) == 1 and f"this model has --attn-score {score};" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_serve_batches_an_additive_model_as_generate_decodes_it(additive_run: Path, backend: str) -> None:
     batcher_module = pytest.importorskip("minigpt.serve.batcher")

@@ -72,6 +72,7 @@ def timed_run(tmp_path: Path, text_file: Path, clock: FakeClock, **cfg: object) 
     return result, log.getvalue()
 
 
+@pytest.mark.slow
 def test_evaluations_scale_down_and_one_that_cannot_finish_is_not_started(
     tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,6 +101,7 @@ def test_evaluations_scale_down_and_one_that_cannot_finish_is_not_started(
     assert trained - 2 <= result.state.step <= trained
 
 
+@pytest.mark.slow
 def test_an_evaluation_past_a_large_share_of_a_short_budget_is_skipped_and_the_weights_saved(
     tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -229,6 +229,7 @@ def end_with_ctrl_d(fd: int, pid: int, tries: int = 6) -> int:
     raise AssertionError(f"the chat did not end after Ctrl-D pressed {tries} times")
 
 
+@pytest.mark.slow
 def test_chat_in_a_pseudo_terminal(tmp_path: Path) -> None:
     """Scripted turns through a real terminal: an answer streams, Ctrl-C stops it and the chat goes on,
     /save and /reset work, Ctrl-C at the prompt only says how to leave, Ctrl-D ends with exit code 0."""
@@ -267,6 +268,7 @@ def test_chat_in_a_pseudo_terminal(tmp_path: Path) -> None:
     assert set(assistant["content"]) == {"a"} and len(assistant["content"]) >= 200
 
 
+@pytest.mark.slow
 def test_chat_with_piped_stdin_prints_only_the_answers(tmp_path: Path) -> None:
     run = endless_run(tmp_path / "run")
     result = subprocess.run(

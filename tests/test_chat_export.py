@@ -90,7 +90,7 @@ def to_hf(runner, run: Path, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("kind", ["bpe", "char", "r50k"])
+@pytest.mark.parametrize("kind", ["bpe", "char", pytest.param("r50k", marks=pytest.mark.slow)])
 def test_apply_chat_template_gives_minigpts_ids(kind: str, layout: str, tmp_path: Path, runner) -> None:
     tok = chat_tokenizer(kind)
     run = chat_run(tmp_path / "run", tok, LAYOUTS[layout])
@@ -155,6 +155,7 @@ def test_control_token_names_in_a_message_stay_text_when_sanitized(kind: str, tm
     assert template_ids(hf, FORGED) != want  # without it, the names read as the tokens (README says so)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bpe", "char"])
 def test_from_hf_reads_a_chat_export_back(kind: str, tmp_path: Path, runner) -> None:
     """Also after transformers' save_pretrained, which rewrites tokenizer.json its own way: the same
@@ -175,6 +176,7 @@ def test_from_hf_reads_a_chat_export_back(kind: str, tmp_path: Path, runner) -> 
         )
 
 
+@pytest.mark.slow
 def test_a_greedy_answer_through_transformers_is_minigpts(tmp_path: Path, runner) -> None:
     tok = chat_tokenizer("char")
     run = chat_run(tmp_path / "run", tok, LAYOUTS["LlamaForCausalLM"])
@@ -192,6 +194,7 @@ def test_a_greedy_answer_through_transformers_is_minigpts(tmp_path: Path, runner
     assert answer == want.text
 
 
+@pytest.mark.slow
 def test_a_lora_run_exports_merged(lora_run: Path, tmp_path: Path, runner) -> None:  # noqa: F811
     out = to_hf(runner, lora_run, tmp_path / "hf")
     model, tok, _ = RunDir(lora_run).load_model()
@@ -204,6 +207,7 @@ def test_a_lora_run_exports_merged(lora_run: Path, tmp_path: Path, runner) -> No
     assert template_ids(hf, SHORT, add_generation_prompt=True) == ids
 
 
+@pytest.mark.slow
 def test_gguf_carries_the_chat_template(lora_run: Path, tmp_path: Path, runner) -> None:  # noqa: F811
     gguf = pytest.importorskip("gguf")
     out = tmp_path / "chat.gguf"

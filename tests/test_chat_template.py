@@ -62,6 +62,7 @@ def test_round_trip_with_tiktoken(r50k_file: Path) -> None:
     assert template.parse(template.render(CONVERSATION)[0]) == CONVERSATION
 
 
+@pytest.mark.slow
 @given(
     st.lists(
         st.tuples(

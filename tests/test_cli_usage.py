@@ -36,6 +36,7 @@ def test_usage_error_is_one_line_with_a_suggestion(runner, args: list[str], expe
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_usage_errors_in_a_real_process() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "minigpt", "generate", "--top_k", "3"],

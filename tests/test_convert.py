@@ -230,6 +230,7 @@ def test_sharded_safetensors(
     assert (out / RunDir.WEIGHTS).read_bytes() == (converted / RunDir.WEIGHTS).read_bytes()
 
 
+@pytest.mark.slow
 def test_untied_head_both_ways(
     tiny_tok: TiktokenTokenizer, tiny_ranks_file: Path, tmp_path: Path, runner
 ) -> None:
@@ -359,6 +360,7 @@ def test_not_gpt2_is_a_one_line_error(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_errors_in_a_real_process(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     proc = subprocess.run(
@@ -399,6 +401,7 @@ def test_gpt2_shapes_count_exactly() -> None:
         assert cfg.tie_embeddings and cfg.bias and cfg.block_size == 1024
 
 
+@pytest.mark.slow
 def test_real_gpt2_width_converts_and_counts(tiny_ranks_file: Path, tmp_path: Path, runner) -> None:
     """gpt2's real vocabulary, context, width and heads with one block instead of 12 (~190 MB, not 500):
     `minigpt params` on the converted run reports the count the full model has less 11 blocks."""
@@ -433,6 +436,7 @@ def test_real_gpt2_width_converts_and_counts(tiny_ranks_file: Path, tmp_path: Pa
 # ---------------------------------------------------------------- fine-tuning and to-hf
 
 
+@pytest.mark.slow
 def test_finetune_a_converted_model(finetuned: Path, converted: Path, runner) -> None:
     base, tok, _ = RunDir(converted).load_model()
     tuned, tuned_tok, data = RunDir(finetuned).load_model()
@@ -449,6 +453,7 @@ def test_finetune_a_converted_model(finetuned: Path, converted: Path, runner) ->
     assert len(moved) == len(base.state_dict())  # every tensor trained, starting from the converted ones
 
 
+@pytest.mark.slow
 def test_to_hf_of_a_trained_model(finetuned: Path, tmp_path: Path, runner, caplog) -> None:
     out = tmp_path / "hf"
     result = runner.invoke(app, ["convert", "to-hf", str(finetuned), str(out)])
@@ -577,6 +582,7 @@ def r50k_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Tiktoke
     return tmp / "hf", tok
 
 
+@pytest.mark.slow
 def test_r50k_tokenizer_files_match_tiktoken(r50k_export: tuple[Path, TiktokenTokenizer]) -> None:
     out, tok = r50k_export
     assert (out / HF_MERGES).read_text().splitlines()[:3] == ["#version: 0.2", "Ġ t", "Ġ a"]  # GPT-2's
@@ -587,6 +593,7 @@ def test_r50k_tokenizer_files_match_tiktoken(r50k_export: tuple[Path, TiktokenTo
     assert hf_tok.eos_token_id == hf_tok.bos_token_id == 50256
 
 
+@pytest.mark.slow
 def test_from_hf_finds_gpt2_tokenizer(
     r50k_export: tuple[Path, TiktokenTokenizer], r50k_file: Path, tmp_path: Path, runner, monkeypatch
 ) -> None:

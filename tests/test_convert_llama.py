@@ -12,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency (the dev extra)
 
+from conftest import slow_but  # noqa: E402
 from numerics import assert_near_exact, float64_logits  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_convert import greedy, hf_greedy  # noqa: E402
@@ -83,7 +84,7 @@ def save_run(path: Path, config: dict[str, Any], kind: str = "char") -> GPT:
     return model
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", slow_but(CASES, "llama"))
 def test_round_trip_through_transformers(case: str, tmp_path: Path, runner) -> None:
     """minigpt run -> to-hf -> transformers (same logits, same greedy text) -> from-hf -> the same run."""
     architecture, options = CASES[case]
@@ -147,15 +148,16 @@ def transformers_model(model_type: str, **overrides: Any) -> Any:
     "model_type, overrides",
     [
         ("llama", dict(tie_word_embeddings=True)),
-        ("llama", dict(attention_bias=True, mlp_bias=True)),
-        ("qwen3", dict(tie_word_embeddings=False)),
-        (
+        pytest.param("llama", dict(attention_bias=True, mlp_bias=True), marks=pytest.mark.slow),
+        pytest.param("qwen3", dict(tie_word_embeddings=False), marks=pytest.mark.slow),
+        pytest.param(
             "qwen3",
             dict(
                 use_sliding_window=True,
                 sliding_window=5,
                 layer_types=["sliding_attention", "full_attention"] * 2,
             ),
+            marks=pytest.mark.slow,
         ),
     ],
 )

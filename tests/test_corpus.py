@@ -269,6 +269,7 @@ def test_bad_parquet_files(tmp_path: Path, bpe_file: Path) -> None:
     one_line_error(cfg(tmp_path, path, tokenizer=str(bpe_file)), f"{path}: row 2: 'text' is null")
 
 
+@pytest.mark.slow
 def test_pyarrow_is_imported_only_for_parquet(tmp_path: Path, bpe_file: Path) -> None:
     path = write_corpus(tmp_path / "a.jsonl", [doc(i) for i in range(20)], "zst")
     code = (
@@ -394,6 +395,7 @@ class _Counted:
         self._f.close()
 
 
+@pytest.mark.slow
 def test_a_warm_run_reads_only_sampled_blocks_of_its_files(
     tmp_path: Path, bpe_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -433,6 +435,7 @@ def test_a_warm_run_reads_only_sampled_blocks_of_its_files(
 # ---------------------------------------------------------------------------------------------- the sample
 
 
+@pytest.mark.slow
 def test_the_tokenizer_sample_is_drawn_evenly_and_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -464,6 +467,7 @@ def test_the_tokenizer_sample_is_drawn_evenly_and_bounded(
     assert len(text.encode()) < total // 4  # bounded (compressed files: by their compressed size)
 
 
+@pytest.mark.slow
 def test_bpe_learns_from_the_sample_when_the_corpus_is_larger(tmp_path: Path, capsys) -> None:
     path = write_corpus(tmp_path / "a.jsonl", [doc(i, 400) for i in range(800)])
     assert path.stat().st_size > 1 << 20
@@ -542,6 +546,7 @@ def test_without_the_ramp_batches_draw_from_everything(
     assert again.tokenized_at_start  # the store held it all: a run on it samples uniformly from step 0
 
 
+@pytest.mark.slow
 def test_a_run_started_while_tokenizing_resumes_bitwise(
     tmp_path: Path, bpe_file: Path, small_chunks: None
 ) -> None:
@@ -619,6 +624,7 @@ say("rank", os.environ["RANK"], "prepared", json.dumps([done.train_tokens, done.
 """
 
 
+@pytest.mark.slow
 def test_prepare_under_two_process_torchrun_splits_the_files(tmp_path: Path, bpe_file: Path) -> None:
     """Each process tokenizes its share of the files into the shared store, then both see all of it; a
     later single process reuses everything and gets the same tokens."""
@@ -654,6 +660,7 @@ def test_prepare_under_two_process_torchrun_splits_the_files(tmp_path: Path, bpe
     assert seen == [] and json.loads(results.pop()) == [alone.train.total, len(alone.val), 4]
 
 
+@pytest.mark.slow
 def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_the_new_file(
     tmp_path: Path, bpe_file: Path, tokenized: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -675,6 +682,7 @@ def test_a_resume_on_a_grown_corpus_needs_allow_data_change_and_tokenizes_only_t
 # ---------------------------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_prepare_then_train_reuses_everything(
     runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

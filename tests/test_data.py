@@ -106,6 +106,7 @@ def test_bpe_dataset_matches_whole_text_encoding(tmp_path: Path) -> None:
     assert all_ids(ds) == ds.tokenizer.encode(text) + [ds.tokenizer.eot_id]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("newlines", [True, False])
 @pytest.mark.parametrize("kind", ["bpe", "r50k"])
 def test_chunked_encoding_equals_whole_text(
@@ -128,6 +129,7 @@ def all_ids(ds: data.Dataset) -> list[int]:
     return np.concatenate([ds.train[:], ds.val[:]]).tolist()
 
 
+@pytest.mark.slow
 def test_shakespeare_r50k_tokens(tmp_path: Path, shakespeare: Path, r50k_file: Path) -> None:
     ds = prepare_data(config(tmp_path, shakespeare, tokenizer=str(r50k_file)), 256, progress=False)
     text = shakespeare.read_text(encoding="utf-8")
@@ -613,6 +615,7 @@ def test_unwritable_cache_is_a_one_line_error(tmp_path: Path) -> None:
     assert "\n" not in str(e.value) and blocker.read_text().startswith("a file")
 
 
+@pytest.mark.slow
 def test_data_prep_does_not_import_torch() -> None:
     """Tokenizing stays light (the benchmark's RSS numbers rely on it); torch loads with the sampler."""
     import subprocess

@@ -155,6 +155,7 @@ class UnionSampler(BatchSampler):
         return torch.cat(xs), torch.cat(ys)
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -216,6 +217,7 @@ def test_two_processes_equal_one_with_the_same_global_batch_then_resume_on_one(
     assert assert_loadable(two)["world_size"] == 1
 
 
+@pytest.mark.slow
 def test_muon_under_two_processes_then_resume_on_one(text_file: Path, tmp_path: Path) -> None:
     """`--optimizer muon` under DDP: both optimizers are built on the bare model and step the all-reduced
     gradients; rank 0 saves Muon's momentum buffers (and NorMuon's row statistics), and the run resumes in
@@ -245,6 +247,7 @@ def test_muon_under_two_processes_then_resume_on_one(text_file: Path, tmp_path: 
     assert saved["train"]["seq_ramp"] == 0.5
 
 
+@pytest.mark.slow
 @linux_only
 def test_a_killed_rank_stops_the_launcher_and_leaves_a_loadable_checkpoint(
     text_file: Path, tmp_path: Path
@@ -266,6 +269,7 @@ def test_a_killed_rank_stops_the_launcher_and_leaves_a_loadable_checkpoint(
     assert state["step"] >= 5 and state["step"] % 5 == 0
 
 
+@pytest.mark.slow
 @linux_only
 def test_ctrl_c_under_torchrun_stops_every_rank_after_saving_and_resume_changes_process_count(
     text_file: Path, tmp_path: Path

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import slow_but
 from numerics import assert_near_exact, float32_bound, float64_logits
 from test_decode import ENGINES, GREEDY, TINY, numpy_twin, rows, tiny_model
 from threadpoolctl import threadpool_limits
@@ -41,7 +42,7 @@ def _few_threads() -> None:
     torch.set_num_threads(1)
 
 
-@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
+@pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.slow)], ids=lambda n: f"{n}-threads")
 def blas_threads(request: pytest.FixtureRequest) -> Iterator[int]:
     """torch's threads and NumPy's BLAS threads, 1 and then 2: a parallel BLAS splits and orders its sums
     otherwise, and the tolerance must hold either way (it bounds every order)."""
@@ -128,7 +129,7 @@ FLOAT16_CACHE = {
 }
 
 
-@pytest.mark.parametrize("case", CASES, ids=repr)
+@pytest.mark.parametrize("case", slow_but(CASES, repr(CASES[0]), repr(CASES[2]), repr(CASES[8]), ids=repr))
 def test_a_float16_kv_cache_stores_rounded_keys_and_reads_them(case: Case) -> None:
     """Both engines (the NumPy one on both paths) with keys and values cached in float16, fed a prefill,
     two tokens, then one at a time. The first layer's keys and values (which no attention precedes) are
@@ -204,6 +205,7 @@ def test_a_float16_kv_cache_clamps_what_it_cannot_hold() -> None:
     np.testing.assert_allclose(logits["numpy"], logits["numpy-arrays"], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_both_engines_decode_the_same_greedy_tokens(case: Case) -> None:
     """The same greedy tokens on both engines, cached and uncached, inside the block and through several
@@ -262,6 +264,7 @@ LAYOUT_CONFIGS |= {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LAYOUT_CONFIGS)
 def test_a_layout_chosen_at_load_gives_the_same_logits(name: str) -> None:
     config = LAYOUT_CONFIGS[name]
@@ -346,6 +349,7 @@ def test_the_numpy_engines_cache_is_one_buffer_of_separate_layers(kv_cache: str)
         assert slots[layer, 2] == k.shape[2]
 
 
+@pytest.mark.slow
 def test_the_layout_and_threads_come_from_the_engine_loading_a_run(tmp_path: Path, monkeypatch) -> None:
     run = save(tmp_path / "run", tiny_model(8))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
@@ -390,6 +394,7 @@ def _prefilled(engine: Any, prompt: list[int]) -> Any:
     return cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("name", LAYOUT_CONFIGS)
 def test_rows_at_different_positions_step_together(name: str, backend: str) -> None:
@@ -426,6 +431,7 @@ def rng_state(rng: Any) -> Any:
     return rng.get_state().tolist() if isinstance(rng, torch.Generator) else rng.bit_generator.state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ENGINES)
 def test_sampling_rules(backend: str) -> None:
     engine = ENGINES[backend](tiny_model(6))
@@ -586,6 +592,7 @@ def test_accelerator_visible_respects_hidden_gpus(monkeypatch) -> None:
         assert engines.accelerator_visible() is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_cpu_generation_never_imports_torch(tmp_path: Path, quantize: str) -> None:
     run = save(tmp_path / "run", tiny_model(9))

@@ -256,6 +256,7 @@ def test_full_fine_tuning_adds_the_chat_tokens_as_mean_rows(
     assert run.model_config().vocab_size == shape.vocab_size and run.weights_path.is_file()
 
 
+@pytest.mark.slow
 def test_value_embeddings_grow_with_the_chat_tokens_and_lora_refuses_them(
     chat_file: Path, tmp_path: Path
 ) -> None:
@@ -412,6 +413,7 @@ def lora_run(chat_file: Path, base_run: Path, tmp_path: Path) -> Path:
     return tmp_path / "lora"
 
 
+@pytest.mark.slow
 def test_a_lora_run_saves_only_its_adapter_and_every_engine_runs_it(lora_run: Path, base_run: Path) -> None:
     run = RunDir(lora_run)
     assert run.adapter_path.is_file() and not run.weights_path.exists()
@@ -438,6 +440,7 @@ def test_a_lora_run_saves_only_its_adapter_and_every_engine_runs_it(lora_run: Pa
     assert tokens["numpy"] == tokens["torch"]
 
 
+@pytest.mark.slow
 def test_an_adapter_is_refused_on_another_base(lora_run: Path, base_run: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     train(tiny(max_iters=6, arch="modern", seed=7), DataConfig(paths=(Path(RunDir(base_run).read_config()["data"]["paths"][0]),),
@@ -458,6 +461,7 @@ def test_an_adapter_is_refused_on_another_base(lora_run: Path, base_run: Path, t
         RunDir(lora_run, base=tmp_path / "nowhere").load_model()
 
 
+@pytest.mark.slow
 def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, tmp_path: Path) -> None:
     data = chat_data(chat_file, tmp_path)
     cfg = ft(max_iters=8, lora_rank=4, lora_targets="attn,down,head,norms")
@@ -490,6 +494,7 @@ def test_exact_resume_of_a_lora_run_is_bitwise(chat_file: Path, base_run: Path, 
     assert straight.state.best_val_loss == resumed.state.best_val_loss
 
 
+@pytest.mark.slow
 def test_lora_needs_a_run_to_adapt(chat_file: Path, base_run: Path, lora_run: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--init-from"):
         train(ft(lora_rank=4), chat_data(chat_file, tmp_path), out=tmp_path / "x")
@@ -500,6 +505,7 @@ def test_lora_needs_a_run_to_adapt(chat_file: Path, base_run: Path, lora_run: Pa
     assert result.state.step == 2
 
 
+@pytest.mark.slow
 def test_lora_fine_tuning_under_two_processes_then_resumed_on_one(
     chat_file: Path, base_run: Path, tmp_path: Path
 ) -> None:
@@ -525,6 +531,7 @@ def test_lora_fine_tuning_under_two_processes_then_resumed_on_one(
     assert resumed.state.step == 4
 
 
+@pytest.mark.slow
 def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
     chat_file: Path, base_run: Path, tmp_path: Path
 ) -> None:
@@ -551,6 +558,7 @@ def test_a_lora_run_keeps_a_time_budget_and_says_what_it_trains(
     assert f"chat with: minigpt chat {tmp_path / 't'}" in text
 
 
+@pytest.mark.slow
 def test_eval_scores_conversations_on_the_answers(runner, lora_run: Path, chat_file: Path) -> None:
     from minigpt.cli.main import app
 

@@ -78,6 +78,7 @@ def test_text_goes_to_stdout_and_the_rest_to_stderr(runner, run_dir: Path) -> No
     assert "tokens/s" in result.stderr and "seed 1" in result.stderr
 
 
+@pytest.mark.slow
 def test_json_output(runner, run_dir: Path) -> None:
     result = gen(runner, "the ", "-m", str(run_dir), "-n", "30", "-s", "3", "--seed", "2", "--json")
     data = json.loads(ok(result))
@@ -91,6 +92,7 @@ def test_json_output(runner, run_dir: Path) -> None:
     assert plain == SAMPLE_SEPARATOR.join(s["text"] for s in data["samples"])
 
 
+@pytest.mark.slow
 def test_the_kv_cache_type_is_chosen_and_shown(runner, run_dir: Path, backend: str) -> None:
     """`--kv-cache`: auto is float16 on the NumPy engine and the dtype (float32 here) on torch; either type
     by hand on both, shown in --json; a type it does not know is a usage error (exit 2)."""
@@ -106,6 +108,7 @@ def test_the_kv_cache_type_is_chosen_and_shown(runner, run_dir: Path, backend: s
     assert bad.exit_code == 2 and "--kv-cache" in bad.stderr
 
 
+@pytest.mark.slow
 def test_seeds_reproduce_and_greedy_ignores_them(runner, run_dir: Path) -> None:
     def text(*args: str) -> str:
         return ok(gen(runner, "a", "-m", str(run_dir), "-n", "50", *args))
@@ -119,6 +122,7 @@ def test_seeds_reproduce_and_greedy_ignores_them(runner, run_dir: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_streaming_equals_non_streaming_with_samples_that_stop_at_different_times(
     runner, run_dir: Path
 ) -> None:
@@ -136,6 +140,7 @@ def test_streaming_equals_non_streaming_with_samples_that_stop_at_different_time
         assert after["text"] == before["text"].split(stop)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch"], indirect=True)
 def test_streaming_multibyte_characters_split_across_tokens(runner, tmp_path: Path, monkeypatch) -> None:
     # a byte-level tokenizer stands in for the bpe one: its tokens end inside UTF-8 characters
@@ -154,6 +159,7 @@ def test_streaming_multibyte_characters_split_across_tokens(runner, tmp_path: Pa
     assert ok(stopped) == "é日 " and "\ufffd" not in stopped.stdout
 
 
+@pytest.mark.slow
 def test_prompt_sources_agree(runner, run_dir: Path, tmp_path: Path) -> None:
     base = ["-m", str(run_dir), "-n", "20", "--seed", "1"]
     want = ok(gen(runner, "to be", *base))
@@ -182,6 +188,7 @@ def test_long_prompt_keeps_the_last_block(runner, run_dir: Path) -> None:
     assert ok(result) == ok(gen(runner, prompt[-32:], "-m", str(run_dir), "-n", "10", "-t", "0"))
 
 
+@pytest.mark.slow
 def test_generation_past_the_context_with_any_slide(runner, run_dir: Path) -> None:
     for slide in ("1", "8", "32"):
         data = json.loads(ok(gen(runner, "a", "-m", str(run_dir), "-n", "100", "--slide", slide, "--json")))
@@ -273,6 +280,7 @@ def test_dtype_option(runner, run_dir: Path) -> None:
 # --- a real process -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_subprocess_stdout_is_exactly_the_text(run_dir: Path, runner, backend: str) -> None:
     args = [
         "generate",
@@ -325,6 +333,7 @@ def test_explain_shows_attended_tokens_per_generated_token(runner, run_dir: Path
     assert len(text) == 5  # explanations go to stderr only
 
 
+@pytest.mark.slow
 def test_greedy_shows_no_seed_and_seeds_are_range_checked(runner, run_dir: Path) -> None:
     """-t 0 ignores the seed, so neither the summary nor --json claims one; seeds outside 0..2**63-1 and
     a batch whose KV cache cannot fit are one-line errors before anything is generated."""
@@ -339,6 +348,7 @@ def test_greedy_shows_no_seed_and_seeds_are_range_checked(runner, run_dir: Path)
     one_line_error(gen(runner, "-m", str(run_dir), "-s", "1000000000000", "a"), 1, "lower --num-samples")
 
 
+@pytest.mark.slow
 def test_generate_keeps_the_blas_threads_the_environment_gives() -> None:
     """OPENBLAS_NUM_THREADS fixes the NumPy engine's threads (the tuner times counts only without it): the
     compiled kernels' where they run (BLAS, the prefills', then stays on one), else BLAS's."""

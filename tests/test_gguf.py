@@ -186,6 +186,7 @@ def test_gguf_holds_the_model(case: str, tmp_path: Path, runner) -> None:
     assert RunDir(tmp_path / "run").exports()[-1]["format"] == "gguf"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 def test_smaller_dtypes(dtype: str, tmp_path: Path, runner) -> None:
     """Matrices in f16 or q8_0 (q8_0 where a row is whole blocks of 32, f16 otherwise); vectors float32."""
@@ -218,6 +219,7 @@ def _tokenizers() -> dict[str, tuple[Tokenizer, str | None]]:
     return toks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bpe-300", "bpe-1024", "bpe, GPT-2's pattern", "r50k"])
 def test_tokenizer_metadata(kind: str, tmp_path: Path, runner) -> None:
     toks = _tokenizers()
@@ -255,6 +257,7 @@ def test_a_char_tokenizer_with_a_spare_id(tmp_path: Path, runner) -> None:
     assert gguf_encode(fields, None, MIXED) == tok.encode(MIXED)
 
 
+@pytest.mark.slow
 def test_what_llama_cpp_cannot_run_is_a_one_line_error(tmp_path: Path, runner, monkeypatch) -> None:
     tok = CharTokenizer.from_text(CORPUS)
     cases = {
@@ -292,6 +295,7 @@ def test_what_llama_cpp_cannot_run_is_a_one_line_error(tmp_path: Path, runner, m
     assert "pip install 'minigpt[gguf]'" in line
 
 
+@pytest.mark.slow
 def test_default_run_exports_and_is_listed(default_run: Path, tmp_path: Path, runner) -> None:
     """A run made with every default exports (llama, with biases), and `minigpt runs` says where to."""
     run = tmp_path / "runs" / "default"

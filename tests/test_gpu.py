@@ -69,6 +69,7 @@ def losses(result: Any) -> list[float]:
     return [r["loss"] for r in result.metrics if r["kind"] == "train"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("arch", "optimizer", "compiled"),
     [
@@ -131,6 +132,7 @@ def _trained_state(path: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in tensors.items() if k.startswith(("model/", "optim/"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "optimizer"), [("gpt2", "adamw"), ("modern", "muon")])
 def test_exact_resume_on_the_gpu(
     text_file: Path, tmp_path: Path, deterministic: None, arch: str, optimizer: str
@@ -187,6 +189,7 @@ def _logits(engine: Any, ids: list[int]) -> np.ndarray:
     return engine.forward([ids], None, every_position=True)[0].double().cpu().numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decoding_on_the_gpu_gives_the_cpus_greedy_tokens(decoding_run: Path, dtype: str) -> None:
     """The GPU's KV-cached greedy tokens equal the CPU's float32 ones wherever the CPU's best token leads

@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency (the dev extra)
 
-from conftest import CORPUS, MIXED, R50K_FILE  # noqa: E402
+from conftest import CORPUS, MIXED, R50K_FILE, slow_but  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 
 from minigpt.cli.main import app  # noqa: E402
@@ -56,7 +56,7 @@ def save_run(path: Path, tok: Tokenizer, layout: dict[str, Any]) -> GPT:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("kind", ["bpe-300", "bpe-1024", "char", "r50k"])
+@pytest.mark.parametrize("kind", ["bpe-300", "char", *slow_but(["bpe-1024", "r50k"])])
 def test_autotokenizer_ids_equal_minigpts(
     kind: str, layout: str, tokenizers: dict[str, Tokenizer], tmp_path: Path, runner
 ) -> None:
@@ -78,6 +78,7 @@ def test_autotokenizer_ids_equal_minigpts(
     assert hf.eos_token_id == tok.eot_id and hf.bos_token_id == tok.eot_id
 
 
+@pytest.mark.slow
 def test_tokenizers_library_reads_what_minigpt_writes(tokenizers: dict[str, Tokenizer]) -> None:
     """The `tokenizers` library (transformers' backend) on the bare tokenizer.json, and minigpt's reader on
     it: both give back the tokenizer."""
@@ -91,7 +92,7 @@ def test_tokenizers_library_reads_what_minigpt_writes(tokenizers: dict[str, Toke
         assert back.describe() == tok.describe()
 
 
-@pytest.mark.parametrize("kind", ["bpe-300", "char", "r50k"])
+@pytest.mark.parametrize("kind", ["bpe-300", "char", pytest.param("r50k", marks=pytest.mark.slow)])
 def test_from_hf_reads_what_save_pretrained_writes(
     kind: str, tokenizers: dict[str, Tokenizer], tmp_path: Path, runner
 ) -> None:
@@ -120,6 +121,7 @@ def test_from_hf_reads_what_save_pretrained_writes(
     assert all(torch.equal(v, state[k]) for k, v in ours.state_dict().items())
 
 
+@pytest.mark.slow
 def test_autotokenizer_on_a_run_folder(default_run: Path) -> None:
     """A run folder's tokenizer.json is the Hugging Face file (with minigpt's kind inside its model), and
     tokenizer_config.json sits beside it: AutoTokenizer reads the run as it is."""
@@ -129,6 +131,7 @@ def test_autotokenizer_on_a_run_folder(default_run: Path) -> None:
     assert (default_run / "README.md").read_text().startswith("---\n")
 
 
+@pytest.mark.slow
 def test_pipeline_greedy_text_of_a_default_run(default_run: Path, tmp_path: Path, runner) -> None:
     """transformers' text-generation pipeline on the export of a run made with every default gives the
     greedy text `minigpt generate` gives."""
@@ -167,6 +170,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_run_tokenizer_is_a_one_line_error(
     damage: str, default_run: Path, tmp_path: Path, runner

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, slow_but
 
 FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS = FIXTURES / "corpus.txt"
@@ -963,6 +963,7 @@ ATTACKS += [
 ]
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+# every case is a real process or three: the fast tier runs one, and with it the checker
+@pytest.mark.parametrize("attack", slow_but(ATTACKS, "one token with two ranks", ids=lambda a: a.name))
 def test_attack_is_refused_cleanly(attack: Attack, tmp_path: Path) -> None:
     check(attack, tmp_path)

@@ -47,7 +47,7 @@ def engine_of(config: GPTConfig, seed: int = 0, **kw: object) -> tuple[NumpyEngi
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_kernel_steps_compute_the_forward_and_fill_the_cache_as_the_array_path(
     name: str, threads: int
 ) -> None:
@@ -305,6 +305,7 @@ def test_attention_two_tasks_at_a_time_is_attention_one_at_a_time(dtype: type) -
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{threads} threads")
 
 
+@pytest.mark.slow
 def test_the_kernels_exp_is_float32_exact_to_a_few_units_in_the_last_place() -> None:
     """`_exp` (GELU, SwiGLU and the softmax): within 4 float32 ulps of exp in float64 wherever float32
     holds the result as a normal number (NumPy's own float32 exp: 2); 0 below -87.3; finite and at least
@@ -342,6 +343,7 @@ def test_the_compiled_draw_picks_what_a_cumulative_sum_and_a_search_pick() -> No
     ]
 
 
+@pytest.mark.slow
 def test_kernels_run_only_where_they_compute_the_model() -> None:
     for score in ("general", "additive"):  # the scores the kernels lack stay on the array path
         engine, _ = engine_of(replace(CONFIGS["modern"], attn_score=score))

@@ -5,6 +5,7 @@ help. Read from the source with ast, so a module that no test imports is held to
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import subprocess
@@ -24,10 +25,15 @@ MEASURED = re.compile(r"\b[0-9][0-9,.]*\s?(ms|µs|tok/s|tokens/s|GB/s|MB/s|GFLOP
 QUOTED = re.compile(r"(?<!\w)'[^'\n]*'(?!\w)")
 
 
-def sources() -> Iterator[tuple[Path, str]]:
-    """Every module of minigpt: its path from the repository root and its text."""
+@functools.cache
+def sources() -> tuple[tuple[Path, str, ast.Module], ...]:
+    """Every module of minigpt: its path from the repository root, its text and its syntax tree (read once
+    for every test here)."""
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        yield path.relative_to(ROOT), path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
+        found.append((path.relative_to(ROOT), text, ast.parse(text)))
+    return tuple(found)
 
 
 def module_name(path: Path) -> str:
@@ -53,10 +59,10 @@ def states_the_version(node: ast.stmt) -> bool:
 def test_package_init_files_hold_only_their_docstring() -> None:
     """Importing one module of a package runs its __init__: an import there would load the rest of the
     package for every caller. minigpt's own also states the version."""
-    for path, text in sources():
+    for path, _, tree in sources():
         if path.name != "__init__.py":
             continue
-        body = ast.parse(text).body
+        body = tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]  # the docstring
         if path.parent == Path("minigpt"):
@@ -92,7 +98,7 @@ def imported_modules(path: Path, tree: ast.Module, modules: set[str]) -> set[str
 
 
 def test_no_import_cycle_among_minigpt_modules() -> None:
-    trees = {path: ast.parse(text) for path, text in sources()}
+    trees = {path: tree for path, _, tree in sources()}
     names = {module_name(path) for path in trees}
     graph = {module_name(path): imported_modules(path, tree, names) for path, tree in trees.items()}
     done: set[str] = set()
@@ -120,8 +126,8 @@ def test_no_import_cycle_among_minigpt_modules() -> None:
 def test_no_function_over_sixty_lines() -> None:
     long = [
         f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path, text in sources()
-        for node in ast.walk(ast.parse(text))
+        for path, _, tree in sources()
+        for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.end_lineno is not None
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
@@ -129,12 +135,12 @@ def test_no_function_over_sixty_lines() -> None:
     assert long == []
 
 
-def prose_lines(text: str) -> Iterator[tuple[int, str]]:
+def prose_lines(text: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
     """Every comment and docstring line of a module, with its line number."""
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type == tokenize.COMMENT:
             yield token.start[0], token.string
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             doc = node.body[0] if node.body else None
             if (
@@ -155,8 +161,8 @@ def prose_lines(text: str) -> Iterator[tuple[int, str]]:
 def test_no_comment_or_docstring_states_a_measured_time_or_throughput() -> None:
     found = [
         f"{path}:{number} {line.strip()}"
-        for path, text in sources()
-        for number, line in prose_lines(text)
+        for path, text, tree in sources()
+        for number, line in prose_lines(text, tree)
         if MEASURED.search(QUOTED.sub("", line))
     ]
     assert found == []

@@ -170,6 +170,7 @@ def run(tmp_path: Path) -> Path:
     return Path(shutil.copytree(FIXTURE, tmp_path / "run"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend, size, detail",
     [
@@ -205,6 +206,7 @@ def test_generate_past_an_address_space_limit(run: Path, backend: str, size: str
     )
 
 
+@pytest.mark.slow
 def test_a_training_step_past_an_address_space_limit(tmp_path: Path) -> None:
     args = ("train", str(CORPUS), "--preset", "tiny", "--block-size", "256", "--batch-size", "8192",
             "--max-iters", "1", "--device", "cpu", "--out", str(tmp_path / "out"))  # fmt: skip

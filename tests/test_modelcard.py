@@ -16,6 +16,7 @@ from minigpt.runs.folder import RunDir
 from minigpt.tokenizer.char import CharTokenizer
 
 
+@pytest.mark.slow
 def test_a_default_runs_card(default_run: Path) -> None:
     card = (default_run / "README.md").read_text()
     assert card.startswith("---\n# license: choose one") and "library_name: minigpt" in card
@@ -42,6 +43,7 @@ def test_the_licence_a_user_sets_is_kept_and_their_own_readme_stays(tmp_path: Pa
     assert card.read_text() == "# my notes\n"
 
 
+@pytest.mark.slow
 def test_an_export_carries_a_card(default_run: Path, tmp_path: Path, runner) -> None:
     pytest.importorskip("transformers")
     run = tmp_path / "run"

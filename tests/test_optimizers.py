@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from minigpt.cli.main import app
@@ -67,6 +68,7 @@ def test_zero_grad_keeps_or_drops_gradients() -> None:
     assert p.grad is None
 
 
+@pytest.mark.slow
 def test_train_never_imports_the_compiler(tmp_path: Path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)

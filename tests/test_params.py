@@ -130,6 +130,7 @@ def test_params_cli_bad_input_is_one_line(runner, args: list[str]) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_cli_subprocess_help_version_and_no_torch_import() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=True

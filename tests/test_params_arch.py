@@ -123,6 +123,7 @@ def report_rows(config: GPTConfig) -> tuple[dict[str, int], dict[str, int]]:
     return rows, report.shares
 
 
+@pytest.mark.slow
 def test_every_combination_counts_exactly_per_row() -> None:
     """On a grid of shapes, every option combination: the total equals the module's, each row equals the
     tensors it names (the gate row the gate tensors, key and value the k and v rows of the fused

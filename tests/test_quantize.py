@@ -104,6 +104,7 @@ def test_options_are_checked_with_one_line_errors(tmp_path: Path, monkeypatch) -
         load_engine(run, "numpy", quantize="int4")
 
 
+@pytest.mark.slow
 def test_generate_and_eval_take_the_option(runner, tmp_path: Path) -> None:
     run = str(make_run(tmp_path / "run"))
     result = runner.invoke(app, ["generate", "a", "-m", run, "-n", "5", "--quantize", "int8", "--json"])

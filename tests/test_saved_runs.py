@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import slow_but
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -40,8 +41,8 @@ def minigpt(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-@pytest.mark.parametrize("run", GREEDY)
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("torch", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("run", slow_but(GREEDY, "run-v0.1.0-modern"))
 def test_old_run_generates_the_same_greedy_text(run: str, backend: str) -> None:
     """80 tokens from a block-32 model: past the context window, so the slide policy is covered too."""
     model = str(FIXTURES / run)
@@ -52,6 +53,7 @@ def test_old_run_generates_the_same_greedy_text(run: str, backend: str) -> None:
     assert json.loads(proc.stdout)["samples"][0]["text"] == GREEDY[run]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", EVAL)
 def test_old_run_scores_the_same(run: str) -> None:
     proc = minigpt("eval", str(FIXTURES / run), str(CORPUS), "--json")

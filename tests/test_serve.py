@@ -161,7 +161,7 @@ def collecting_job(
     return job, texts
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("torch", marks=pytest.mark.slow)])
 def test_batched_requests_give_what_generate_gives(backend: str) -> None:
     """Requests decoded together (prompts of five lengths admitted in two rounds, all stepped in one
     forward pass from their second round on, each row at its own position, windows sliding past
@@ -193,6 +193,7 @@ def test_batched_requests_give_what_generate_gives(backend: str) -> None:
         assert [c.tokens for c in job.choices] == [m] * n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_requests_arriving_at_random_give_what_generate_gives(backend: str, seed: int) -> None:
@@ -459,6 +460,7 @@ def test_api_key(server: Server) -> None:
 # --- the page's endpoints --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_attention_is_what_minigpt_attention_prints(server: Server, runner: Any) -> None:
     status, out = request(
         server.url + "/v1/attention", {"model": "tiny", "text": "The dog jumps", "position": 6}
@@ -507,6 +509,7 @@ def test_page_and_its_files_are_served_offline(server: Server) -> None:
 # --- load: concurrency, the queue limit, disconnects, memory ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_32_concurrent_streams_finish_with_their_token_counts(server: Server, client: openai.OpenAI) -> None:
     def stream(i: int) -> tuple[int, str]:
         # long enough to overlap however fast the steps: 20 + i tokens were sometimes done before most of the
@@ -543,6 +546,7 @@ def open_stream(server: Server, max_tokens: int = 256) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow
 def test_listening_beyond_loopback_without_a_key_warns(runs: Path) -> None:
     """The README: `minigpt serve` warns when it listens elsewhere without a key; on loopback it does not."""
     for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
@@ -552,6 +556,7 @@ def test_listening_beyond_loopback_without_a_key_warns(runs: Path) -> None:
         assert any(line.startswith(warning) for line in s.lines) == warned, s.lines
 
 
+@pytest.mark.slow
 def test_busy_server_says_429_and_a_client_that_leaves_frees_its_row(small: Server) -> None:
     def load() -> tuple[int, int]:
         model = request(small.url + "/health")[1]["models"][0]
@@ -570,6 +575,7 @@ def test_busy_server_says_429_and_a_client_that_leaves_frees_its_row(small: Serv
     assert load() == (0, 0)
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_over_500_requests(server: Server) -> None:
     def one(i: int) -> int:
         body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "seed": i, "stream": i % 2 == 0}
@@ -590,6 +596,7 @@ def test_memory_stays_flat_over_500_requests(server: Server) -> None:
 # --- start-up problems are one line ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_startup_errors_are_one_line(runs: Path, tmp_path: Path) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -645,6 +652,7 @@ def test_the_help_examples_work(tmp_path: Path) -> None:
         assert status == 200, (args, body, out)
 
 
+@pytest.mark.slow
 def test_without_the_extra_it_says_how_to_install(runner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi now raises ImportError
     result = runner.invoke(app, ["serve", str(FIXTURE)])

@@ -45,6 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
+@pytest.mark.slow
 def test_the_page_streams_text_and_shows_what_tokens_attend_to(
     browser: webdriver.Chrome, server: Server, tmp_path: Path
 ) -> None:

@@ -65,6 +65,7 @@ def reference(runs: Path, max_tokens: int, n: int = 1, **sampling: Any) -> list[
     return [s.text for s in gen.run()]
 
 
+@pytest.mark.slow
 def test_chat_completions_plain_and_streamed_with_the_openai_client(
     client: openai.OpenAI, server: Server, runs: Path
 ) -> None:
@@ -170,6 +171,7 @@ def test_a_run_without_chat_tokens_cannot_chat(server: Server) -> None:
     assert json.dumps(reply).count("Traceback") == 0
 
 
+@pytest.mark.slow
 def test_the_page_chats_with_a_chat_run(server: Server) -> None:
     """The page opens in chat mode for a run with the chat tokens; each answer streams into a bubble and is
     the API's answer to the same conversation and settings, the oldest turns left out once the context (32

@@ -122,6 +122,7 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
+@pytest.mark.slow
 def test_several_prompts_in_one_request(client: openai.OpenAI) -> None:
     """What langchain's batch() and lm-evaluation-harness send: a list of strings, a list of token ids, a
     list of lists of token ids; choices come prompt by prompt, n each, as separate requests would."""
@@ -145,6 +146,7 @@ def test_several_prompts_in_one_request(client: openai.OpenAI) -> None:
     assert streamed == expected
 
 
+@pytest.mark.slow
 def test_echo(client: openai.OpenAI) -> None:
     """echo: the prompt, then the completion; with logprobs the prompt's tokens first, the first null."""
     scored = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
@@ -177,6 +179,7 @@ def test_echo(client: openai.OpenAI) -> None:
     assert empty.choices[0].text == "" and empty.usage.completion_tokens == 0
 
 
+@pytest.mark.slow
 def test_served_loglikelihood_is_evals_and_transformers(default_run: Path, tmp_path: Path, runner) -> None:
     """The log-likelihood the server gives a text (echo, logprobs, max_tokens 0, what lm-evaluation-harness
     asks for) is `minigpt eval`'s loss on that text, and transformers' on the Hugging Face export, to 1e-4 per
@@ -220,6 +223,7 @@ def test_served_loglikelihood_is_evals_and_transformers(default_run: Path, tmp_p
     assert math.isfinite(per_token.sum())
 
 
+@pytest.mark.slow
 def test_scoring_errors(server: Server) -> None:
     for body, message in (
         ({"prompt": [[5, 10**6]], "echo": True, "max_tokens": 0}, "not in this model's vocabulary"),

@@ -118,6 +118,7 @@ def test_logit_cap_is_cap_times_tanh_of_the_logits_over_cap() -> None:
             config(logit_cap=bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [SPEEDRUN, dict(SPEEDRUN, n_layer=4, n_kv_head=1, window=5, pos="rope")])
 def test_numpy_engine_equals_the_torch_model_with_the_speedrun_options(options: dict[str, Any]) -> None:
     """Logits through the cache (prefill, two tokens, then one at a time) against GPT.forward over the
@@ -209,6 +210,7 @@ def test_orthogonalize_is_the_quintic_iteration_on_every_matrix(shape: tuple[int
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_polar_express_quintics_are_minimax_and_beat_newton_schulz() -> None:
     """Chebyshev's alternation theorem: an odd quintic (3 coefficients) is the best approximation of 1 on
     an interval exactly when its error reaches its maximum at 4 points with alternating signs; so each

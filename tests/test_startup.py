@@ -52,6 +52,7 @@ def test_the_command_line_collects_again_once_started_and_after_each_load(collec
     assert gc.isenabled()
 
 
+@pytest.mark.slow
 def test_a_command_collects_its_own_garbage() -> None:
     """A real `minigpt` process: by the time the command runs, the collector is on again and finds a
     cycle the command leaves behind (so a long `train` or `serve` does not grow without bound)."""

@@ -61,12 +61,14 @@ def roundtrip_json(tok):
 # ---------------------------------------------------------------------------------------------- patterns
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab1 2\n\r\t'sSlLvVeE.,!?-é日🙂\u00a0\u2028")), max_size=40))
 def test_gpt4_pattern_splits_like_cl100k(text: str) -> None:
     assert regex.findall(GPT4_SPLIT_PATTERN, text) == regex.findall(CL100K_SPLIT_PATTERN, text)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(st.text(max_size=60))
 def test_gpt4_pattern_splits_like_cl100k_on_any_text(text: str) -> None:
@@ -106,6 +108,7 @@ def test_bpe_vocabulary_and_special_token() -> None:
     assert tok.decode_bytes([tok.eot_id]) == ENDOFTEXT.encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_bpe_roundtrips_any_unicode(text: str) -> None:
@@ -180,6 +183,7 @@ def test_char_roundtrip_and_unknown_characters() -> None:
         CharTokenizer.from_texts(["", ""])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.characters(), min_size=1, max_size=30, unique=True), st.lists(st.integers(0, 29)))
 @example(["a", "\ud800", "\udfff"], [0, 1, 2, 0])  # lone surrogates: drawn rarely, so always tried
@@ -211,6 +215,7 @@ def test_vocab_size_only_for_bpe() -> None:
 # ---------------------------------------------------------------------------------------------- tiktoken
 
 
+@pytest.mark.slow
 @FIXTURE_SETTINGS
 @given(st.text())
 def test_r50k_file_roundtrips_any_unicode(r50k_file: Path, text: str) -> None:
@@ -234,6 +239,7 @@ def test_r50k_file_is_recognised_and_matches_tiktoken(
     assert tok.encode("hello world") == [31373, 995]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file_name", ["sha1", "r50k_base.tiktoken"])
 @pytest.mark.parametrize("name", ["r50k_base", "gpt2"])
 def test_named_encoding_from_tiktoken_cache_dir(
@@ -308,6 +314,7 @@ def test_missing_tiktoken_file(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- json
 
 
+@pytest.mark.slow
 def test_save_load_gives_identical_ids(r50k_file: Path) -> None:
     kinds = [CharTokenizer.from_texts([SAMPLE]), small_bpe(), r50k_from(str(r50k_file))]
     for tok in kinds:

@@ -74,6 +74,7 @@ def data_cfg(path: Path, tmp_path: Path) -> DataConfig:
     return DataConfig(paths=(path,), cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = runner.invoke(
@@ -123,6 +124,7 @@ def test_cli_train_then_eval_then_params(runner, text_file: Path, tmp_path: Path
     assert model.num_params() == report["exact_total"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "arch",
     [
@@ -174,6 +176,7 @@ def test_exact_resume_is_bitwise(text_file: Path, tmp_path: Path, arch: dict[str
     assert straight.state.best_val_loss == pytest.approx(resumed.state.best_val_loss)
 
 
+@pytest.mark.slow
 def test_an_evaluation_just_before_the_final_one_is_skipped(text_file: Path, tmp_path: Path) -> None:
     """Every 4 steps of 13 evaluates at 4 and 8 (5 steps from the end: more than half of 4), not at 12 (1
     step from the final evaluation at 13), and says so; the checkpoints and the best weights follow."""
@@ -187,6 +190,7 @@ def test_an_evaluation_just_before_the_final_one_is_skipped(text_file: Path, tmp
     assert [r["step"] for r in shorter.metrics if r["kind"] == "eval"] == [4, 8, 12, 14]
 
 
+@pytest.mark.slow
 def test_exact_resume_with_muon_is_bitwise(runner, text_file: Path, tmp_path: Path) -> None:
     """`--optimizer muon` is saved in config.json and kept on resume, and Muon's momentum buffers travel in
     the state file: 8 steps straight equal 4, a stop, then a resume to 8."""
@@ -252,6 +256,7 @@ def test_a_state_file_from_another_optimizer_is_refused(text_file: Path, tmp_pat
             parts.check({**tensors, **bad}, "state")
 
 
+@pytest.mark.slow
 def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert (
@@ -284,6 +289,7 @@ def test_resume_can_raise_the_budget(runner, text_file: Path, tmp_path: Path) ->
     assert RunDir(tmp_path / "ft").model_config().dropout == 0.1
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["train", str(text_file), *TINY, "--max-iters", "2", "--out", str(out)]
@@ -295,6 +301,7 @@ def test_refuses_to_overwrite(runner, text_file: Path, tmp_path: Path) -> None:
     assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "budget, reason, check",
     [
@@ -387,6 +394,7 @@ def test_budget_with_a_fake_clock() -> None:
     assert later.stop_reason(TrainState(elapsed=105.0)) == "reached max_time 5 s"
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_a_signal_evaluates_for_a_few_seconds_then_saves(
     text_file: Path, tmp_path: Path
 ) -> None:
@@ -436,6 +444,7 @@ def test_time_budget_counts_from_when_the_command_started(text_file: Path, tmp_p
     assert result.state.elapsed == pytest.approx(29.8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["wsd", "cosine"])
 def test_a_slow_time_budget_still_reaches_the_peak_lr_and_decays_fully(
     text_file: Path, tmp_path: Path, schedule: str
@@ -462,6 +471,7 @@ def test_a_slow_time_budget_still_reaches_the_peak_lr_and_decays_fully(
     assert lrs[-1] == pytest.approx(final, abs=0.05 * peak)  # within one step of the end of the decay
 
 
+@pytest.mark.slow
 def test_budgets_given_on_resume_replace_the_saved_budget(text_file: Path, tmp_path: Path) -> None:
     out, log, clock = tmp_path / "run", io.StringIO(), FakeClock()
 
@@ -657,6 +667,7 @@ class PoisonedSampler(BatchSampler):
         return x, (y if self.batches <= 5 else torch.full_like(y, -1))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_cleanly_and_keeps_last_checkpoint(text_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with pytest.raises(MinigptError, match="loss became nan at step 5"):
@@ -726,6 +737,7 @@ def test_evaluate_scores_the_same_fixed_windows_each_time(text_file: Path, tmp_p
     assert first["train_loss"] == pytest.approx(split_loss(model, model.config, dataset.train, 4, 3, cpu))
 
 
+@pytest.mark.slow
 def test_the_library_is_quiet_and_needs_no_rich(text_file: Path, tmp_path: Path, capsys) -> None:
     train(tiny_cfg(max_iters=2), data_cfg(text_file, tmp_path), out=tmp_path / "quiet")
     assert capsys.readouterr() == ("", "")
@@ -744,6 +756,7 @@ def test_a_resume_keeps_the_saved_settings(text_file: Path, tmp_path: Path) -> N
         train(TrainConfig(lr=1.0), resume=tmp_path / "run", out=tmp_path / "elsewhere")
 
 
+@pytest.mark.slow
 def test_non_tty_log_lines(text_file: Path, tmp_path: Path) -> None:
     out = subprocess.run(
         [
@@ -775,6 +788,7 @@ def test_non_tty_log_lines(text_file: Path, tmp_path: Path) -> None:
     assert any(line.startswith("eval ") and "val loss" in line and "val bpb" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_sigint_saves_and_says_how_to_resume(text_file: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(
@@ -883,6 +897,7 @@ def check_one_whole_save(run: Path) -> int:
     return step
 
 
+@pytest.mark.slow
 def test_save_killed_at_random_points_leaves_loadable_checkpoint(tmp_path: Path) -> None:
     """Eight writers, each killed with SIGKILL at a random point of its saves (a half-written file, a
     synced temp file not yet renamed, between two renames) chosen from a seeded generator, so the same
@@ -955,6 +970,7 @@ def test_bad_options_through_train(
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
 
 
+@pytest.mark.slow
 def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Path, tmp_path: Path) -> None:
     """config.json records each input's absolute path and stamp (size, mtime, sampled content): a run resumes
     from another folder, with the text at a new place when it moved, and refuses text that changed unless
@@ -979,6 +995,7 @@ def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Pat
     assert runner.invoke(app, args).exit_code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", ["tiny.txt", "./tiny.txt", "sub/../tiny.txt", "{work}/tiny.txt"])
 def test_resume_from_another_folder_whatever_form_the_path_had(
     runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
@@ -1002,6 +1019,7 @@ def test_resume_from_another_folder_whatever_form_the_path_had(
     assert config["data"]["paths"] == [str(work / given.format(work=work))]
 
 
+@pytest.mark.slow
 def test_a_run_that_saved_relative_paths_resumes_from_another_folder(
     runner, text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
