@@ -117,18 +117,6 @@ def test_no_import_cycle_among_minigpt_modules() -> None:
         visit(name, [])
 
 
-# the xfails below come off once the branches that split those functions and move those figures have landed
-LONG_ON_MAIN = (
-    "three functions exceed 60 lines on main (attention_views.position_view, the NumPy engine's __init__, "
-    "train/run.py's _set_up_with); their split and minigpt/model/'s restructuring are other branches"
-)
-TIMED_ON_MAIN = (
-    "comments and docstrings on main still carry measured times (kernels, the NumPy engine, tuning, the KV "
-    "cache, optimizers, train step, corpus readers, device, cli/main, serve's batcher); other branches take "
-    "them out"
-)
-
-
 def long_functions() -> Iterator[str]:
     """Every function of minigpt longer than MAX_FUNCTION_LINES, counted from its `def` to its last line."""
     for path, _, tree in sources():
@@ -139,7 +127,6 @@ def long_functions() -> Iterator[str]:
                     yield f"{path}:{node.lineno} {node.name} ({lines} lines)"
 
 
-@pytest.mark.xfail(strict=False, reason=LONG_ON_MAIN)
 def test_no_function_over_sixty_lines() -> None:
     assert list(long_functions()) == []
 
@@ -161,7 +148,6 @@ def prose_lines(text: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
                     yield doc.lineno + offset, line
 
 
-@pytest.mark.xfail(strict=False, reason=TIMED_ON_MAIN)
 def test_no_comment_or_docstring_states_a_measured_time_or_throughput() -> None:
     found = [
         f"{path}:{number} {line.strip()}"
