@@ -17,3 +17,8 @@ class UsageError(MinigptError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_code=2)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C ended a command before it could finish cleanly: the CLI prints the message (what was kept and
+    what was lost) and exits with 130. A KeyboardInterrupt, so code that lets Ctrl-C through still does."""

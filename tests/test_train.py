@@ -423,7 +423,7 @@ def test_a_run_stopped_by_a_signal_evaluates_for_a_few_seconds_then_saves(
     result = train(cfg, data_cfg(text_file, tmp_path), out=tmp_path / "early", clock=clock,
                    on_step=ctrl_c_at_once, reporter=LineReporter(log))  # fmt: skip
     assert result.interrupted and not [r for r in result.metrics if r["kind"] == "eval"]
-    assert "stopped at step 1: saved without a final evaluation" in log.getvalue()
+    assert "stopping: saving step 1 without a final evaluation" in log.getvalue()
     assert RunDir(result.out).weights_path.is_file()
 
 

@@ -24,7 +24,7 @@ from minigpt.common import startup
 from minigpt.common.settings import NO_OPTIONS, Given, Option, options_of
 from minigpt.convert.config import GGUFConfig, ImportConfig, MergeConfig, OverwriteConfig
 from minigpt.data.config import DataConfig
-from minigpt.errors import MinigptError
+from minigpt.errors import Interrupted, MinigptError
 from minigpt.generate.config import EngineConfig, GenerateConfig, GenerateIOConfig, read_prompt
 from minigpt.model.config import GPTConfig
 from minigpt.runs.folder import DEFAULT_ROOT
@@ -74,8 +74,9 @@ WORKFLOW = ("demo", "train", "generate", "chat", "params", "eval", "attention", 
 
 class _Group(TyperGroup):
     """Errors as one line on stderr, never a traceback or a box: a MinigptError with its exit code, a
-    usage error (unknown option, bad value, missing argument) with exit code 2 and the closest valid name.
-    Its help and its commands' show on/off flags as flags."""
+    usage error (unknown option, bad value, missing argument) with exit code 2 and the closest valid name;
+    Ctrl-C as what it ended (an Interrupted's message, else "interrupted") with exit code 130. Its help and
+    its commands' show on/off flags as flags."""
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
@@ -96,6 +97,9 @@ class _Group(TyperGroup):
         startup.settle()
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as e:  # typer would exit with 130 and say nothing
+            typer.echo(str(e) if isinstance(e, Interrupted) else "\ninterrupted", err=True)
+            raise typer.Exit(130) from None
         except MinigptError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None

@@ -68,7 +68,10 @@ def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, he
 
 class TrainingDisplay(LineReporter):
     """On a terminal, a live display redrawn 4 times a second (elapsed time and ETA tick between steps) with
-    evaluation lines above it; elsewhere LineReporter's plain lines. Both end with the loss curves."""
+    evaluation lines above it; elsewhere LineReporter's plain lines. Both end with the loss curves.
+
+    The display also shows what the run does between steps (an evaluation, counted in windows; a save) and,
+    from the moment a signal asks the run to stop, that it is stopping."""
 
     def __init__(
         self,
@@ -87,6 +90,8 @@ class TrainingDisplay(LineReporter):
         self._budget = ""
         self._started, self._elapsed0 = clock(), 0.0
         self._data_status: Callable[[], str | None] | None = None
+        self._stopping: str | None = None  # the signal that asked the run to stop
+        self._phase: tuple[str, int, int] | None = None  # what, done, total
 
     def log(self, message: str) -> None:
         self.console.print(message, highlight=False)
@@ -118,15 +123,36 @@ class TrainingDisplay(LineReporter):
             ProgressBar(total=1.0, completed=min(self._progress, 1.0), width=BAR_WIDTH),
             Text(f"{100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}", no_wrap=True),
         )
+        eta = "stopping" if self._stopping else f"ETA {fmt_duration(self.pace.eta())}"
         lines = [
-            f"elapsed {fmt_duration(elapsed)}  ETA {fmt_duration(self.pace.eta())}  budget: {self._budget}",
+            f"elapsed {fmt_duration(elapsed)}  {eta}  budget: {self._budget}",
             f"step loss {fmt_loss(s.get('loss'))}  lr {lr}  {self.pace.rate()}",
             f"val loss {fmt_loss(e.get('val_loss'))}  train loss {fmt_loss(e.get('train_loss'))}  best val {best}",
         ]
         corpus = self._data_status() if self._data_status is not None else None
         if corpus:
             lines.append(f"corpus {corpus}")
-        return Group(head, *(Text(line, no_wrap=True, overflow="ellipsis") for line in lines))
+        rows = [Text(line, no_wrap=True, overflow="ellipsis") for line in lines]
+        return Group(head, *rows, *self._phase_rows())
+
+    def _phase_rows(self) -> list[Any]:
+        """What the run does between steps, with a bar where it is counted; a stop says so at once."""
+        stop = f"stopping ({self._stopping}): " if self._stopping else ""
+        if self._phase is None:
+            if not stop:
+                return []
+            return [Text(f"{stop}ending the current step, then evaluating and saving…", style="bold")]
+        what, done, total = self._phase
+        label = Text(f"{stop}{what}…", style="bold" if stop else "", no_wrap=True, overflow="ellipsis")
+        if not total:
+            return [label]
+        row = Table.grid(padding=(0, 1))
+        row.add_row(
+            label,
+            ProgressBar(total=total, completed=done, width=BAR_WIDTH // 2),
+            f"{done:,}/{total:,} windows",
+        )
+        return [row]
 
     def step(self, record: dict[str, Any], progress: float) -> None:
         self._step, self._progress = record, progress
@@ -141,10 +167,19 @@ class TrainingDisplay(LineReporter):
             self._best = (record["val_loss"], record["step"])
         self.log(eval_line(record, improved))
 
-    def finish(self, summary: TrainingEnd) -> None:
+    def phase(self, what: str, done: int = 0, total: int = 0) -> None:
+        self._phase = (what, done, total) if what else None
+
+    def stop_requested(self, signal_name: str) -> None:
+        self._stopping = signal_name  # drawn by the display's own refresh, never from the signal handler
+
+    def close(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+    def finish(self, summary: TrainingEnd) -> None:
+        self.close()
         train_pts = [(r["step"], r["loss"]) for r in summary.history if r.get("kind") == "train"]
         val_pts = [(r["step"], r["val_loss"]) for r in summary.history if r.get("kind") == "eval"]
         chart = line_chart({"step loss": train_pts, "val loss": val_pts})

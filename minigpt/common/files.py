@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import stat
 import struct
 import tempfile
@@ -99,8 +100,9 @@ def atomic_paths(*paths: Path) -> Iterator[list[Path]]:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
                 os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would make run files private
-        for tmp, path in zip(temps, paths, strict=True):
-            os.replace(tmp, path)  # replaces a symlink itself, never writes through it
+        with _signals_held():
+            for tmp, path in zip(temps, paths, strict=True):
+                os.replace(tmp, path)  # replaces a symlink itself, never writes through it
         for directory in {path.parent for path in paths}:
             _fsync_dir(directory)
     except OSError as e:  # disk full, read-only, no permission: the files being replaced are untouched
@@ -113,6 +115,20 @@ def atomic_paths(*paths: Path) -> Iterator[list[Path]]:
         for tmp in temps:
             if tmp.exists():
                 tmp.unlink()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (then their handlers run): a Ctrl-C cannot land between
+    the renames of files that belong together."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
@@ -232,6 +248,15 @@ def load_tensors(path: Path, framework: Literal["pt", "np"] = "pt") -> tuple[dic
 
 def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     """Each tensor's entry in a safetensors header ('dtype', 'shape', ...), without torch or the data."""
+    return _read_header(path)[0]
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's metadata (its header's string map), without torch or the data."""
+    return _read_header(path)[1]
+
+
+def _read_header(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     path = regular_file(path, "is this a complete minigpt run directory?")
     try:
         with open(path, "rb") as f:
@@ -239,12 +264,15 @@ def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
             if n > MAX_HEADER_BYTES:
                 raise ValueError("header too large")
             header = json.loads(f.read(n))
+        metadata = header.get("__metadata__") or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise ValueError("metadata is not a map of strings")
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
         for v in entries.values():
             v["dtype"], v["shape"] = str(v["dtype"]), [int(d) for d in v["shape"]]
             if any(d < 0 for d in v["shape"]):
                 raise ValueError(f"negative dimension in {v['shape']}")
-        return entries
+        return entries, metadata
     except (ValueError, KeyError, TypeError, AttributeError, struct.error, RecursionError) as e:
         raise MinigptError(f"{path} is corrupt or not a safetensors file ({e})") from None
 

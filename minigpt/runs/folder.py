@@ -42,6 +42,7 @@ from minigpt.common.files import (
     read_json,
     remove_stale_temps,
     safetensors_header,
+    safetensors_metadata,
     save_tensors,
     to_json,
     write_tensors,
@@ -300,6 +301,15 @@ class RunDir:
 
     def has_state(self) -> bool:
         return self.state_path.is_file()
+
+    def checkpoint_step(self) -> int | None:
+        """The step the resumable state on disk holds, from its header (None: no readable state)."""
+        if not self.has_state():
+            return None
+        try:
+            return int(safetensors_metadata(self.state_path)["step"])
+        except (MinigptError, KeyError, ValueError):
+            return None
 
     def load_state(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """The training state's tensors and metadata, checked to be a minigpt training state."""

@@ -17,7 +17,7 @@ import torch
 
 from minigpt.chat.data import ConversationData
 from minigpt.data.dataset import BatchSampler, DataConfig, Dataset, bits_per_byte
-from minigpt.errors import MinigptError
+from minigpt.errors import Interrupted, MinigptError
 from minigpt.model.memory import labelled
 from minigpt.runs.folder import RunDir
 from minigpt.runs.usage import example_prompt
@@ -106,6 +106,12 @@ def train(
         run = set_up(plan, dist, reporter, started=command_started, clock=clock, make_sampler=make_sampler)
         try:
             reason, interrupted = run_loop(run, reporter, on_step)
+        except KeyboardInterrupt:  # a second Ctrl-C: out at once, saying what that costs
+            reporter.close()
+            raise Interrupted(_discarded(run)) from None
+        except BaseException:
+            reporter.close()
+            raise
         finally:
             run.dataset.close()  # tokenizing beside training stops; its finished chunks stay in the store
     reporter.finish(_training_end(run, reason, interrupted, clock() - command_started))
@@ -119,7 +125,7 @@ def run_loop(
     """Step, log, evaluate and checkpoint until the budget ends or a signal asks to stop, then evaluate and
     checkpoint once more: why it stopped, and whether a signal stopped it."""
     state, budget, first_step = run.state, run.budget, run.state.step
-    signals = StopSignals(grace=1.0 if run.runtime.dist.enabled else 0.0)
+    signals = StopSignals(grace=1.0 if run.runtime.dist.enabled else 0.0, on_request=reporter.stop_requested)
     reason, interrupted = budget.stop_reason(state), False
     with signals.installed(), run.runtime.dist.peer_errors(run.rundir.path):
         # one process can give a long step up between micro-batches; ranks would have to agree on it
@@ -213,14 +219,16 @@ def evaluate_and_save(
         )
         return
     record: dict[str, Any] | None = None
+    if stopping and iters:
+        reporter.log(f"stopping: evaluating and saving step {state.step:,}…")
     if iters:
-        record, improved = _evaluate(run, iters)
+        record, improved = _evaluate(run, iters, reporter)
     elif final:
         improved = not math.isfinite(state.best_val_loss)  # never evaluated: these weights are the model
         reporter.log(
-            f"stopped at step {state.step:,}: saved without a final evaluation (a stopped run evaluates for "
+            f"stopping: saving step {state.step:,} without a final evaluation (a stopped run evaluates for "
             f"at most {STOP_EVAL_SECONDS:g} s, and this one's would take longer or is not timed yet; "
-            f"minigpt eval scores the run)"
+            f"minigpt eval scores the run)…"
             if stopping
             else f"no time left for the final evaluation at step {state.step:,}: saved without it"
         )
@@ -232,7 +240,9 @@ def evaluate_and_save(
     )
     evaluated = budget.clock()
     if run.runtime.dist.is_master:
+        reporter.phase(f"saving step {state.step:,}")
         save_checkpoint(run.rundir, run.parts, run.dataset.tokenizer, state, run.settings, improved)
+    reporter.phase("")
     if record is not None:
         reporter.evaluated(record, improved)
     run.runtime.dist.barrier()
@@ -249,10 +259,19 @@ def _final_within_half(run: TrainingRun, iters: int) -> int | None:
     return math.ceil(budget.steps_left(state, tokens) or 0.0)  # as they are if it is skipped
 
 
-def _evaluate(run: TrainingRun, iters: int) -> tuple[dict[str, Any], bool]:
-    """Evaluate on `iters` batches of windows and record it: the record, and whether validation improved."""
+def _evaluate(run: TrainingRun, iters: int, reporter: ProgressReporter) -> tuple[dict[str, Any], bool]:
+    """Evaluate on `iters` batches of windows (the reporter shown how far it is) and record it: the record,
+    and whether validation improved."""
     cfg, state, dataset = run.cfg, run.state, run.dataset
-    losses = evaluate(run.forward, run.model_config, dataset, cfg.batch_size, iters, run.runtime)
+    what, total, done = f"evaluating step {state.step:,}", run.budget.eval_cost.windows(iters), 0
+
+    def tick(windows: int) -> None:
+        nonlocal done
+        done += windows
+        reporter.phase(what, min(done, total), total)
+
+    tick(0)
+    losses = evaluate(run.forward, run.model_config, dataset, cfg.batch_size, iters, run.runtime, tick)
     improved = state.record_eval(losses)
     record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3), **losses}
     if iters != cfg.eval_iters:
@@ -330,22 +349,45 @@ def _try_prompt(dataset: Dataset | ConversationData) -> str:
     return example_prompt(dataset.tokenizer, dataset.tokenizer.decode(start))
 
 
+def _discarded(run: TrainingRun) -> str:
+    """What a second signal, which ends the run at once, discarded: the steps past the checkpoint on disk."""
+    saved, step = run.rundir.checkpoint_step(), run.state.step
+    resume = f"minigpt train --resume {run.rundir.path}"
+    if saved is not None and saved >= step:
+        return f"interrupted again: step {saved:,} is saved; resume with: {resume}"
+    if saved is None:
+        taken = f"its {step:,} step{'s' if step != 1 else ''} are lost" if step else "no step was taken"
+        return f"interrupted again: not saved; the run has no checkpoint yet, so {taken}"
+    lost = f"step {step:,}" if step == saved + 1 else f"steps {saved + 1:,}-{step:,}"
+    return (
+        f"interrupted again: not saved; {lost} since the last checkpoint at step {saved:,} "
+        f"{'is' if step == saved + 1 else 'are'} lost; the run resumes from step {saved:,}: {resume}"
+    )
+
+
 def _step_seed(seed: int, rank: int, step: int) -> int:
     text = f"minigpt-dropout:{seed}:{rank}:{step}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
 class StopSignals:
-    """First Ctrl-C/SIGTERM asks the loop to stop after the current step; a second one exits at once.
+    """First Ctrl-C/SIGTERM asks the loop to stop after the current step (and tells `on_request` at once,
+    from the handler); a second one exits at once.
 
     Under torchrun a Ctrl-C reaches each worker twice, from the terminal and relayed by the launcher a moment
     later, so there a repeat within `grace` seconds counts as the same request.
     """
 
-    def __init__(self, grace: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        grace: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_request: Callable[[str], None] | None = None,
+    ) -> None:
         self.requested: str | None = None
         self.grace = grace
         self.clock = clock
+        self.on_request = on_request
         self._first = 0.0
         self._old: dict[int, Any] = {}
 
@@ -357,6 +399,8 @@ class StopSignals:
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
         self._first = self.clock()
+        if self.on_request is not None:
+            self.on_request(self.requested)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignals]:

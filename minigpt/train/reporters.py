@@ -77,7 +77,18 @@ class ProgressReporter(Protocol):
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:
         """An evaluation: record holds step, tokens, elapsed, val_loss, train_loss, val_bpb and val_ppl."""
 
+    def phase(self, what: str, done: int = 0, total: int = 0) -> None:
+        """Work between steps (an evaluation, a save) and how far it is: `done` of `total` windows (total 0:
+        not counted); an empty `what` when the run goes back to its steps."""
+
+    def stop_requested(self, signal_name: str) -> None:
+        """A signal asked the run to stop. Called from the signal handler, so it may only record what to
+        show: writing there could re-enter a write the signal interrupted."""
+
     def finish(self, summary: TrainingEnd) -> None: ...
+
+    def close(self) -> None:
+        """The run ended without a summary (an error, or a second signal): take down any live display."""
 
 
 class QuietReporter:
@@ -97,7 +108,16 @@ class QuietReporter:
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:
         pass
 
+    def phase(self, what: str, done: int = 0, total: int = 0) -> None:
+        pass
+
+    def stop_requested(self, signal_name: str) -> None:
+        pass
+
     def finish(self, summary: TrainingEnd) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -197,8 +217,11 @@ def done_text(summary: TrainingEnd) -> str:
     return "\n".join(lines)
 
 
-class LineReporter:
-    """Plain lines on a stream (stderr by default): for logs and CI, and for library users who want them."""
+class LineReporter(QuietReporter):
+    """Plain lines on a stream (stderr by default): for logs and CI, and for library users who want them.
+
+    Phases and a stop request show nothing here: a log gets an evaluation's line when it is done, and the
+    line the loop logs as a stop's evaluation and save begin."""
 
     data_progress = True
 

@@ -102,10 +102,11 @@ def split_loss(
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
+    tick: Callable[[int], None] | None = None,
 ) -> float:
     """Mean loss per predicted token over eval_iters x batch_size evenly spaced windows of `tokens` (or
     conversations: their assistant tokens): the same ones every time, shared out between ranks (one may get
-    fewer, or none: windows are counted, not batches)."""
+    fewer, or none: windows are counted, not batches). `tick` is told each forward pass's windows."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x targets, targets
@@ -123,6 +124,8 @@ def split_loss(
         targets = int((y >= 0).sum())
         sums[0] += loss.double() * targets
         sums[1] += targets
+        if tick is not None:
+            tick(len(x))
     model.train(was_training)
     total, counted = dist.all_reduce_sum(sums).tolist()
     return total / max(counted, 1.0)
@@ -135,11 +138,13 @@ def evaluate(
     batch_size: int,
     eval_iters: int,
     runtime: Runtime,
+    tick: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Validation loss, bits per byte and perplexity, and the loss on as many fixed windows of the training
-    split (nanoGPT's convention: both measured the same way, so the gap between them means something)."""
-    val_loss = split_loss(model, config, dataset.val, batch_size, eval_iters, runtime)
-    train_loss = split_loss(model, config, dataset.train, batch_size, eval_iters, runtime)
+    split (nanoGPT's convention: both measured the same way, so the gap between them means something);
+    `tick` is told the windows of each forward pass as it is done."""
+    val_loss = split_loss(model, config, dataset.val, batch_size, eval_iters, runtime, tick)
+    train_loss = split_loss(model, config, dataset.train, batch_size, eval_iters, runtime, tick)
     return {
         "val_loss": val_loss,
         "train_loss": train_loss,
