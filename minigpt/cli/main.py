@@ -351,11 +351,13 @@ def eval_cmd(
 
     Any text file, or the assistant's answers in conversation JSONL (windows are then conversations).
     """
+    _quiet_openmp()
     from minigpt.analysis.evaluate import evaluate_run
     from minigpt.cli.views import eval_view, print_json, show
+    from minigpt.corpus.progress import Progress
 
     cfg, run_on = EvalConfig(**given.of(EvalConfig)), EngineConfig(**given.of(EngineConfig))
-    result = evaluate_run(run, files, cfg, run_on.device, run_on.quantize)
+    result = evaluate_run(run, files, cfg, run_on.device, run_on.quantize, Progress(True))
     if as_json:
         print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return

@@ -1,4 +1,5 @@
-"""Progress of data preparation: a rich bar on a terminal, a plain line at least every 10 s in a log."""
+"""Progress of long phases (data preparation, scoring, exports): on a terminal a rich bar, or a spinner for
+work that cannot be counted, redrawn several times a second; in a log a plain line at least every 10 s."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 LOG_INTERVAL = 10.0  # seconds between plain progress lines, at most
+BYTES = "bytes"  # a Meter's unit when it counts bytes (sizes and speeds are shown); any other is a noun
 
 
 def text_size(n: float) -> str:
@@ -31,11 +33,13 @@ def _duration(seconds: float) -> str:
 
 
 class Meter:
-    """Bytes done of a total, safe to advance from several threads; its status in words."""
+    """Units done of a total (bytes, or things named by `unit`; a total of 0: not counted), safe to advance
+    from several threads; its status in words."""
 
-    def __init__(self, description: str, total: int, clock: Callable[[], float]) -> None:
+    def __init__(self, description: str, total: int, clock: Callable[[], float], unit: str = BYTES) -> None:
         self.description = description
         self.total = total
+        self.unit = unit
         self.done = 0
         self.clock = clock
         self.started = clock()
@@ -54,10 +58,15 @@ class Meter:
         return self.done / seconds if seconds > 0 else math.nan
 
     def status(self) -> str:
-        """'tokenizing: 120 MB of 1.0 GB (12%), 10.3 MB/s, 1:23 left'."""
+        """'tokenizing: 120 MB of 1.0 GB (12%), 10.3 MB/s, 1:23 left', 'scoring: 120 of 1,000 windows
+        (12%), 1:23 left', or for work not counted 'writing model.safetensors: 0:12 so far'."""
+        if not self.total:
+            return f"{self.description}: {_duration(self.clock() - self.started)} so far"
         rate = self.rate()
         left = (self.total - self.done) / rate if rate > 0 else math.inf
-        share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        share = f" ({100 * self.done / self.total:.0f}%)"
+        if self.unit != BYTES:
+            return f"{self.description}: {self.done:,} of {self.total:,} {self.unit}{share}, {_duration(left)} left"
         speed = f"{rate / 1e6:.1f} MB/s" if math.isfinite(rate) else "— MB/s"
         return (
             f"{self.description}: {text_size(self.done)} of {text_size(self.total)}{share}, {speed}, "
@@ -93,10 +102,11 @@ class Progress:
             print(message, file=self.stream or sys.stderr, flush=True)
 
     @contextlib.contextmanager
-    def phase(self, description: str, total: int, bar: bool = True) -> Iterator[Meter]:
-        """A Meter for the phase: on a terminal a rich bar follows it (without `bar`, the caller shows it),
-        in a log a plain line is printed every `interval` seconds while it runs (none if it is shorter)."""
-        meter = Meter(description, total, self.clock)
+    def phase(self, description: str, total: int = 0, bar: bool = True, unit: str = BYTES) -> Iterator[Meter]:
+        """A Meter for the phase (of `total` units; 0: a phase that cannot be counted): on a terminal a rich
+        bar follows it, a spinner and the time so far when it is not counted (without `bar`, the caller shows
+        it), in a log a plain line is printed every `interval` seconds while it runs (none if it is shorter)."""
+        meter = Meter(description, total, self.clock, unit)
         if not self.enabled or (self.terminal and not bar):  # the caller shows the meter (a live display)
             yield meter
         elif self.terminal:
@@ -109,27 +119,38 @@ class Progress:
     @contextlib.contextmanager
     def _bar(self, meter: Meter) -> Iterator[None]:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
+        from rich.progress import Progress
 
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-        )
         console = Console(file=self.stream or sys.stderr, force_terminal=True)
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task(meter.description, total=meter.total)
+        with Progress(*_columns(meter), console=console, transient=True) as bar:
+            task = bar.add_task(meter.description, total=meter.total or None)
             meter.on_advance = lambda n: bar.advance(task, n)
             yield
+
+
+def _columns(meter: Meter) -> tuple[Any, ...]:
+    """A bar's columns: sizes and speed for bytes, a count of the unit for other things, a spinner and the
+    time so far for work that is not counted."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    name = TextColumn("{task.description}")
+    if not meter.total:
+        return SpinnerColumn(), name, TimeElapsedColumn()
+    if meter.unit != BYTES:
+        return name, BarColumn(), MofNCompleteColumn(), TextColumn(meter.unit), TimeRemainingColumn()
+    return name, BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()
+
+
+QUIET = Progress(False)  # shows nothing: the default of library calls that can show progress
 
 
 class LogTicker:
