@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, FakeClock
+from test_finetune import base_run, chat_file, lora_run  # noqa: F401  (fixtures)
 
 from minigpt.analysis.eval_config import EvalConfig
 from minigpt.analysis.evaluate import evaluate_run
 from minigpt.cli.main import app
+from minigpt.convert.config import MergeConfig
+from minigpt.convert.hf import from_hf, to_hf
 from minigpt.corpus.progress import Meter, Progress
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.runs.folder import RunDir
 from minigpt.tokenizer.char import CharTokenizer
+from minigpt.train.finetune import merge_run
 
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
 
@@ -108,6 +112,38 @@ def test_minigpt_eval_draws_progress_on_a_terminal_and_keeps_stdout_for_the_tabl
     assert proc.returncode == 0, drawn
     assert b"scoring" in drawn and b"windows" in drawn
     assert stdout.decode().startswith("{") and b"scoring" not in stdout
+
+
+def test_the_convert_commands_show_their_loading_and_writing(tiny_run: Path, tmp_path: Path) -> None:
+    progress, out = terminal()
+    to_hf(tiny_run, tmp_path / "hf", progress=progress)
+    drawn = out.getvalue()
+    assert f"loading {tiny_run}" in drawn and "building the tokenizer files" in drawn
+    assert f"writing {tmp_path / 'hf' / 'model.safetensors'}" in drawn
+    progress, out = terminal()
+    from_hf(tmp_path / "hf", tmp_path / "back", progress=progress)
+    drawn = out.getvalue()
+    assert f"reading the weights of {tmp_path / 'hf'}" in drawn and f"writing {tmp_path / 'back'}" in drawn
+
+
+def test_to_gguf_counts_the_tensors_it_converts(tiny_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    from minigpt.convert.config import GGUFConfig
+    from minigpt.convert.to_gguf import to_gguf
+
+    progress, out = terminal()
+    result = to_gguf(tiny_run, tmp_path / "m.gguf", GGUFConfig(dtype="q8_0"), progress=progress)
+    drawn = out.getvalue()
+    count = len(RunDir(tiny_run).load_weights(result.config))
+    assert f"loading {tiny_run}" in drawn and "converting the tensors to q8_0" in drawn
+    assert f"{count}/{count}" in drawn and "tensors" in drawn and f"writing {tmp_path / 'm.gguf'}" in drawn
+
+
+def test_merge_shows_its_loading_and_writing(lora_run: Path, tmp_path: Path) -> None:  # noqa: F811
+    progress, out = terminal()
+    merge_run(lora_run, MergeConfig(out=tmp_path / "merged"), progress=progress)
+    drawn = out.getvalue()
+    assert f"loading {lora_run} and its base" in drawn and f"writing {tmp_path / 'merged'}" in drawn
 
 
 def test_eval_keeps_openmp_threads_from_spinning(

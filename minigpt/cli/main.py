@@ -439,8 +439,10 @@ def convert_from_hf(
     or `minigpt train input.txt --init-from checkpoints/gpt2`.
     """
     from minigpt.convert.hf import from_hf
+    from minigpt.corpus.progress import Progress
 
-    result = from_hf(src, out, ImportConfig(**given.of(ImportConfig)), overwrite=_overwriting(given))
+    settings = ImportConfig(**given.of(ImportConfig))
+    result = from_hf(src, out, settings, overwrite=_overwriting(given), progress=Progress(True))
     _report_conversion(result, "minigpt run")
 
 
@@ -466,8 +468,9 @@ def convert_to_hf(
     """
     from minigpt.convert.hf import to_hf
     from minigpt.convert.hf_map import ARCHITECTURES, family_for
+    from minigpt.corpus.progress import Progress
 
-    result = to_hf(run, out, overwrite=_overwriting(given))
+    result = to_hf(run, out, overwrite=_overwriting(given), progress=Progress(True))
     _report_conversion(result, ARCHITECTURES[family_for(result.config)])
 
 
@@ -487,9 +490,10 @@ def convert_to_gguf(
     `llama-completion -m input.gguf -p "ROMEO:" -n 50 --temp 0`.
     """
     from minigpt.convert.to_gguf import gguf_architecture, to_gguf
+    from minigpt.corpus.progress import Progress
 
     settings = GGUFConfig(**given.of(GGUFConfig))
-    result = to_gguf(run, out, settings, overwrite=_overwriting(given))
+    result = to_gguf(run, out, settings, overwrite=_overwriting(given), progress=Progress(True))
     _report_conversion(result, f"GGUF ({gguf_architecture(result.config)}, {settings.dtype})")
 
 
@@ -503,9 +507,10 @@ def convert_merge(
 
     Example: `minigpt convert merge checkpoints/chat-lora --out checkpoints/chat`.
     """
+    from minigpt.corpus.progress import Progress
     from minigpt.train.finetune import merge_run
 
-    path = merge_run(run, MergeConfig(**given.of(MergeConfig)), _overwriting(given))
+    path = merge_run(run, MergeConfig(**given.of(MergeConfig)), _overwriting(given), Progress(True))
     typer.echo(f"wrote {path}: {run} merged into its base", err=True)
 
 

@@ -31,6 +31,7 @@ from minigpt.convert.hf_map import (
     short_list,
     to_hf_tensors,
 )
+from minigpt.corpus.progress import QUIET, Progress
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model.build import build_model, model_tensors
 from minigpt.model.config import GPTConfig
@@ -319,10 +320,15 @@ def _clear(out: Path, names: Iterable[str]) -> None:
 
 
 def from_hf(
-    src: Path, out: Path, cfg: ImportConfig = ImportConfig(), *, overwrite: bool = False
+    src: Path,
+    out: Path,
+    cfg: ImportConfig = ImportConfig(),
+    *,
+    overwrite: bool = False,
+    progress: Progress = QUIET,
 ) -> ConvertResult:
     """Write a minigpt run directory from a local Hugging Face GPT-2, Llama or Qwen3 directory
-    (safetensors only).
+    (safetensors only), `progress` showing the reading and the writing.
 
     Everything is checked (config, tensor names and shapes from the file headers, tokenizer) before
     anything is written; an existing run at `out` is only replaced with `overwrite`.
@@ -339,32 +345,39 @@ def from_hf(
             f"pass the tokenizer the model was trained with"
         )
     _check_out(out, src, overwrite)
-    model = build_model(config, _load_planned(files, plan, config), src)
+    with progress.phase(f"reading the weights of {src}"):
+        model = build_model(config, _load_planned(files, plan, config), src)
     run = RunDir(out)
     # a replaced run's optimizer state and history belong to other weights
     run.clear((RunDir.STATE, RunDir.METRICS))
     extra = {"source": {"kind": "huggingface", "path": str(src.resolve()), "model_type": hf["model_type"]}}
-    run.save(model, tok, extra)
+    with progress.phase(f"writing {out}"):
+        run.save(model, tok, extra)
     return ConvertResult(out, config, model.num_params(), tok.describe())
 
 
-def to_hf(run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu") -> ConvertResult:
+def to_hf(
+    run: Path, out: Path, *, overwrite: bool = False, device: str = "cpu", progress: Progress = QUIET
+) -> ConvertResult:
     """Write a directory transformers' AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained
     load (GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM, as `hfmap.family_for` picks):
     config.json, model.safetensors, the tokenizer files (minigpt.tokenizer.hf) and a model card (RunDir.CARD:
-    the hub and a run folder name it alike).
+    the hub and a run folder name it alike); `progress` shows each long phase.
     """
     run, out = Path(run), Path(out)
     rundir = RunDir(run)
-    model, tok, data = rundir.load_model(device)
+    with progress.phase(f"loading {run}"):
+        model, tok, data = rundir.load_model(device)
     config = model.config
     hf = hf_config(config, tok.eot_id, tok.specials.get(END))  # a chat run's answer ends at <|end|>
     _check_out(out, run, overwrite)
-    tok_files = hf_tokenizer_files(tok, config.block_size)
+    with progress.phase(f"building the tokenizer files of {tok.describe()}"):
+        tok_files = hf_tokenizer_files(tok, config.block_size)
     make_dir(out)
     _clear(out, _STALE_HF_FILES)
-    # metadata format "pt" is what transformers checks before loading a safetensors file
-    save_tensors(out / HF_WEIGHTS, to_hf_tensors(config, model_tensors(model)), metadata={"format": "pt"})
+    with progress.phase(f"writing {out / HF_WEIGHTS}"):
+        # metadata format "pt" is what transformers checks before loading a safetensors file
+        save_tensors(out / HF_WEIGHTS, to_hf_tensors(config, model_tensors(model)), metadata={"format": "pt"})
     for name, content in tok_files.items():
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, indent=2)
         atomic_write_bytes(out / name, text.encode("utf-8"))

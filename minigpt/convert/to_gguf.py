@@ -25,6 +25,7 @@ from minigpt.chat.template import END, ChatTemplate, has_chat_tokens
 from minigpt.common.files import atomic_path
 from minigpt.convert.config import ConvertResult, GGUFConfig, record_export
 from minigpt.convert.hf_map import family_for, qkv_rows
+from minigpt.corpus.progress import QUIET, Progress
 from minigpt.errors import MinigptError
 from minigpt.model.config import GPTConfig
 from minigpt.runs.folder import RunDir
@@ -221,10 +222,16 @@ def _tokenizer(w: gguf.GGUFWriter, gguf: Any, tok: Tokenizer, vocab_size: int) -
 
 
 def to_gguf(
-    run: Path, out: Path, settings: GGUFConfig = GGUFConfig(), *, overwrite: bool = False
+    run: Path,
+    out: Path,
+    settings: GGUFConfig = GGUFConfig(),
+    *,
+    overwrite: bool = False,
+    progress: Progress = QUIET,
 ) -> ConvertResult:
     """Write the run's best weights and tokenizer as the GGUF file `out` (atomically), matrices in
-    `settings.dtype`; an existing file is only replaced with `overwrite`."""
+    `settings.dtype`; an existing file is only replaced with `overwrite`. `progress` shows the loading,
+    the tensors converted and the writing."""
     dtype = settings.dtype
     run, out = Path(run), Path(out)
     rundir = RunDir(run)
@@ -232,7 +239,8 @@ def to_gguf(
     arch = gguf_architecture(config)
     _check_out(out, run, overwrite)
     gguf = _import_gguf()
-    tensors = gguf_tensors(config, rundir.load_weights(config, framework="np"))
+    with progress.phase(f"loading {run}"):
+        tensors = gguf_tensors(config, rundir.load_weights(config, framework="np"))
     with atomic_path(out) as tmp:
         w = gguf.GGUFWriter(tmp, arch)
         w.add_name(run.resolve().name)
@@ -243,13 +251,16 @@ def to_gguf(
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         _hyperparameters(w, config, arch)
         _tokenizer(w, gguf, tok, config.vocab_size)
-        for name, t in tensors.items():
-            data, kind = _stored(gguf, t, dtype)
-            w.add_tensor(name, data, raw_dtype=kind)  # a q8_0 shape is read from its bytes
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        with progress.phase(f"converting the tensors to {dtype}", len(tensors), unit="tensors") as meter:
+            for name, t in tensors.items():
+                data, kind = _stored(gguf, t, dtype)
+                w.add_tensor(name, data, raw_dtype=kind)  # a q8_0 shape is read from its bytes
+                meter(1)
+        with progress.phase(f"writing {out}"):
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
     params = sum(t.size for t in tensors.values())
     note = record_export(rundir, "gguf", out, architecture=arch, dtype=dtype)
     return ConvertResult(out, config, params, tok.describe(), note)

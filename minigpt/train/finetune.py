@@ -15,6 +15,7 @@ import torch
 
 from minigpt.chat.template import with_chat_tokens
 from minigpt.convert.config import MergeConfig
+from minigpt.corpus.progress import QUIET, Progress
 from minigpt.errors import UsageError
 from minigpt.model.adapters import init_adapters
 from minigpt.model.build import build_model, uninitialized
@@ -117,10 +118,10 @@ def describe(link: AdapterLink, shape: GPTConfig, total: int) -> str:
     )
 
 
-def merge_run(run: Path, cfg: MergeConfig, overwrite: bool = False) -> Path:
+def merge_run(run: Path, cfg: MergeConfig, overwrite: bool = False, progress: Progress = QUIET) -> Path:
     """Write a LoRA run as a plain run at `cfg.out`: its base's weights with the adapter merged in
     (W + alpha/rank B A, the new rows appended), its tokenizer, and its training record; `cfg.base` where
-    the base run is now."""
+    the base run is now. `progress` shows the loading and the writing."""
     adapter = RunDir(run, base=cfg.base)
     data = adapter.read_config()
     link = adapter.adapter_link(data)
@@ -130,10 +131,11 @@ def merge_run(run: Path, cfg: MergeConfig, overwrite: bool = False) -> Path:
     if merged.path.resolve() in (adapter.path.resolve(), link.base.resolve()):
         raise UsageError("--out would replace the LoRA run or its base: choose another folder")
     merged.guard_new(overwrite)
-    model, tokenizer, _ = adapter.load_model()
+    with progress.phase(f"loading {run} and its base {link.base}"):
+        model, tokenizer, _ = adapter.load_model()
     source = {"kind": "lora", "path": str(adapter.path.resolve()), "base": str(link.base)}
     extra = {"source": source, "metrics": data.get("metrics", {})}
-    with merged.lock():
+    with merged.lock(), progress.phase(f"writing {merged.path}"):
         merged.clear()
         merged.save(model, tokenizer, extra)
     return merged.path
