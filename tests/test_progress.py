@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, FakeClock
+from test_corpus import doc, write_corpus
 from test_finetune import base_run, chat_file, lora_run  # noqa: F401  (fixtures)
 
 from minigpt.analysis.eval_config import EvalConfig
@@ -19,7 +20,8 @@ from minigpt.analysis.evaluate import evaluate_run
 from minigpt.cli.main import app
 from minigpt.convert.config import MergeConfig
 from minigpt.convert.hf import from_hf, to_hf
-from minigpt.corpus.progress import Meter, Progress
+from minigpt.corpus.progress import Meter, Progress, text_size
+from minigpt.data.dataset import DataConfig, find_inputs, prepare_tokenizer
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.runs.folder import RunDir
@@ -112,6 +114,25 @@ def test_minigpt_eval_draws_progress_on_a_terminal_and_keeps_stdout_for_the_tabl
     assert proc.returncode == 0, drawn
     assert b"scoring" in drawn and b"windows" in drawn
     assert stdout.decode().startswith("{") and b"scoring" not in stdout
+
+
+def test_a_bpe_tokenizer_shows_its_merging_once_its_reading_is_done(tmp_path: Path) -> None:
+    """The reading bar counts bytes on disk; the merging that follows (which reports nothing) is a phase of
+    its own, not a full bar standing still; the note says the size of the text, not of the compressed file."""
+    path = write_corpus(tmp_path / "a.txt", [doc(i, 200) for i in range(60)], compression="zst")
+    config = DataConfig(paths=(path,), tokenizer="bpe", vocab_size=300, cache_dir=tmp_path / "cache")
+    progress, out = terminal()
+    notes: list[str] = []
+    progress.note = notes.append  # type: ignore[method-assign]
+    tok = prepare_tokenizer(config, find_inputs(config, False), progress)
+    drawn = out.getvalue()
+    assert "training bpe tokenizer (300 tokens)" in drawn
+    text = text_size(sum(len(doc(i, 200).encode()) for i in range(60)))  # the documents, one a line
+    assert f"merging pairs of {text} of text" in drawn
+    disk = text_size(path.stat().st_size)
+    assert text != disk and notes[-1].startswith(
+        f"training bpe tokenizer (300 tokens): {tok.describe()} from {text} of text ({disk} of files on disk) in "
+    ), notes
 
 
 def test_the_convert_commands_show_their_loading_and_writing(tiny_run: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ minigpt.corpus; this module is the dataset and sampler API that training and eva
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -247,24 +248,58 @@ def _get_tokenizer(config: DataConfig, inputs: Inputs, report: Progress) -> Toke
             return tok
         except MinigptError:  # a damaged entry is built again
             pass
-    kind, sources, opts = tokenizer_kind(config.tokenizer), inputs.train, config.read_options
+    kind, sources = tokenizer_kind(config.tokenizer), inputs.train
     total = sum(s.size for s in sources)
     sampled = kind == "bpe" and total > config.tokenizer_sample
     vocab = config.vocab_size or DEFAULT_BPE_VOCAB_SIZE
     label = "building char vocabulary" if kind == "char" else f"training bpe tokenizer ({vocab:,} tokens)"
-    with report.phase(label, _sample_bytes(sources, config.tokenizer_sample) if sampled else total) as meter:
-
-        def texts() -> Iterator[str]:
-            if kind == "char":
-                return corpus_texts(sources, opts, meter)
-            return sample_texts(sources, opts, config.tokenizer_sample, meter)
-
-        tok = build_tokenizer(config.tokenizer, texts, config.vocab_size)
-    sample = f"a {text_size(config.tokenizer_sample)} sample of " if sampled else ""
-    seconds = meter.clock() - meter.started
-    report.note(f"{label}: {tok.describe()} from {sample}{text_size(total)} in {seconds:.1f}s")
+    started = report.clock()
+    tok, text = _learn_tokenizer(
+        config, sources, report, label, _sample_bytes(sources, config.tokenizer_sample) if sampled else total
+    )
+    report.note(
+        f"{label}: {tok.describe()} from {_learned_from(sources, text, sampled)} in {report.clock() - started:.1f}s"
+    )
     write_json_atomic(path, tok.to_json())
     return tok
+
+
+def _learn_tokenizer(
+    config: DataConfig, sources: list[Source], report: Progress, label: str, size: int
+) -> tuple[Tokenizer, int]:
+    """The tokenizer learned from the training files (a sample of them for bpe), and the bytes of text it
+    learned from: reading is counted in bytes on disk; what comes after it (bpe merging its pairs, which
+    reports nothing) shows as a phase of its own, not as a full bar."""
+    kind, opts, text = tokenizer_kind(config.tokenizer), config.read_options, 0
+    with contextlib.ExitStack() as phases:
+        meter = phases.enter_context(report.phase(label, size))
+
+        def texts() -> Iterator[str]:
+            nonlocal text
+            pieces = (
+                corpus_texts(sources, opts, meter)
+                if kind == "char"
+                else sample_texts(sources, opts, config.tokenizer_sample, meter)
+            )
+            for piece in pieces:
+                text += len(piece.encode("utf-8", "surrogatepass"))
+                yield piece
+            phases.close()  # all is read: the reading bar goes
+            if kind == "bpe":
+                phases.enter_context(report.phase(f"{label}: merging pairs of {text_size(text)} of text"))
+
+        return build_tokenizer(config.tokenizer, texts, config.vocab_size), text
+
+
+def _learned_from(sources: Sequence[Source], text: int, sampled: bool) -> str:
+    """What a tokenizer learned from, in words: the text's size (files compressed, Parquet or JSON lines
+    are larger or smaller on disk: that size is said apart), or the sample's and the corpus's."""
+    disk = sum(s.size for s in sources)
+    plain = all(s.format == "text" and s.compression is None for s in sources)
+    corpus = text_size(disk) if plain else f"{text_size(disk)} of files on disk"
+    if sampled:
+        return f"a {text_size(text)} sample of {corpus}"
+    return f"{text_size(text)} of text" + ("" if plain else f" ({corpus})")
 
 
 def _sample_bytes(sources: Sequence[Source], budget: int) -> int:
