@@ -650,7 +650,7 @@ def test_inputs_are_recorded_by_content_and_changes_are_named(tmp_path: Path) ->
     assert changed_inputs(moved, data.inputs, cache) is None  # the same text at another place
     assert changed_inputs([], data.inputs, cache) is None  # runs saved before inputs were recorded
     edited = [{**record, "fingerprint": "0" * 64}]
-    assert changed_inputs(edited, data.inputs, cache) == "changed or missing: a.txt; new: a.txt"
+    assert changed_inputs(edited, data.inputs, cache) == "changed: a.txt"
     # one byte changed between the sampled blocks, same size: the fingerprint misses it, but the file's
     # modification time moved, so its sha256 is compared with the one recorded when it was tokenized
     sampled = fingerprint_blocks(len(text))
@@ -659,7 +659,7 @@ def test_inputs_are_recorded_by_content_and_changes_are_named(tmp_path: Path) ->
     os.utime(path, ns=(record["mtime_ns"] + 10**9, record["mtime_ns"] + 10**9))
     now = prepare_data(config(tmp_path, path), 8, progress=False).inputs
     assert now[0]["fingerprint"] == record["fingerprint"] and now[0]["mtime_ns"] != record["mtime_ns"]
-    assert changed_inputs([record], now, cache) == "changed or missing: a.txt; new: a.txt"
+    assert changed_inputs([record], now, cache) == "changed: a.txt"
     # written again with the same text: a new modification time, the same content
     path.write_text(text)
     os.utime(path, ns=(record["mtime_ns"] + 2 * 10**9, record["mtime_ns"] + 2 * 10**9))

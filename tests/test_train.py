@@ -990,7 +990,10 @@ def test_resume_finds_moved_text_and_refuses_changed_text(runner, text_file: Pat
     moved.write_text(TEXT[::-1], encoding="utf-8")
     result = runner.invoke(app, ["train", "--resume", str(out), str(moved), "--max-iters", "4"])
     assert result.exit_code == 1 and "the text differs from what" in result.stderr
-    assert "changed or missing: tiny.txt" in result.stderr or "changed or missing: moved.txt" in result.stderr
+    assert (
+        "(changed: moved.txt)" in result.stderr
+        or "changed or missing: tiny.txt; new: moved.txt" in result.stderr
+    )
     args = ["train", "--resume", str(out), str(moved), "--max-iters", "4", "--allow-data-change"]
     assert runner.invoke(app, args).exit_code == 0
 

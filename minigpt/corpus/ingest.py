@@ -102,7 +102,8 @@ class Ingest:
             self._report(mine, meter)
             self._hash_files(mine)
         except Stopped:
-            if self.meter is not None:
+            # a stop once every part is tokenized (the files' hashes were being recorded) loses nothing
+            if self.meter is not None and not all(self._done[j] for j in mine):
                 self.progress.note(
                     f"tokenizing stopped with the run at {self.meter.status().split(': ', 1)[1]}; the "
                     f"finished chunks stay in the store and the next run goes on from there"

@@ -92,6 +92,12 @@ class Dataset:
         """How far tokenizing has come, in words, while it runs; None once it is done."""
         return None if self.ingest is None or self.complete else self.ingest.status()
 
+    def refresh(self) -> None:
+        """Take in the training chunks tokenized since the split was made (all of them once tokenizing is
+        done), so what start-up reports counts them; the first batch sets what batches draw from anyway."""
+        self.train.refresh()
+        self.train.limit = self.train.total
+
     def close(self) -> None:
         """Stop tokenizing in the background (what is done stays in the store)."""
         if self.ingest is not None:
@@ -408,8 +414,8 @@ def changed_inputs(saved: Any, now: Sequence[dict[str, Any]], cache_root: Path) 
 
     old_keys = {key(r, False): r for r in old}
     new_keys = {key(r, True): r for r in now}
-    gone = [Path(str(r.get("path"))).name for k, r in old_keys.items() if k not in new_keys]
-    added = [Path(r["path"]).name for k, r in new_keys.items() if k not in old_keys]
+    gone = [str(r.get("path")) for k, r in old_keys.items() if k not in new_keys]
+    added = [str(r["path"]) for k, r in new_keys.items() if k not in old_keys]
     if not legacy and len(old_keys) == len(old) and len(new_keys) == len(now):
         hashes = FileHashes(cache_root / "files")
         for k, r in new_keys.items():
@@ -418,14 +424,23 @@ def changed_inputs(saved: Any, now: Sequence[dict[str, Any]], cache_root: Path) 
                 recorded = hashes.get({"size": was.get("bytes"), "mtime_ns": was.get("mtime_ns"),
                                        "fingerprint": was.get("fingerprint")})  # fmt: skip
                 if recorded is not None and recorded != file_sha256(Path(r["path"])):
-                    gone.append(Path(r["path"]).name)
-                    added.append(Path(r["path"]).name)
+                    gone.append(str(r["path"]))
+                    added.append(str(r["path"]))
     if not gone and not added and sorted(old_keys) == sorted(new_keys):
         return None
-    parts = ([f"changed or missing: {', '.join(gone)}"] if gone else []) + (
-        [f"new: {', '.join(added)}"] if added else []
+    return _named_changes(gone, added) or "the files' roles differ"
+
+
+def _named_changes(gone: list[str], added: list[str]) -> str:
+    """Recorded files whose text is not found now and files found now that were not recorded, by name: a
+    path in both is one file whose text changed."""
+    changed = [p for p in dict.fromkeys(gone) if p in added]
+    groups = (
+        ("changed", changed),
+        ("changed or missing", [p for p in gone if p not in changed]),
+        ("new", [p for p in added if p not in changed]),
     )
-    return "; ".join(parts) or "the files' roles differ"
+    return "; ".join(f"{what}: {', '.join(Path(p).name for p in paths)}" for what, paths in groups if paths)
 
 
 def _check_long_enough(config: DataConfig, block_size: int, train: GrowingStream, n_val: int) -> None:

@@ -165,7 +165,7 @@ class Pace:
 def header_text(info: TrainingStart) -> str:
     m = info.model
     procs = f" × {info.world_size} processes" if info.world_size > 1 else ""
-    so_far = " (so far: tokenizing goes on)" if info.data_status else ""
+    so_far = " (so far: tokenizing goes on)" if info.data_status and info.data_status() else ""
     data = info.data or f"{info.train_tokens:,} train{so_far} / {info.val_tokens:,} val tokens"
     rows = "conversations of up to " if info.data else ""
     fine_tune = f"fine-tuning: {info.fine_tune}\n" if info.fine_tune else ""

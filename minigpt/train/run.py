@@ -471,6 +471,8 @@ def _reserve_time(run: TrainingRun) -> None:
 
 def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
     budget = run.budget.describe()
+    if isinstance(run.dataset, Dataset):
+        run.dataset.refresh()  # tokenizing may have finished beside start-up: the header counts all of it
     if plan.replaced_budget is not None:
         budget += f" (set on resume, in place of the saved {plan.replaced_budget})"
     elif plan.resume:

@@ -1,0 +1,111 @@
+"""Status lines say what is so: tokenizing still going on only while it does, a stop that lost nothing says
+nothing, a changed file is named once as changed, `params` counts a Muon run's training memory as Muon
+keeps it, and the recipe records the warmup the run used. (A bpe tokenizer's note on a compressed file:
+tests/test_progress.py.)"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_corpus import bpe_file, many_docs, small_chunks  # noqa: F401  (fixtures)
+from test_train import TEXT, TINY, tiny_cfg, training_start
+
+import minigpt.corpus.encode as encode
+import minigpt.corpus.ingest as ingest
+import minigpt.train.run as run_module
+from minigpt.cli.main import app
+from minigpt.data.dataset import DataConfig, prepare_data
+from minigpt.train.checkpoint import TrainState
+from minigpt.train.loop import train
+from minigpt.train.reporters import LineReporter, header_text
+
+
+def test_the_header_says_so_far_only_while_tokenizing_goes_on() -> None:
+    status: list[str | None] = ["tokenizing: 1.0 MB of 2.0 GB (0%), 9.0 MB/s, 3:40 left"]
+    info = training_start(TrainState())
+    going = header_text(type(info)(**{**info.__dict__, "data_status": lambda: status[0]}))
+    assert "1,003,855 train (so far: tokenizing goes on) / 111,539 val tokens" in going
+    status[0] = None  # done by the time the header is written
+    done = header_text(type(info)(**{**info.__dict__, "data_status": lambda: status[0]}))
+    assert "1,003,855 train / 111,539 val tokens" in done and "so far" not in done
+
+
+def test_a_corpus_tokenized_during_start_up_is_counted_whole_in_the_header(
+    tmp_path: Path,
+    bpe_file: Path,  # noqa: F811
+    small_chunks: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The training split starts with what was ready when the split was made (the validation part and
+    the first training part; the rest is held back here); tokenizing then finishes during start-up, before
+    the header: the header counts every training token and does not say tokenizing goes on."""
+    root = many_docs(tmp_path)
+    data = DataConfig(paths=(root,), tokenizer=str(bpe_file), cache_dir=tmp_path / "cache")
+    gate, first_entries = threading.Event(), []
+    real_close, real_reserve = encode._close, run_module._reserve_time
+
+    def held_close(entry, chunk, failed):  # noqa: ANN001, ANN202
+        if entry not in first_entries and len(first_entries) < 2:
+            first_entries.append(entry)  # the validation part, then the first training part
+        if entry not in first_entries:
+            gate.wait()
+        return real_close(entry, chunk, failed)
+
+    def reserve_once_tokenized(run):  # noqa: ANN001, ANN202
+        gate.set()
+        while not run.dataset.ingest.done_all():  # waits for the worker; asserts nothing on time
+            time.sleep(0.01)
+        return real_reserve(run)
+
+    monkeypatch.setattr(encode, "_close", held_close)
+    monkeypatch.setattr(run_module, "_reserve_time", reserve_once_tokenized)
+    log = io.StringIO()
+    train(tiny_cfg(max_iters=1), data, out=tmp_path / "run", reporter=LineReporter(log))
+    monkeypatch.undo()
+    header = log.getvalue()
+    assert "so far" not in header, header
+    counted = int(header.split("data: ")[1].split(" train")[0].replace(",", ""))
+    whole = prepare_data(data, 32, progress=False)  # the store holds it all now: read whole, at once
+    assert whole.complete and counted == len(whole.train)
+
+
+def test_a_text_too_short_says_so_and_not_that_tokenizing_stopped(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text is tokenized whole, then found too short: the error says so and what to do; the stop that
+    follows catches the worker recording the file's hash (held here until it does), which loses nothing
+    and says nothing."""
+    short = tmp_path / "short.txt"
+    short.write_text(TEXT[:300], encoding="utf-8")
+
+    def hash_until_stopped(path: Path, advance) -> str:  # noqa: ANN001
+        while True:
+            advance(0)  # raises Stopped once the run stops tokenizing
+            time.sleep(0.01)
+
+    monkeypatch.setattr(ingest, "file_sha256", hash_until_stopped)
+    result = runner.invoke(
+        app, ["train", str(short), *TINY, "--max-iters", "2", "--out", str(tmp_path / "r")]
+    )
+    assert result.exit_code == 1, result.output
+    assert "tokenizing stopped" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: the text is only ") and "too short for --block-size 32" in last
+    assert "use --block-size" in last or "give more text" in last
+
+
+def test_a_resume_on_an_edited_file_names_it_once_as_changed(runner, tmp_path: Path) -> None:
+    text = tmp_path / "tiny.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert (
+        runner.invoke(app, ["train", str(text), *TINY, "--max-iters", "2", "--out", str(out)]).exit_code == 0
+    )
+    text.write_text(TEXT + "one more line\n", encoding="utf-8")
+    result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "3"])
+    assert result.exit_code == 1
+    assert "(changed: tiny.txt)" in result.stderr and "new:" not in result.stderr, result.stderr
