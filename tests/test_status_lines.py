@@ -6,6 +6,7 @@ tests/test_progress.py.)"""
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from pathlib import Path
@@ -19,8 +20,10 @@ import minigpt.corpus.ingest as ingest
 import minigpt.train.run as run_module
 from minigpt.cli.main import app
 from minigpt.data.dataset import DataConfig, prepare_data
+from minigpt.runs.folder import RunDir
 from minigpt.train.checkpoint import TrainState
-from minigpt.train.loop import train
+from minigpt.train.loop import TrainConfig, train
+from minigpt.train.optimizers import make_optimizer
 from minigpt.train.reporters import LineReporter, header_text
 
 
@@ -109,3 +112,32 @@ def test_a_resume_on_an_edited_file_names_it_once_as_changed(runner, tmp_path: P
     result = runner.invoke(app, ["train", "--resume", str(out), "--max-iters", "3"])
     assert result.exit_code == 1
     assert "(changed: tiny.txt)" in result.stderr and "new:" not in result.stderr, result.stderr
+
+
+def _run(tmp_path: Path, name: str, **kw) -> Path:
+    text = tmp_path / "tiny.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    train(tiny_cfg(**kw), DataConfig(paths=(text,), cache_dir=tmp_path / "cache"), out=tmp_path / name)
+    return tmp_path / name
+
+
+def test_params_counts_a_muon_runs_training_memory_as_muon_keeps_it(runner, tmp_path: Path) -> None:
+    """Muon keeps one momentum buffer for the blocks' matrices where AdamW keeps two moments: the reference
+    is the optimizer the run builds, its Muon group's parameters."""
+    muon, adamw = (
+        _run(tmp_path, "muon", optimizer="muon", max_iters=2),
+        _run(tmp_path, "adamw", optimizer="adamw", max_iters=2),
+    )
+    model, _, _ = RunDir(muon).load_model()
+    cfg = TrainConfig(optimizer="muon").with_recipe("cpu")
+    optimizer = make_optimizer(model, cfg)
+    in_muon = sum(p.numel() for part in optimizer.parts[1:] for g in part.param_groups for p in g["params"])
+    total = sum(p.numel() for p in model.parameters())
+    assert 0 < in_muon < total
+    shown = runner.invoke(app, ["params", str(muon), "--json"])
+    memory = json.loads(shown.stdout)["memory_bytes"]
+    assert memory["training_muon"] == 16 * total - 4 * in_muon and memory["training_adamw"] == 16 * total
+    table = runner.invoke(app, ["params", str(muon)]).stdout
+    assert "training with Muon + AdamW" in table and "training with AdamW (16 B/param)" not in table
+    table = runner.invoke(app, ["params", str(adamw)]).stdout
+    assert "training with AdamW (16 B/param)" in table and "training with Muon" not in table

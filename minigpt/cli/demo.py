@@ -95,11 +95,13 @@ def generate_demo_text(cfg: DemoConfig, out: TextIO) -> None:
 
 def show_demo_params(run: Path) -> None:
     """Step 3: the parameter tables of the trained model, with how it was trained."""
-    from minigpt.cli.views import print_params, training_summary
+    from minigpt.cli.views import print_params, trained_with, training_summary
     from minigpt.model.params import count_params
     from minigpt.runs.folder import RunDir
     from minigpt.runs.summary import summarize
 
     summary = summarize(RunDir(run))
     report = count_params(RunDir(run).model_config())
-    print_params(report, summary.path, summary.params, training_summary(summary))
+    print_params(
+        report, summary.path, summary.params, training_summary(summary), optimizer=trained_with(RunDir(run))
+    )

@@ -209,7 +209,7 @@ def params(
     `minigpt params --preset small --arch modern --mlp swiglu --n-kv-head 2 --window 64`,
     `minigpt params checkpoints/demo`.
     """
-    from minigpt.cli.views import print_json, print_params, training_summary
+    from minigpt.cli.views import print_json, print_params, trained_with, training_summary
     from minigpt.model.params import count_params
     from minigpt.model.presets import model_config
     from minigpt.runs.folder import RunDir
@@ -234,7 +234,8 @@ def params(
         print_json({**report.to_dict(), "name": summary.path, "stored_total": summary.params,
                     "run": summary.to_dict()})  # fmt: skip
     else:
-        print_params(report, summary.path, summary.params, training_summary(summary))
+        optimizer = trained_with(RunDir(summary.path))
+        print_params(report, summary.path, summary.params, training_summary(summary), optimizer=optimizer)
 
 
 @app.command()

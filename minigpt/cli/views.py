@@ -94,8 +94,11 @@ def _speedrun(c: GPTConfig) -> str:
     return "".join(f" {o}" for o in on)
 
 
-def params_view(report: ParamReport, title: str, stored_total: int | None = None) -> Group:
-    """The GPT-3 style table, the reconciliation with the module, and derived costs."""
+def params_view(
+    report: ParamReport, title: str, stored_total: int | None = None, optimizer: str | None = None
+) -> Group:
+    """The GPT-3 style table, the reconciliation with the module, and derived costs: the memory training
+    takes with `optimizer` (a run's), or with each of them for a shape that was not trained."""
     c = report.config
     shape = (
         f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} head_dim={c.head_dim} "
@@ -125,7 +128,10 @@ def params_view(report: ParamReport, title: str, stored_total: int | None = None
     costs.add_row(
         "weights fp32 / bf16", f"{human_bytes(m['weights_fp32'])} / {human_bytes(m['weights_bf16'])}"
     )
-    costs.add_row("training with AdamW (16 B/param)", human_bytes(m["training_adamw"]))
+    if optimizer in (None, "adamw"):
+        costs.add_row("training with AdamW (16 B/param)", human_bytes(m["training_adamw"]))
+    if optimizer in (None, "muon"):
+        costs.add_row("training with Muon + AdamW (12 B/param in blocks)", human_bytes(m["training_muon"]))
     f = report.flops_per_token
     costs.add_row(
         "FLOPs per token: forward / training", f"{human_count(f['forward'])} / {human_count(f['training'])}"
@@ -149,9 +155,17 @@ def print_params(
     stored_total: int | None = None,
     trained: str | None = None,
     console: Console | None = None,
+    optimizer: str | None = None,
 ) -> None:
-    view = params_view(report, title, stored_total)
+    view = params_view(report, title, stored_total, optimizer)
     show(Group(view, Text(trained, style="dim")) if trained else view, console)
+
+
+def trained_with(run: RunDir) -> str | None:
+    """The optimizer a run was trained with (None: not trained by minigpt, e.g. converted)."""
+    train = run.read_config().get("train")
+    # runs saved before the optimizer was a setting trained with AdamW
+    return str(train.get("optimizer", "adamw")) if isinstance(train, dict) else None
 
 
 def print_json(obj: Any) -> None:

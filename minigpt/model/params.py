@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from minigpt.model.config import GPTConfig
+from minigpt.model.weights import expected_shapes, is_hidden_matrix
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,8 @@ def _shares(config: GPTConfig) -> dict[str, int]:
 
 FORMULAS = {
     "memory": "weights: 4 B (fp32) or 2 B (bf16) per parameter; training with AdamW: 16 B per "
-    "parameter (fp32 weights, gradients and two moments), activations not included",
+    "parameter (fp32 weights, gradients and two moments); with Muon on the blocks' matrices (AdamW on the "
+    "rest): 12 B per parameter of those (one momentum buffer), activations not included",
     "flops": "forward = 2·N + 4·n_embd·Σ_layers min(window, block_size), training = 3 × forward (PaLM, "
     "appendix B), N = parameters less position and value embeddings (lookups); a full-attention layer's "
     "window is block_size; the additive score costs 4·n_head·d_a + 2·n_embd a key rather than 4·n_embd (a "
@@ -195,11 +198,14 @@ def count_params(config: GPTConfig) -> ParamReport:
     exact_total = gpt3_total + sum(r.count for r in adjustments)
     shares = _shares(config)
     assert sum(shares.values()) == exact_total
-    # AdamW in mixed precision keeps fp32 weights, fp32 grads and two fp32 moments: 16 bytes/param
+    # AdamW in mixed precision keeps fp32 weights, fp32 grads and two fp32 moments: 16 bytes/param; Muon
+    # keeps one fp32 momentum buffer for the matrices it trains
+    muon = sum(math.prod(s) for n, s in expected_shapes(config).items() if is_hidden_matrix(n, len(s)))
     memory_bytes = {
         "weights_fp32": 4 * exact_total,
         "weights_bf16": 2 * exact_total,
         "training_adamw": 16 * exact_total,
+        "training_muon": 16 * exact_total - 4 * muon,
     }
     # PaLM appendix B: N excludes position (and value) embeddings, lookups, not matmuls; attention adds 2 matmuls
     # (QKᵀ, AV) of 2·keys·D FLOPs per layer per token, keys being the layer's window at full context

@@ -153,6 +153,16 @@ def is_adapter_tensor(name: str) -> bool:
     return name.endswith((".lora_A", ".lora_B", ".added"))
 
 
+def is_hidden_matrix(name: str, ndim: int) -> bool:
+    """A 2-D weight inside a transformer block (attention and MLP projections): what Muon trains.
+    Embeddings (value embeddings too), the LM head and every 1-D gain or bias stay with AdamW, as Muon's
+    authors advise, and so do LoRA's low-rank factors (orthogonalising a rank-r factor is not the update
+    LoRA is tuned for)."""
+    if name.endswith("v_embed.weight") or is_adapter_tensor(name):
+        return False
+    return ndim == 2 and name.startswith("transformer.h.")
+
+
 def map_linears(node: Any, fn: Callable[[LinearWeights[Any]], LinearWeights[Any]]) -> Any:
     """A copy of a weight tree (or any part of it) with `fn` applied to every linear layer."""
     if isinstance(node, LinearWeights):

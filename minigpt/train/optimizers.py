@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from minigpt.model.weights import is_adapter_tensor
+from minigpt.model.weights import is_hidden_matrix
 from minigpt.train.adamw import AdamW, GroupedOptimizer
 from minigpt.train.config import TrainConfig
 from minigpt.train.muon import Muon
@@ -56,16 +56,6 @@ class Optimizers:
         self._owner[param].state[param] = state
 
 
-def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
-    """A 2-D weight inside a transformer block (attention and MLP projections): what Muon trains.
-    Embeddings (value embeddings too), the LM head and every 1-D gain or bias stay with AdamW, as Muon's
-    authors advise, and so do LoRA's low-rank factors (orthogonalising a rank-r factor is not the update
-    LoRA is tuned for)."""
-    if name.endswith("v_embed.weight") or is_adapter_tensor(name):
-        return False
-    return param.dim() == 2 and name.startswith("transformer.h.")
-
-
 def make_optimizer(
     model: torch.nn.Module, cfg: TrainConfig, compute_dtype: torch.dtype | None = None
 ) -> Optimizers:
@@ -74,7 +64,7 @@ def make_optimizer(
     (minigpt.train.muon) at cfg.muon_lr instead, its iterations in bf16 where the run computes in bf16
     (`compute_dtype`) and --muon-dtype is auto."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon = [p for n, p in named if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
+    muon = [p for n, p in named if cfg.optimizer == "muon" and is_hidden_matrix(n, p.dim())]
     taken = {id(p) for p in muon}
     head = [p for n, p in named if n == "lm_head.weight"]  # untied: a tied head is named as the embedding
     taken |= {id(p) for p in head}
