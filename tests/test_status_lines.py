@@ -20,6 +20,7 @@ import minigpt.corpus.ingest as ingest
 import minigpt.train.run as run_module
 from minigpt.cli.main import app
 from minigpt.data.dataset import DataConfig, prepare_data
+from minigpt.errors import MinigptError
 from minigpt.runs.folder import RunDir
 from minigpt.train.checkpoint import TrainState
 from minigpt.train.loop import TrainConfig, train
@@ -141,3 +142,31 @@ def test_params_counts_a_muon_runs_training_memory_as_muon_keeps_it(runner, tmp_
     assert "training with Muon + AdamW" in table and "training with AdamW (16 B/param)" not in table
     table = runner.invoke(app, ["params", str(adamw)]).stdout
     assert "training with AdamW (16 B/param)" in table and "training with Muon" not in table
+
+
+def test_the_recipe_records_the_warmup_the_run_used(runner, tmp_path: Path) -> None:
+    """warmup 100 on a 20-step budget ramps over 2 steps (at most a tenth of the steps): the logged rates
+    climb for 1 step and reach the peak at the 2nd; the card and `minigpt runs` say so; a warmup the
+    budget leaves alone is shown as given."""
+    out = _run(tmp_path, "capped", max_iters=20, warmup=100, log_every=1, eval_every=10)
+    rates = [r["lr"] for r in RunDir(out).read_metrics() if r["kind"] == "train"]
+    ramp = next(i for i, lr in enumerate(rates) if lr == max(rates))  # steps before the peak
+    config = RunDir(out).read_config()
+    assert config["metrics"]["warmup_steps"] == ramp + 1 == 2
+    card = (out / "README.md").read_text()
+    assert "warmup=2 (100 asked, capped by the budget)" in card
+    listed = json.loads(runner.invoke(app, ["runs", str(tmp_path), "--json"]).stdout)
+    assert "warmup=2 (100 asked, capped by the budget)" in listed[0]["settings"]
+    plain = _run(tmp_path, "plain", max_iters=20, warmup=1)
+    assert " warmup=1 " in (plain / "README.md").read_text()
+
+
+def test_a_checkpoint_with_an_impossible_warmup_is_refused(tmp_path: Path) -> None:
+    out = _run(tmp_path, "run", max_iters=2)
+    from minigpt.common.files import load_tensors, save_tensors
+
+    tensors, meta = load_tensors(out / RunDir.STATE)
+    state = json.loads(meta["state"])
+    save_tensors(out / RunDir.STATE, tensors, {**meta, "state": json.dumps({**state, "warmup_steps": -5})})
+    with pytest.raises(MinigptError, match="impossible training state"):
+        train(TrainConfig(max_iters=3), resume=out)

@@ -54,11 +54,16 @@ def data_label(data: dict[str, Any]) -> str:
     return ", ".join(names[:3]) + (f" (+{len(names) - 3})" if len(names) > 3 else "") if names else "?"
 
 
-def settings_line(train: dict[str, Any]) -> str:
-    """The training recipe in one line (key=value)."""
+def settings_line(train: dict[str, Any], metrics: dict[str, Any] | None = None) -> str:
+    """The training recipe in one line (key=value), with the warmup the run used where the budget capped
+    the one asked for (`metrics`: config.json's)."""
     if not train:
         return ""
-    return " ".join(f"{k}={train[k]}" for k in _SETTINGS if train.get(k) is not None)
+    used = (metrics or {}).get("warmup_steps")
+    shown = dict(train)
+    if isinstance(used, int) and used != train.get("warmup"):
+        shown["warmup"] = f"{used} ({train.get('warmup')} asked, capped by the budget)"
+    return " ".join(f"{k}={shown[k]}" for k in _SETTINGS if shown.get(k) is not None)
 
 
 def write_card(path: Path, render: Callable[[str | None], str]) -> bool:
@@ -132,7 +137,7 @@ def model_card(
 ) -> str:
     """A model card for the model `data` (a run's config.json) describes: `made_by` says how this folder came
     to be, `usage` (Markdown) how to run it; `license` is the one the user chose, if any."""
-    how = settings_line(data.get("train") or {})
+    how = settings_line(data.get("train") or {}, data.get("metrics"))
     version = data.get("minigpt_version", __version__)
     rows = [
         ("Architecture", _architecture(config)),

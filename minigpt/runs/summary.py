@@ -64,7 +64,7 @@ def summarize(run: RunDir) -> RunSummary:
         best_val_bpb=_finite(metrics.get("best_val_bpb")),
         elapsed=_finite(last.get("elapsed")),
         modified=run.modified(),
-        settings=settings_line(data.get("train") or {}),
+        settings=settings_line(data.get("train") or {}, metrics),
         exports=list(dict.fromkeys(e["format"] for e in run.exports())),
     )
 

@@ -34,6 +34,9 @@ class TrainState:
     # the run's elapsed seconds when its time budget started counting: a time budget given on a resume
     # counts that command's own time
     time_budget_from: float = 0.0
+    # the steps the learning rate ramped up over (warmup, capped by the budget: Budget.warmup_steps); -1
+    # until the ramp has ended
+    warmup_steps: int = -1
 
     def record_eval(self, losses: dict[str, float]) -> bool:
         """Keep an evaluation's losses; whether its validation loss is the best so far."""
@@ -167,7 +170,7 @@ def load_checkpoint(rundir: RunDir, parts: Trainables) -> TrainState:
         state = TrainState(**json.loads(meta["state"]))
     except (KeyError, TypeError, json.JSONDecodeError, RecursionError) as e:
         raise MinigptError(f"{rundir.state_path} has an unreadable training state ({e})") from None
-    counts = (state.step, state.tokens, state.best_step + 1, state.world_size - 1)
+    counts = (state.step, state.tokens, state.best_step + 1, state.world_size - 1, state.warmup_steps + 1)
     numbers = (state.elapsed, state.best_val_loss, state.time_budget_from)
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts) or not all(
         isinstance(x, int | float) and x >= 0 for x in numbers

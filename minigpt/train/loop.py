@@ -172,6 +172,8 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
         # each rank its own dropout masks, reproducible from the step alone (so on any process count)
         torch.manual_seed(_step_seed(cfg.seed, dist.rank, state.step))
     warmup = run.budget.warmup_steps(cfg.warmup, state, run.tokens_per_step)
+    if state.warmup_steps < 0 and state.step + 1 >= warmup:
+        state.warmup_steps = warmup  # this step ends the ramp: what the recipe records as the run's warmup
     progress = run.budget.progress(state)
     lr = lr_at(cfg, state.step, progress, warmup)
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
@@ -292,6 +294,7 @@ def _keep_metrics(run: TrainingRun, last: dict[str, Any]) -> None:
         "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes)
         if best
         else None,
+        "warmup_steps": state.warmup_steps if state.warmup_steps >= 0 else None,
         "last": last,
     }
 
