@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,9 @@ def test_a_second_ctrl_c_between_the_renames_of_a_save_waits_for_them(
 ) -> None:
     """A Ctrl-C that lands while the weights and the config.json describing them are renamed into place
     takes effect once both are there: the pair is never split, and the message tells what the state on
-    disk (renamed after them) holds."""
-    out, real_replace = tmp_path / "run", os.replace
+    disk (renamed after them) holds. Another thread is idle meanwhile, as the tokenizer's and rich's are in
+    a real run: the kernel may hand the signal to it, and Python still runs the handler on the main thread."""
+    out, real_replace, idle = tmp_path / "run", os.replace, threading.Event()
 
     def replace(src: Any, dst: Any) -> None:
         real_replace(src, dst)
@@ -124,8 +126,14 @@ def test_a_second_ctrl_c_between_the_renames_of_a_save_waits_for_them(
             monkeypatch.setattr(os, "replace", replace)
             os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(Interrupted) as caught:
-        train(tiny_cfg(max_iters=100, eval_every=4), data_cfg(text_file, tmp_path), out=out, on_step=at_step)
+    threading.Thread(target=idle.wait, daemon=True).start()
+    try:
+        with pytest.raises(Interrupted) as caught:
+            train(
+                tiny_cfg(max_iters=100, eval_every=4), data_cfg(text_file, tmp_path), out=out, on_step=at_step
+            )
+    finally:
+        idle.set()
     assert "steps 5-6 since the last checkpoint at step 4 are lost" in str(caught.value)
     config = json.loads((out / RunDir.CONFIG).read_text())
     assert config["metrics"]["last"]["step"] == 6 == int(safetensors_metadata(out / RunDir.WEIGHTS)["step"])

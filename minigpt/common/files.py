@@ -10,6 +10,7 @@ import signal
 import stat
 import struct
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
@@ -119,16 +120,23 @@ def atomic_paths(*paths: Path) -> Iterator[list[Path]]:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends (then their handlers run): a Ctrl-C cannot land between
-    the renames of files that belong together."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
-        yield
+    """SIGINT and SIGTERM wait until the block ends, then are handled as they would have been: a Ctrl-C
+    cannot land between the renames of files that belong together. Python runs signal handlers in the main
+    thread whichever thread the signal reached, so the handlers are swapped for a recorder there (a mask
+    would hold the signal back from this thread only); elsewhere a handler cannot interrupt this thread."""
+    names = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or None in map(signal.getsignal, names):
+        yield  # None: a handler not set from Python, which could not be put back
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    caught: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in names}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for signum in caught:
+            signal.raise_signal(signum)
 
 
 @contextlib.contextmanager
