@@ -64,6 +64,37 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "minigpt-cache"))
 
 
+class _Compiled:
+    """A compiling process that has finished (`compiling.spawn`'s stand-in in tests)."""
+
+    def poll(self) -> int:
+        return 0
+
+
+def _compile_here(quantize: str, kv_cache: str, folder: Path) -> _Compiled:
+    from minigpt.generate.engines import kernels
+
+    if kernels.numba is not None:
+        kernels.compile_entries(kernels.missing(kernels.entries(quantize, kv_cache)))
+    return _Compiled()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _default_kernels_compiled() -> None:
+    """numba's cache holds the NumPy engine's kernels for a command's defaults (and a float32 KV cache)
+    before any test runs: a command a test starts in a subprocess then loads them, where it would leave a
+    compiling process behind it (minigpt.generate.engines.compiling)."""
+    for kv_cache in ("float16", "float32"):
+        _compile_here("none", kv_cache, ROOT)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_compile_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load in this process that finds kernels lacking has them compiled here, at once, not by a process
+    that would outlive the test; it still decodes its first generation on the array path."""
+    monkeypatch.setattr("minigpt.generate.engines.compiling.spawn", _compile_here)
+
+
 @pytest.fixture
 def runner():
     from typer.testing import CliRunner

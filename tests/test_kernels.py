@@ -15,6 +15,7 @@ from test_engines import save
 
 from minigpt.errors import UsageError
 from minigpt.generate.engines import kernels
+from minigpt.generate.engines.compiling import BACKGROUND
 from minigpt.generate.engines.numpy_engine import NumpyEngine, banded, int8_linear
 from minigpt.generate.engines.tuning import blas_tuner
 from minigpt.generate.load import load_engine
@@ -394,17 +395,22 @@ def test_the_thread_tuner_switches_the_kernels_threads_and_keeps_blas_on_one(mon
 
 def test_a_load_that_compiles_the_kernels_says_so(monkeypatch) -> None:
     said: list[str] = []
-    engine_of(CONFIGS["gpt2"], notice=said.append)  # numba's cache holds them: nothing to say
-    assert said == [] and not kernels.will_compile()
-    monkeypatch.setattr(kernels, "will_compile", lambda: True)
+    engine_of(CONFIGS["gpt2"], notice=said.append)  # numba's cache holds them (conftest): nothing to say
+    assert said == []
+    monkeypatch.setattr(kernels, "missing", lambda wanted: list(wanted))
     engine_of(CONFIGS["gpt2"], notice=said.append)
     assert said == ["compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)"]
     engine_of(CONFIGS["gpt2"], notice=said.append, kernels=False)  # the array path compiles nothing
     assert len(said) == 1
 
 
-def test_load_engine_tells_stderr_when_it_compiles(tmp_path, monkeypatch, capsys) -> None:
+def test_load_engine_decodes_without_kernels_numbas_cache_lacks_and_says_so(
+    tmp_path, monkeypatch, capsys
+) -> None:
     run = save(tmp_path / "run", tiny_model(8))
-    monkeypatch.setattr(kernels, "will_compile", lambda: True)
     engine, _ = load_engine(run, "numpy")
-    assert engine.kernels and "compiling the NumPy engine's decoding kernels" in capsys.readouterr().err
+    assert engine.kernels and capsys.readouterr().err == ""
+    monkeypatch.setattr(kernels, "missing", lambda wanted: list(wanted))
+    engine, _ = load_engine(run, "numpy")
+    assert not engine.kernels and engine.path == "array path" and engine.layout == "output-major"
+    assert capsys.readouterr().err == f"{BACKGROUND}\n"

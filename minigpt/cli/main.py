@@ -548,7 +548,9 @@ def generate(
         raise MinigptError("--json prints one object at the end: drop --stream", exit_code=2)
     text = read_prompt(prompt, shown.prompt_file)
     model = _run_or_latest(model, _NAME_MODEL)
+    started = time.perf_counter()
     engine, tokenizer = generation_engine(model, run_on, shown.explain, settings.num_samples)
+    loaded = time.perf_counter() - started
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
         typer.echo(
@@ -567,7 +569,7 @@ def generate(
             engine.model, tokenizer, ids, gen.samples, shutil.get_terminal_size().columns
         ):
             typer.echo(line, err=True)
-    typer.echo(gen.summary(), err=True)
+    typer.echo(gen.summary(loaded), err=True)
 
 
 def _launch(given: Given) -> LaunchConfig:

@@ -60,6 +60,7 @@ class Engine(Protocol):
     logits into NumPy for what is shown to people."""
 
     name: str  # "torch" or "numpy"
+    path: str  # which of the engine's ways of decoding runs: "kernels" or "array path" (numpy), "" (torch)
     device: str
     dtype: str
     quantize: str  # how the linear layers' weights are stored: "none" (in dtype) or "int8"
@@ -452,6 +453,7 @@ class Generation:
             "top_k": self.sampling.top_k,
             "top_p": self.sampling.top_p,
             "backend": self.engine.name,
+            "path": self.engine.path or None,
             "device": self.engine.device,
             "dtype": self.engine.dtype,
             "quantize": self.engine.quantize,
@@ -471,17 +473,21 @@ class Generation:
             ],
         }
 
-    def summary(self) -> str:
-        """One line: tokens, time, speed, time to the first token, engine, and the seed (greedy needs none)."""
+    def summary(self, loaded: float | None = None) -> str:
+        """One line: tokens, time (from the prompt's prefill to the last token), speed, time to the first
+        token, the engine and the path it decoded on, the seed (greedy needs none), and the seconds the
+        engine took to load, where given (`loaded`)."""
         total = sum(len(ids) for ids in self.token_ids)
         seed = "greedy" if self.sampling.temperature == 0 else f"seed {self.sampling.seed}"
         quantized = "" if self.engine.quantize == "none" else f", {self.engine.quantize} weights"
         threads = self.engine.threads
         on_cpu = f", {threads} thread{'s' * (threads > 1)}" if self.engine.device == "cpu" else ""
+        engine = " ".join(filter(None, [self.engine.name, self.engine.path]))
+        load = "" if loaded is None else f"; loaded in {loaded:.2f} s"
         return (
             f"{total:,} tokens in {self.seconds:.2f} s ({self.tokens_per_second:,.1f} tokens/s, first after "
-            f"{self.time_to_first_token * 1000:.0f} ms, {self.engine.name} on {self.engine.device}{on_cpu}"
-            f"{quantized}), {seed}"
+            f"{self.time_to_first_token * 1000:.0f} ms, {engine} on {self.engine.device}{on_cpu}"
+            f"{quantized}), {seed}{load}"
         )
 
 

@@ -5,6 +5,7 @@ Importing this package imports neither torch nor an engine: `load_engine` import
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -23,10 +24,11 @@ if TYPE_CHECKING:
     from minigpt.tokenizer.base import Tokenizer
 
 __all__ = [
-    "NUMPY_DTYPES", "accelerator_visible", "choose_backend", "generation_engine", "load_engine",
+    "NUMPY_DTYPES", "NUMPY_KV_CACHE", "accelerator_visible", "choose_backend", "generation_engine", "load_engine",
 ]  # fmt: skip
 
 NUMPY_DTYPES = ("F32", "F16", "F64")  # safetensors dtypes NumPy can hold; bf16 needs torch
+NUMPY_KV_CACHE = "float16"  # the NumPy engine's KV cache where --kv-cache is auto
 
 
 def accelerator_visible() -> bool:
@@ -124,6 +126,7 @@ def load_engine(
         return engine, tokenizer
     if backend != "numpy":
         raise UsageError(f"unknown backend {backend!r}: choose torch or numpy")
+    from minigpt.generate.engines import compiling
     from minigpt.generate.engines.numpy_engine import NumpyEngine
 
     _, config, tokenizer = run.open()
@@ -133,9 +136,11 @@ def load_engine(
             f"{run.weights_path} holds {unreadable[0]} tensors, which NumPy cannot read: use --backend torch"
         )
     weights = run.load_weights(config, framework="np")
+    # kernels numba's cache lacks are compiled by another process, not before the first token
     engine = NumpyEngine(
         config, weights, layout="auto", threads=threads, quantize=quantize, notice=_say_on_stderr,
-        kv_cache="float16" if kv_cache == "auto" else kv_cache,
+        kv_cache=NUMPY_KV_CACHE if kv_cache == "auto" else kv_cache,
+        plan=functools.partial(compiling.plan, notice=_say_on_stderr),
     )  # fmt: skip
     return engine, tokenizer
 

@@ -38,16 +38,17 @@ The kernels compute what `minigpt.generate.engines.numpy_engine`'s functions com
 sums in whatever order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward
 within the same rounding bound as the NumPy path. They cover every option of the NumPy engine except the
 `general` and `additive` attention scores, which stay on its array path (`supported`). numba compiles them
-on first use and keeps the machine code beside this file (or in NUMBA_CACHE_DIR), so later runs load
-them instead of compiling again. numba is optional at import: without it (`available()` False) the engine
-runs its array path.
+for each set of argument types a call brings (`entries`: the weights' and the KV cache's types) and keeps
+the machine code beside this file (or under NUMBA_CACHE_DIR), so later runs load them instead of compiling
+again; compiling takes tens of seconds, which `minigpt.generate.engines.compiling` has another process do
+while the engine decodes on its array path. numba is optional at import: without it (`available()` False)
+the engine runs its array path.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,16 +61,20 @@ __all__ = [
     "LANES",
     "ModelArgs",
     "available",
+    "cache_folder",
+    "caches",
+    "compile_entries",
     "draw",
+    "entries",
     "get_threads",
     "matvec",
+    "missing",
     "model_args",
     "model_step",
     "out_features",
     "set_threads",
     "supported",
     "tiled",
-    "will_compile",
 ]
 
 try:  # numba is a dependency, but a platform without its wheels still decodes (on the array path)
@@ -78,6 +83,7 @@ try:  # numba is a dependency, but a platform without its wheels still decodes (
     from numba import njit, prange, types
     from numba.core import cgutils
     from numba.core.extending import intrinsic
+    from numba.core.typing.typeof import Purpose
 except ImportError:  # pragma: no cover - exercised only where numba cannot be installed
     numba = None
 
@@ -131,20 +137,6 @@ def available() -> bool:
         parallel._launch_threads()
         return numba.threading_layer() in ("omp", "tbb")
     except Exception:  # a numba whose internals moved, or no layer at all: the array path
-        return False
-
-
-def will_compile() -> bool:
-    """Whether loading the kernels compiles them (long enough that the user is told) rather than reading
-    numba's cache: it keeps no index of compiled block steps for this source yet, or has nowhere to keep
-    one."""
-    if numba is None:
-        return False
-    if not _CACHE:
-        return True
-    try:  # numba's cache file for `_model_step` (its own attributes: where they moved, say nothing)
-        return not os.path.exists(_model_step._cache._cache_file._index_path)
-    except AttributeError:
         return False
 
 
@@ -889,7 +881,8 @@ def draw(logits: np.ndarray, temperature: float, u: np.ndarray) -> np.ndarray:
     (`_draw`) rather than sampling's dozen NumPy calls, each of which would start from caches a step's
     weights have just streamed through."""
     out = np.empty(logits.shape[0], dtype=np.int64)
-    _draw(logits, float(temperature), u, out)
+    # one argument type (`entries`): a batch's first logits are one row broadcast to all (read-only, stride 0)
+    _draw(np.require(logits, np.float32, "CW"), float(temperature), np.require(u, np.float64, "CW"), out)
     return out
 
 
@@ -1023,3 +1016,69 @@ def model_step(
         tokens, args, cache, positions, every if cache_rows is None else cache_rows, rope,
         every if logit_rows is None else logit_rows, numba.get_num_threads(),
     )  # fmt: skip
+
+
+# --- what numba's cache must hold: the entry points and their argument types ----------------------------
+
+Entry = tuple[Any, tuple[Any, ...]]  # a compiled function and the numba types of its arguments
+
+
+def entries(quantize: str, kv_cache: str) -> list[Entry]:
+    """Every compiled function the engine calls from Python, with the argument types it calls it with for
+    blocks' weights in `quantize` form ('none', 'int8') and a `kv_cache` KV cache ('float32', 'float16'):
+    numba compiles, and caches, a function once for each set of argument types (its callees with it), so
+    a load whose types its cache lacks compiles them. `model_step` (steps and prefills), `draw`, and
+    `matvec` by bands or rows (a prefill's products, the head's by rows in float32). Each type is the
+    numba type of a value of the kind the engine passes (`numba.typeof`, as a call types its arguments)."""
+    weights = np.zeros(1, dtype=np.int8 if quantize == "int8" else np.float32)
+    f32, ids, rows = np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.int64), np.zeros((1, 1), np.float32)
+    table = np.zeros((1, 1), dtype=np.int64)
+    model = (f32, weights, table, table, np.zeros((1, 1)), table, (0.0, False, 0, 0.0))
+    kv = np.zeros(1, dtype=np.uint16 if kv_cache == "float16" else np.float32)
+    calls: list[tuple[Any, tuple[Any, ...]]] = [
+        (_model_step, (ids, model, (kv, table, 0), ids, ids, (rows, rows), ids, 0)),
+        (_draw, (rows, 0.0, np.zeros(1), ids)),
+        (_bands, (weights, 0, f32, rows, f32, rows)),
+        (_matvec, (rows, f32, rows, f32, rows, False)),
+    ]
+    if quantize == "int8":
+        calls.append((_matvec, (weights.reshape(1, 1), f32, rows, f32, rows, False)))
+    return [(f, tuple(numba.typeof(a, Purpose.argument) for a in args)) for f, args in calls]
+
+
+def missing(wanted: Sequence[Entry]) -> list[Entry]:
+    """The entries numba's cache does not hold for this machine and this source (reading its index files,
+    as a call would before compiling). Where numba's cache internals have moved, none: the caller then
+    loads the kernels as before, compiling what it must."""
+    try:
+        return [
+            (f, sig)
+            for f, sig in wanted
+            if f._cache._index_key(sig, f.targetctx.codegen()) not in f._cache._cache_file._load_index()
+        ]
+    except AttributeError:
+        return []
+
+
+def compile_entries(wanted: Sequence[Entry]) -> None:
+    """Compile each entry for its argument types (numba writes each function's machine code to its cache
+    as it is compiled, its callees first: an interrupted compile keeps what it finished)."""
+    for f, sig in wanted:
+        f.compile(sig)
+
+
+def cache_folder() -> str | None:
+    """The folder numba keeps this module's compiled code in (`__pycache__` beside it, a user-wide one, or
+    under NUMBA_CACHE_DIR, by numba's rules), or None where it keeps none: no folder it can write, or
+    cache internals that have moved."""
+    if not _CACHE:
+        return None
+    try:
+        return str(_model_step._cache._cache_path)
+    except AttributeError:
+        return None
+
+
+def caches() -> bool:
+    """Whether numba keeps the kernels' compiled code anywhere (else each process compiles them again)."""
+    return _CACHE

@@ -44,6 +44,8 @@ __all__ = ["LAYOUTS", "NumpyEngine", "int8_linear", "log_softmax", "packed", "sa
 Cache = KVCache[np.ndarray]
 Rotary = tuple[np.ndarray, np.ndarray]  # cos and sin of every position's angles, (T, head_dim)
 Product = Callable[[LinearWeights[np.ndarray], np.ndarray], np.ndarray]  # x (..., in) through a layer
+# whether to load the kernels now, for (quantize, kv_cache): yes, no, or not yet, and when (`NumpyEngine`)
+Plan = Callable[[str, str], tuple[bool, Callable[[], bool] | None]]
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 T = TypeVar("T")
 
@@ -374,11 +376,14 @@ def sample_next(
     top_k: int | None,
     top_p: float | None,
     rng: np.random.Generator,
+    *,
+    compiled: bool = False,
 ) -> np.ndarray:
-    """Next-token ids (B,) from logits (B, V), by the rules of `Engine.sample` (the torch engine's)."""
+    """Next-token ids (B,) from logits (B, V), by the rules of `Engine.sample` (the torch engine's);
+    `compiled`: without top-k and top-p, by the kernels' draw (the same tokens, in one call)."""
     if temperature == 0:
         return logits.argmax(-1)
-    if top_k is None and top_p is None and _kernels.numba is not None:  # the common case, compiled
+    if top_k is None and top_p is None and compiled:  # the common case, compiled
         return _kernels.draw(logits, temperature, rng.random(logits.shape[0]))
     z = np.divide(logits, temperature, dtype=np.float64)
     rows, vocab = z.shape
@@ -595,22 +600,31 @@ class NumpyEngine:
         notice: Callable[[str], None] | None = None,
         tile_from: int | None | str = "auto",
         kv_cache: str = "float32",
+        plan: Plan | None = None,
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
-        `kernels`: compiled one-token steps (None: where numba is installed); `notice` is told when they
-        are about to be compiled rather than read from numba's cache; `tile_from`: the kernels' batched
-        steps by tiles for weight rows that long or longer (None: never; 'auto': `_pick_tiles`); `kv_cache`:
-        what the KV cache holds keys and values in, float32 or float16 (`as_cached`)."""
+        `kernels`: compiled one-token steps (None: where numba is installed); `plan`: asked, where the
+        kernels would run and `kernels` is None, whether to load them now (`minigpt.generate.engines.compiling`):
+        (True, None) yes, (False, None) no, (False, ready) not yet: the engine decodes on its array path,
+        holding the weights as the kernels do, and takes them up at the first new cache after `ready()`
+        says numba's cache holds them; `notice` is told when they are about to be compiled here rather than
+        read from numba's cache, and when the engine takes them up; `tile_from`: the kernels' batched steps
+        by tiles for weight rows that long or longer (None: never; 'auto': `_pick_tiles`); `kv_cache`: what
+        the KV cache holds keys and values in, float32 or float16 (`as_cached`)."""
         if isinstance(tile_from, str) and tile_from != "auto":
             raise UsageError(f"unknown tile_from {tile_from!r}: a row length, None or 'auto'")
         if kv_cache not in KV_CACHES[1:]:
             raise UsageError(f"unknown KV cache type {kv_cache!r}: choose one of {', '.join(KV_CACHES[1:])}")
         fused, layout, use_kernels = _decoding_tree(config, tensors, layout, kernels, quantize)
+        self._ready: Callable[[], bool] | None = None
+        if use_kernels and kernels is None and plan is not None:
+            use_kernels, self._ready = plan(quantize, kv_cache)
         self.quantize = quantize
         self.kv_cache = kv_cache
         self.config = config
         self.block_size = config.block_size
         self.rotary = config.pos == "rope"
+        self._threads, self._tile_from, self._notice = threads, tile_from, notice
         self.tuner = blas_tuner(
             threads, (_kernels.get_threads, _kernels.set_threads) if use_kernels else None
         )
@@ -619,14 +633,11 @@ class NumpyEngine:
         self._angles = None if config.pos != "rope" else RotaryTable(config.rope_base, config.head_dim)
         self._hold_weights(fused, layout, use_kernels)
         if self.kernels:
-            self._load_kernels(notice)
-            self._use_tiles(self._pick_tiles(quantize) if isinstance(tile_from, str) else tile_from)
-            # bands have no NumPy product to lose to: every prefill's products are the kernels'
-            self.kernel_rows = sys.maxsize if self.bands else self._pick_kernel_rows(quantize)
+            self._load_kernels()
 
     def _hold_weights(self, fused: ModelWeights[np.ndarray], layout: str, use_kernels: bool) -> None:
-        """Settle the layout (`pick_layout`), whether the kernels run and whether the blocks are held as
-        bands, and pack the weights and head into the buffers a step reads (`packed`)."""
+        """Settle the layout (`pick_layout`) and hold the weights as the path that decodes reads them
+        (`_hold`)."""
         have = available_bytes()  # timing both layouts needs room for a second copy of every matrix
         self.layout, self.weights = pick_layout(
             layout,
@@ -635,24 +646,50 @@ class NumpyEngine:
             {"engine": "numpy", "numpy": np.__version__, "model": model_key(self.config)},
             have is None or inference_bytes(self.config) <= have,
         )
-        self.kernels = use_kernels and self.layout == "output-major"
-        self.bands = self.kernels and can_band(self.weights)  # the blocks' weights as `banded`
+        self._hold(use_kernels and self.layout == "output-major")
+
+    @property
+    def path(self) -> str:
+        """Which of the engine's paths decodes: its compiled kernels or its array operations."""
+        return "kernels" if self.kernels else "array path"
+
+    def _hold(self, kernels: bool) -> None:
+        """Whether the kernels run, whether the blocks are held as bands (with the kernels, where they can
+        be), and the weights and head packed into the buffers a step reads (`packed`)."""
+        self.kernels = kernels
+        self.bands = kernels and can_band(self.weights)  # the blocks' weights as `banded`
         if self.bands:
             self.weights = dataclasses.replace(self.weights, h=map_linears(self.weights.h, banded))
         self.weights, self._head = packed(self.weights, _head(self.weights, self.layout == "input-major"))
         # a prefill's tokens are rows enough for tiles at every width (`_product`)
-        self._prefill_args = _kernels.model_args(self.weights, self._head, 0) if self.kernels else None
+        self._prefill_args = _kernels.model_args(self.weights, self._head, 0) if kernels else None
         self._use_tiles(None)
 
-    def _load_kernels(self, notice: Callable[[str], None] | None) -> None:
-        """Load the kernels (compiling them, the first time on a machine) with one step now, so that the
-        first step the user waits for does not."""
-        if notice is not None and _kernels.will_compile():
-            notice("compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)")
+    def _load_kernels(self) -> None:
+        """Load the kernels (compiling them where numba's cache lacks them) with one step now, so that the
+        first step the user waits for does not, and measure their tiling and prefills."""
+        if self._notice is not None and _kernels.missing(_kernels.entries(self.quantize, self.kv_cache)):
+            self._notice(
+                "compiling the NumPy engine's decoding kernels for this CPU, once (numba keeps them)"
+            )
         idx = np.zeros((1, 1), dtype=np.int64)
         logits = self._forward(self.weights, self._head, idx, self.new_cache(1), False)
         # the draw's kernel too, so that reading it from numba's cache is no part of the first token's time
-        sample_next(logits, 1.0, None, None, np.random.default_rng(0))
+        sample_next(logits, 1.0, None, None, np.random.default_rng(0), compiled=True)
+        tile_from = self._tile_from
+        self._use_tiles(self._pick_tiles(self.quantize) if isinstance(tile_from, str) else tile_from)
+        # bands have no NumPy product to lose to: every prefill's products are the kernels'
+        self.kernel_rows = sys.maxsize if self.bands else self._pick_kernel_rows(self.quantize)
+
+    def _take_up_kernels(self) -> None:
+        """The kernels compiled elsewhere are in numba's cache: decode with them from now on (caches made
+        before hold the same buffers, so generations under way go on through them)."""
+        self._ready = None
+        self.tuner = blas_tuner(self._threads, (_kernels.get_threads, _kernels.set_threads))
+        self._hold(True)
+        self._load_kernels()
+        if self._notice is not None:
+            self._notice("the CPU kernels are compiled: decoding with them from now on")
 
     @property
     def threads(self) -> int:
@@ -761,7 +798,10 @@ class NumpyEngine:
 
     def new_cache(self, batch: int, capacity: int | None = None) -> Cache:
         """Empty keys and values for `batch` rows: each layer's window (`capacity`: at most that many
-        positions, a ring)."""
+        positions, a ring). A generation starts here: where the kernels are compiled elsewhere and now
+        ready, the engine takes them up first."""
+        if self._ready is not None and self._ready():
+            self._take_up_kernels()
         c = self.config
         shapes = [
             (batch, c.kv_heads, min(window, capacity or window), c.head_dim) for window in c.layer_windows
@@ -884,7 +924,7 @@ class NumpyEngine:
         top_p: float | None,
         rng: np.random.Generator,
     ) -> list[int]:
-        return sample_next(logits, temperature, top_k, top_p, rng).tolist()
+        return sample_next(logits, temperature, top_k, top_p, rng, compiled=self.kernels).tolist()
 
     def rng(self, seed: int) -> np.random.Generator:
         return np.random.default_rng(seed)

@@ -76,6 +76,7 @@ class TorchEngine:
     """
 
     name = "torch"
+    path = ""  # one way of decoding: torch's modules
 
     def __init__(
         self,
