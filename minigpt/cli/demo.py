@@ -4,6 +4,7 @@ settings (`DemoConfig`) are the options of `minigpt demo`."""
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -71,8 +72,22 @@ def train_demo(cfg: DemoConfig, reporter: ProgressReporter, overwrite: bool = Fa
     corpus = write_demo_text(default_cache_dir() / "demo" / "pydoc_topics.txt")
     seconds = cfg.seconds
     print(f"== 1/3 training on Python's reference documentation ({corpus}) for {seconds:g}s", file=sys.stderr)
+    if compile_kernels_meanwhile():
+        print("   (compiling the CPU kernels for step 2 in the background meanwhile, once)", file=sys.stderr)
     settings = TrainConfig(max_time=seconds, seed=cfg.seed)
     return train(settings, DataConfig(paths=(corpus,)), out=cfg.out, overwrite=overwrite, reporter=reporter)
+
+
+def compile_kernels_meanwhile() -> bool:
+    """Where step 2 will decode on the NumPy engine and numba's cache lacks its kernels, start compiling
+    them in the background now, while the user waits for the training anyway: whether a compile is under
+    way. Anything else (a GPU, no numba cache, a compile that failed before) step 2's load says itself."""
+    from minigpt.generate.engines import compiling
+    from minigpt.generate.load import NUMPY_KV_CACHE, choose_backend
+
+    if choose_backend("auto", "auto", "auto") != "numpy":
+        return False
+    return compiling.plan("none", NUMPY_KV_CACHE, lambda _: None)[1] is not None
 
 
 def generate_demo_text(cfg: DemoConfig, out: TextIO) -> None:
@@ -84,13 +99,15 @@ def generate_demo_text(cfg: DemoConfig, out: TextIO) -> None:
     from minigpt.runs.folder import RunDir
 
     backend = choose_backend("auto", "auto", "auto", weights=RunDir(run).weights_path)
+    started = time.perf_counter()
     engine, tokenizer = load_engine(run, backend)
+    loaded = time.perf_counter() - started
     ids = encode_prompt(tokenizer, DEMO_PROMPT)
     gen = Generation(engine, tokenizer, ids, max_new_tokens=cfg.tokens, temperature=0.8, seed=cfg.seed)
     write_text(gen, out, stream=out.isatty())
     if not out.isatty():
         out.write("\n")  # a terminal's text already ends with one; keep the table off the text in a file too
-    print(gen.summary(), file=sys.stderr)
+    print(gen.summary(loaded), file=sys.stderr)
 
 
 def show_demo_params(run: Path) -> None:
