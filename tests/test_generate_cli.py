@@ -370,4 +370,4 @@ def test_generate_keeps_the_blas_threads_the_environment_gives() -> None:
         )
         counts = proc.stderr.strip().splitlines()[-1].split()
         assert proc.returncode == 0 and counts[-1] == threads and set(counts) <= {"1", threads}, proc.stderr
-        assert f"numpy on cpu, {threads} thread" in proc.stderr
+        assert f"numpy kernels on cpu, {threads} thread" in proc.stderr

@@ -483,11 +483,11 @@ class Generation:
         threads = self.engine.threads
         on_cpu = f", {threads} thread{'s' * (threads > 1)}" if self.engine.device == "cpu" else ""
         engine = " ".join(filter(None, [self.engine.name, self.engine.path]))
-        load = "" if loaded is None else f"; loaded in {loaded:.2f} s"
+        load = "" if loaded is None else f", load {loaded:.2f} s"
         return (
             f"{total:,} tokens in {self.seconds:.2f} s ({self.tokens_per_second:,.1f} tokens/s, first after "
-            f"{self.time_to_first_token * 1000:.0f} ms, {engine} on {self.engine.device}{on_cpu}"
-            f"{quantized}), {seed}{load}"
+            f"{self.time_to_first_token * 1000:.0f} ms{load}, {engine} on {self.engine.device}{on_cpu}"
+            f"{quantized}), {seed}"
         )
 
 
