@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from minigpt.tokenizer.base import Tokenizer
 
 __all__ = [
-    "NUMPY_DTYPES", "NUMPY_KV_CACHE", "accelerator_visible", "choose_backend", "generation_engine", "load_engine",
+    "NUMPY_DTYPES", "NUMPY_KV_CACHE", "accelerator_visible", "choose_backend", "generation_engine",
+    "load_engine",
 ]  # fmt: skip
 
 NUMPY_DTYPES = ("F32", "F16", "F64")  # safetensors dtypes NumPy can hold; bf16 needs torch

@@ -604,13 +604,14 @@ class NumpyEngine:
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
         `kernels`: compiled one-token steps (None: where numba is installed); `plan`: asked, where the
-        kernels would run and `kernels` is None, whether to load them now (`minigpt.generate.engines.compiling`):
-        (True, None) yes, (False, None) no, (False, ready) not yet: the engine decodes on its array path,
-        holding the weights as the kernels do, and takes them up at the first new cache after `ready()`
-        says numba's cache holds them; `notice` is told when they are about to be compiled here rather than
-        read from numba's cache, and when the engine takes them up; `tile_from`: the kernels' batched steps
-        by tiles for weight rows that long or longer (None: never; 'auto': `_pick_tiles`); `kv_cache`: what
-        the KV cache holds keys and values in, float32 or float16 (`as_cached`)."""
+        kernels would run and `kernels` is None, whether to load them now
+        (`minigpt.generate.engines.compiling`): (True, None) yes, (False, None) no, (False, ready) not
+        yet: the engine decodes on its array path, holding the weights as the kernels do, and takes them
+        up at the first new cache after `ready()` says numba's cache holds them; `notice` is told when
+        they are about to be compiled here rather than read from numba's cache, and when the engine takes
+        them up; `tile_from`: the kernels' batched steps by tiles for weight rows that long or longer
+        (None: never; 'auto': `_pick_tiles`); `kv_cache`: what the KV cache holds keys and values in,
+        float32 or float16 (`as_cached`)."""
         if isinstance(tile_from, str) and tile_from != "auto":
             raise UsageError(f"unknown tile_from {tile_from!r}: a row length, None or 'auto'")
         if kv_cache not in KV_CACHES[1:]:
