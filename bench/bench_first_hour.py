@@ -21,7 +21,6 @@ printed beside it: the machine may be shared. Needs ../shared/data/tinyshakespea
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import subprocess
 import sys
@@ -104,16 +103,15 @@ def install(ref: str, where: Path) -> tuple[Path, float | None]:
 
 
 def wait_for_background(cache: Path, since: float) -> float | None:
-    """Seconds from `since` until no process compiles kernels into numba's `cache` (holds its folder's lock);
-    None where none was started."""
+    """Seconds from `since` until the process compiling kernels into numba's `cache` in the background says
+    it is done (its log's last line); None where none was started."""
     logs = list(cache.rglob(KERNELS_LOG))
     if not logs:
         return None
-    fd = os.open(logs[0].parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the compiling process's lock
-    finally:
-        os.close(fd)
+    while not (lines := logs[0].read_text().splitlines()) or not lines[-1].startswith(("done: ", "failed: ")):
+        time.sleep(0.1)
+    if lines[-1].startswith("failed: "):
+        raise SystemExit(f"the background compile failed: {lines[-1]}")
     return time.monotonic() - since
 
 

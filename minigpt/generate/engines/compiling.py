@@ -4,10 +4,11 @@ for this process's next generation: `NumpyEngine`'s `ready`).
 
 numba compiles the kernels the first time they are called with each set of argument types
 (`kernels.entries`), which took tens of seconds on two cores, silently, before the first token of a fresh
-install's first `generate`. Here the compile runs as `python -m minigpt.generate.engines.compiling QUANTIZE
+install's first `generate` (and `NumpyEngine` still does so where it is given no `plan`). Here the compile runs as `python -m minigpt.generate.engines.compiling QUANTIZE
 KV_CACHE`, detached from the command (it outlives a short `generate`) and at a lower priority than it.
-One process compiles at a time: it holds an exclusive lock on numba's cache folder, which the kernel drops
-when it exits or is killed. numba writes each compiled function to a temporary file renamed into place,
+One process compiles at a time: it holds an exclusive lock on numba's cache folder (a second waits for it,
+then finds compiled what the first compiled), which the kernel drops when it exits or is killed; loads ask
+whether it is held with a shared lock let go at once (`held`). numba writes each compiled function to a temporary file renamed into place,
 so an interrupted compile leaves what it finished and nothing half-written; the next load starts another
 for the rest. A compile that fails leaves a record beside numba's cache naming the error: loads of the
 same kernels and numba then say so in one line and decode on the array path without trying again.
@@ -19,6 +20,8 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock to share, so kernels compile in the foreground
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["BACKGROUND", "Background", "main", "plan"]
+__all__ = ["BACKGROUND", "Background", "compiling_lock", "held", "main", "plan"]
 
 FAILED = "minigpt-kernels-failed.json"  # beside numba's cache: the error of the last compile that failed
 LOG = "minigpt-kernels.log"  # beside numba's cache: what the compiling process printed
@@ -54,11 +57,11 @@ def _package_root() -> str:
 
 def spawn(quantize: str, kv_cache: str, folder: Path) -> Running:
     """Start the compiling process, detached (its own session: a Ctrl-C of the command does not reach it),
-    its output in LOG."""
+    its output added to LOG."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "minigpt.generate.engines.compiling", quantize, kv_cache]
-    with open(folder / LOG, "wb") as log:
+    with open(folder / LOG, "ab") as log:
         return subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
@@ -78,25 +81,36 @@ def _identity(quantize: str, kv_cache: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def locked(folder: Path) -> Iterator[bool]:
-    """Hold the exclusive lock on numba's cache folder if no other process does: whether it is held."""
+def compiling_lock(folder: Path) -> Iterator[None]:
+    """Hold the exclusive lock on numba's cache folder, waiting for a process that holds it: a second
+    compiling process then finds compiled what the first compiled."""
     fd = os.open(folder, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)  # the lock goes with the descriptor
+
+
+def held(folder: Path) -> bool:
+    """Whether a process compiles into numba's cache `folder` (holds its exclusive lock). Asked with a shared
+    lock, taken and let go at once: a compiling process that asks for its lock meanwhile waits for it
+    rather than find it taken."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 @dataclass
 class Background:
     """One set of kernels (blocks' weights in `quantize` form, a `kv_cache` KV cache) and the process that
     compiles them into numba's cache `folder`. `lacking` lists what the cache lacks (`kernels.missing`);
-    `start` starts a compile (`spawn`); `is_locked` says whether a process holds the folder's lock."""
+    `start` starts a compile (`spawn`); `is_locked` says whether a process holds the folder's lock (`held`)."""
 
     quantize: str
     kv_cache: str
@@ -108,13 +122,9 @@ class Background:
 
     @classmethod
     def of(cls, quantize: str, kv_cache: str, folder: Path) -> Background:
-        def is_locked() -> bool:
-            with locked(folder) as held:
-                return not held
-
         return cls(
             quantize, kv_cache, folder, lambda: kernels.missing(kernels.entries(quantize, kv_cache)),
-            lambda: spawn(quantize, kv_cache, folder), is_locked,
+            lambda: spawn(quantize, kv_cache, folder), lambda: held(folder),
         )  # fmt: skip
 
     def compiling(self) -> bool:
@@ -184,25 +194,34 @@ def plan(
 
 
 def main(argv: Sequence[str]) -> int:
-    """The compiling process: compile what numba's cache lacks of the kernels for QUANTIZE and KV_CACHE,
-    unless another process is compiling; a failure is recorded (FAILED) before it is raised."""
+    """The compiling process: once no other holds the lock, compile what numba's cache lacks of the kernels
+    for QUANTIZE and KV_CACHE, saying when it starts and how it ended (`done`, `failed`: the last line of
+    LOG); a failure is recorded (FAILED)."""
     quantize, kv_cache = argv
     with contextlib.suppress(OSError):
         os.nice(_NICE)
     folder = kernels.cache_folder()
     if folder is None or fcntl is None:
+        print("failed: numba keeps no cache here", flush=True)
         return 1
-    with locked(Path(folder)) as held:
-        if not held:
-            return 0
+    print(
+        f"compiling the kernels for weights {quantize}, KV cache {kv_cache} (process {os.getpid()})",
+        flush=True,
+    )
+    started = time.monotonic()
+    with compiling_lock(Path(folder)):
+        wanted = kernels.missing(kernels.entries(quantize, kv_cache))
         try:
-            kernels.compile_entries(kernels.missing(kernels.entries(quantize, kv_cache)))
+            kernels.compile_entries(wanted)
         except Exception as e:
-            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            atomic_write_json(
-                Path(folder) / FAILED, {"identity": _identity(quantize, kv_cache), "error": error}
-            )
-            raise
+            traceback.print_exc()
+            lines = str(e).strip().splitlines()
+            error = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+            record = {"identity": _identity(quantize, kv_cache), "error": error}
+            atomic_write_json(Path(folder) / FAILED, record)
+            print(f"failed: {error}", flush=True)
+            return 1
+    print(f"done: {len(wanted)} compiled in {time.monotonic() - started:.1f} s", flush=True)
     return 0
 
 
