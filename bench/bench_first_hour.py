@@ -168,7 +168,7 @@ def table(rows: list[dict[str, object]], installs: dict[str, float | None]) -> s
             f"| {first.first_stdout:.2f} s | {first.longest_silence((first.stderr_at,)):.2f} s "
             f"| {first.longest_silence((first.stderr_at, first.stdout_at)):.2f} s | {first.seconds:.2f} s "
             f"| {first.stderr[-1]} | {'-' if compiled is None else f'{compiled:.0f} s'} "
-            f"| {second.first_stdout:.2f} s |"
+            f"| {second.first_stdout:.2f} s ({path(second)}) |"
         )
     return "\n".join(lines)
 
@@ -198,6 +198,12 @@ def main() -> None:
                 print(f"{ref}, round {i + 1}: done", file=sys.stderr)
         print(f"CPU: {cpu()}; {os.cpu_count()} cores\n")
         print(table(rows, installs))
+
+
+def path(timed: Timed) -> str:
+    """Which path the summary says decoded ('numpy' alone: a version that does not say)."""
+    summary = timed.stderr[-1] if timed.stderr else ""
+    return next((p for p in ("kernels", "array path") if f"numpy {p} on" in summary), "numpy")
 
 
 def _seconds(value: float | None) -> str:
