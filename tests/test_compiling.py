@@ -22,11 +22,14 @@ from numba.core.typing.typeof import Purpose
 from test_decode import GREEDY, TINY, tiny_model
 from test_engines import save
 
-from minigpt.generate.decode import Sampling, decode
+from minigpt.cli.demo import compile_kernels_meanwhile
+from minigpt.generate.decode import Generation, Sampling, decode
 from minigpt.generate.engines import compiling, kernels
 from minigpt.generate.engines.compiling import BACKGROUND, FAILED, Background, main, plan
 from minigpt.generate.engines.numpy_engine import NumpyEngine
+from minigpt.generate.load import NUMPY_KV_CACHE
 from minigpt.model.build import model_tensors
+from minigpt.tokenizer.char import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,3 +288,24 @@ def test_a_fresh_installs_first_generate_decodes_at_once_and_the_next_on_the_ker
     data = json.loads(second.stdout[second.stdout.index("{") :])
     assert data["path"] == "kernels" and "compiling" not in second.stdout, second.stdout
     assert data["samples"][0]["text"] == text
+
+
+def test_the_demo_starts_the_compile_before_it_trains(monkeypatch) -> None:
+    """`minigpt demo`'s first step starts compiling the kernels its generation will load, where numba's
+    cache lacks them (here it holds them: conftest)."""
+    monkeypatch.setattr("minigpt.generate.load.accelerator_visible", lambda: False)
+    started: list[tuple[str, str]] = []
+    monkeypatch.setattr(compiling, "spawn", lambda q, kv, folder: started.append((q, kv)) or Compile())
+    assert not compile_kernels_meanwhile() and started == []
+    monkeypatch.setattr(kernels, "missing", lambda wanted: list(wanted))
+    assert compile_kernels_meanwhile() and started == [("none", NUMPY_KV_CACHE)]
+
+
+def test_the_summary_names_the_path_that_decoded_and_the_load() -> None:
+    engine = NumpyEngine(TINY, tensors(tiny_model(2)), kernels=False)
+    tokenizer = CharTokenizer([chr(97 + i) for i in range(TINY.vocab_size - 1)] + ["\n"])
+    gen = Generation(engine, tokenizer, [1, 2], max_new_tokens=3, temperature=0)
+    gen.run()
+    summary = gen.summary(1.5)
+    assert ", load 1.50 s, numpy array path on cpu," in summary and summary.endswith("), greedy")
+    assert gen.to_json()["path"] == "array path" and "load" not in gen.summary()
