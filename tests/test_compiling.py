@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -250,10 +251,11 @@ def last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def _merged_run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], env: dict[str, str], merged: bool) -> subprocess.CompletedProcess[str]:
+    """`minigpt ARGS`, its stderr merged into its stdout (in the order written) or apart."""
     return subprocess.run(
         [sys.executable, "-m", "minigpt", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=600,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, timeout=600,
     )  # fmt: skip
 
 
@@ -270,23 +272,24 @@ def test_a_fresh_installs_first_generate_decodes_at_once_and_the_next_on_the_ker
         "MINIGPT_CACHE_DIR": str(tmp_path / "mg"),
     }
     args = ["generate", "-m", str(run), "-n", "12", "-t", "0", "abc"]
-    first = _merged_run([*args, "--stream"], env)
+    first = _run([*args, "--stream"], env, merged=True)
     assert first.returncode == 0, first.stdout
-    lines = first.stdout.splitlines()
-    assert BACKGROUND in lines, first.stdout
-    text = next(line for line in lines if not line.startswith("using") and line != BACKGROUND)
-    assert lines.index(BACKGROUND) < lines.index(text), first.stdout
-    assert "numpy array path on cpu" in lines[-1], first.stdout
+    # in the order written: the line, then the streamed text (no newline after it in a pipe), the summary
+    before, line, after = first.stdout.partition(BACKGROUND + "\n")
+    assert line and before == "", first.stdout
+    shown = re.fullmatch(r"(.*?)(\d+ tokens in [^\n]*)\n", after, re.DOTALL)
+    assert shown is not None and shown[1] and "numpy array path on cpu" in shown[2], first.stdout
+    text = shown[1]
     log = next((tmp_path / "numba").rglob(compiling.LOG))
     deadline = time.monotonic() + 600  # a guard against a hung compile, not a measurement
     while not last_line(log).startswith(("done: ", "failed: ")):  # the compiling process's last word
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.5)
     assert last_line(log).startswith("done: "), log.read_text()
-    second = _merged_run([*args, "--json"], env)
-    assert second.returncode == 0, second.stdout
-    data = json.loads(second.stdout[second.stdout.index("{") :])
-    assert data["path"] == "kernels" and "compiling" not in second.stdout, second.stdout
+    second = _run([*args, "--json"], env, merged=False)
+    assert second.returncode == 0, second.stderr
+    data = json.loads(second.stdout)
+    assert data["path"] == "kernels" and "compiling" not in second.stderr, second.stderr
     assert data["samples"][0]["text"] == text
 
 
