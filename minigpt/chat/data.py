@@ -11,7 +11,6 @@ a one-line error naming its file and line, or, with `skip_bad_records`, skipped 
 from __future__ import annotations
 
 import functools
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minigpt.chat.template import ROLES, ChatTemplate, Message, with_chat_tokens
+from minigpt.chat.template import ROLES, ChatTemplate, Message, content_text, with_chat_tokens
 from minigpt.common.files import open_regular, regular_file
+from minigpt.common.strict_json import JsonError, parse_json, preview
 from minigpt.corpus.inputs import stamp_source
 from minigpt.data.dataset import BatchSampler, DataConfig, _input_record, eval_rows
 from minigpt.errors import MinigptError, UsageError
@@ -75,9 +75,9 @@ def _first_record_is_chat(path: Path) -> bool:
         return False
     try:
         for _, line in _lines(path):
-            record = json.loads(line)
+            record = parse_json(line)
             return isinstance(record, dict) and ("messages" in record or "prompt" in record)
-    except (MinigptError, ValueError, RecursionError):
+    except (MinigptError, JsonError):
         pass
     return True
 
@@ -99,11 +99,11 @@ def parse_record(line: bytes, training: bool = True) -> list[Message]:
     """The messages of one JSONL line, or a BadRecord saying what is wrong with it. `training`: the record
     must hold an answer to learn from (otherwise it is a conversation to answer, with or without one)."""
     try:
-        record = json.loads(line.decode("utf-8-sig"))
+        record = parse_json(line.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise BadRecord("not UTF-8", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise BadRecord("not JSON", f"not a JSON record ({str(e)[:80] or 'nested too deep'})") from None
+    except JsonError as e:
+        raise BadRecord("not JSON", f"not a JSON record ({str(e)[:80]})") from None
     if not isinstance(record, dict):
         raise BadRecord("not JSON", "not a JSON object")
     if "messages" in record:
@@ -118,8 +118,10 @@ def parse_record(line: bytes, training: bool = True) -> list[Message]:
 
 def _content(value: Any, what: str) -> str:
     """A message's text: a string, or OpenAI's list of text parts joined."""
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-        value = "".join(str(p.get("text", "")) for p in value)
+    try:
+        value = content_text(value)
+    except ValueError as e:
+        raise BadRecord("bad content", f"{what}: {e}") from None
     if value is None:
         raise BadRecord("missing content", f"{what} has no content")
     if not isinstance(value, str):
@@ -150,7 +152,7 @@ def _messages(value: Any, training: bool) -> list[Message]:
         weight = m.get("weight", 1)
         if weight not in (0, 1) or isinstance(weight, bool) or role != "assistant" and "weight" in m:
             raise BadRecord(
-                "bad weight", f"message {n} has weight {weight!r}: assistant messages take 0 or 1"
+                "bad weight", f"message {n} has weight {preview(weight)}: assistant messages take 0 or 1"
             )
         messages.append(Message(role, _content(m.get("content"), f"message {n} ({role})"), weight))
     if training and not any(m.role == "assistant" and m.weight for m in messages):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from minigpt.common.strict_json import preview
 from minigpt.errors import MinigptError
 
 if TYPE_CHECKING:
@@ -37,6 +38,18 @@ class Message:
 
     def to_json(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}
+
+
+def content_text(value: Any) -> Any:
+    """A message's content as its text: OpenAI's list of text parts joined, anything else as it is (for
+    the caller to check). A text part must hold its text as a string (OpenAI refuses null or an object
+    there too): a ValueError says which part does not."""
+    if not (isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value)):
+        return value
+    for n, part in enumerate(value, 1):
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content part {n} has text {preview(part.get('text'))}, not a string")
+    return "".join(part["text"] for part in value)
 
 
 def has_chat_tokens(tokenizer: Tokenizer) -> bool:

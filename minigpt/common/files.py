@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
+from minigpt.common.strict_json import JsonError, checked_shape, parse_json, preview
 from minigpt.errors import MinigptError
 
 if TYPE_CHECKING:
@@ -212,11 +213,12 @@ def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content; unreadable, oversized or absurdly nested JSON is a one-line MinigptError."""
+    """A JSON file's content, read strictly (`parse_json`); unreadable, oversized or malformed JSON is a
+    one-line MinigptError."""
     try:
-        return json.loads(read_bounded(path).decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise MinigptError(f"{path} is corrupt ({str(e)[:200] or type(e).__name__})") from None
+        return parse_json(read_bounded(path))
+    except JsonError as e:
+        raise MinigptError(f"{path} is corrupt ({str(e)[:200]}): restore it from a good copy") from None
 
 
 def write_tensors(
@@ -271,18 +273,19 @@ def _read_header(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]
             (n,) = struct.unpack("<Q", f.read(8))
             if n > MAX_HEADER_BYTES:
                 raise ValueError("header too large")
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n))
         metadata = header.get("__metadata__") or {}
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise ValueError("metadata is not a map of strings")
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
-        for v in entries.values():
-            v["dtype"], v["shape"] = str(v["dtype"]), [int(d) for d in v["shape"]]
-            if any(d < 0 for d in v["shape"]):
-                raise ValueError(f"negative dimension in {v['shape']}")
+        for name, v in entries.items():
+            v["dtype"] = str(v["dtype"])
+            v["shape"] = checked_shape(v["shape"], f"the shape of {preview(name)}")
         return entries, metadata
-    except (ValueError, KeyError, TypeError, AttributeError, struct.error, RecursionError) as e:
-        raise MinigptError(f"{path} is corrupt or not a safetensors file ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, struct.error) as e:
+        raise MinigptError(
+            f"{path} is corrupt or not a safetensors file ({e}); restore it from a good copy"
+        ) from None
 
 
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:

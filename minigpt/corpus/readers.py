@@ -13,7 +13,6 @@ import bz2
 import codecs
 import contextlib
 import gzip
-import json
 import lzma
 import re
 import shutil
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.corpus.inputs import READ_BYTES, Source, binary_error
 from minigpt.errors import MinigptError
 
@@ -389,10 +389,9 @@ def record_text(src: Source, lineno: LineNo, line: bytes, opts: ReadOptions, sta
     except UnicodeDecodeError as e:
         return _bad(src, lineno, f"invalid UTF-8 at byte {e.start:,} of the line ({e.reason})", opts, stats)
     try:
-        record = json.loads(decoded)
-    except (ValueError, RecursionError) as e:
-        reason = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-        return _bad(src, lineno, f"not valid JSON ({reason})", opts, stats)
+        record = parse_json(decoded)
+    except JsonError as e:
+        return _bad(src, lineno, f"not valid JSON ({e})", opts, stats)
     if not isinstance(record, dict):
         return _bad(src, lineno, f"a JSON {type(record).__name__}, not an object", opts, stats)
     if opts.text_field not in record:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from minigpt.common.files import regular_file
+from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model.config import GPTConfig
 from minigpt.model.weights import expected_shapes
@@ -244,9 +245,11 @@ def read_adapter_metadata(meta: Mapping[str, str], source: Path) -> tuple[LoRACo
     if meta.get("format") != ADAPTER_FORMAT:
         raise MinigptError(f"{source} is not a minigpt adapter (no format '{ADAPTER_FORMAT}' in its header)")
     try:
-        settings = json.loads(meta.get("lora", ""))
-    except (json.JSONDecodeError, RecursionError):
-        settings = None
+        settings = parse_json(meta.get("lora", ""))
+    except JsonError as e:
+        raise MinigptError(
+            f"{source}: the LoRA settings in its header are damaged ({e}); restore the run or train it again"
+        ) from None
     sha = meta.get("base_sha256", "")
     if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
         raise MinigptError(f"{source}: the base weights' sha256 in its header is damaged")

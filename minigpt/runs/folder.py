@@ -47,6 +47,7 @@ from minigpt.common.files import (
     to_json,
     write_tensors,
 )
+from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.errors import MinigptError
 from minigpt.model.config import GPTConfig
 from minigpt.model.lora import (
@@ -444,8 +445,8 @@ class RunDir:
         records = []
         for line in read_bounded(path).decode("utf-8", errors="replace").splitlines():
             try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+                record = parse_json(line)
+            except JsonError:
                 continue
             if isinstance(record, dict) and isinstance(record.get("format"), str):
                 records.append(record)
@@ -513,8 +514,8 @@ def _made_by(config: dict[str, Any]) -> str:
 
 def _metrics_record(line: str) -> dict[str, Any] | None:
     try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
+        record = parse_json(line)
+    except JsonError:
         return None
     ok = (
         isinstance(record, dict)

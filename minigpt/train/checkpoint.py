@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.data.dataset import BatchSampler
 from minigpt.errors import MinigptError
 from minigpt.model.build import build_model, model_tensors
@@ -167,8 +168,8 @@ def load_checkpoint(rundir: RunDir, parts: Trainables) -> TrainState:
     tensors, meta = rundir.load_state()
     parts.restore(tensors, rundir.state_path)
     try:
-        state = TrainState(**json.loads(meta["state"]))
-    except (KeyError, TypeError, json.JSONDecodeError, RecursionError) as e:
+        state = TrainState(**parse_json(meta["state"], nan=True))
+    except (KeyError, TypeError, JsonError) as e:
         raise MinigptError(f"{rundir.state_path} has an unreadable training state ({e})") from None
     counts = (state.step, state.tokens, state.best_step + 1, state.world_size - 1, state.warmup_steps + 1)
     numbers = (state.elapsed, state.best_val_loss, state.time_budget_from)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from minigpt.common.files import atomic_write_json, read_bounded
+from minigpt.common.strict_json import parse_json
 from minigpt.errors import MinigptError, UsageError
 from minigpt.model.weights import expected_shapes
 
@@ -113,7 +114,7 @@ def remembered(
     name = json.dumps({"machine": machine(), **key}, sort_keys=True)
     stored: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, MinigptError):
-        loaded = json.loads(read_bounded(path))
+        loaded = parse_json(read_bounded(path))
         stored = loaded if isinstance(loaded, dict) else {}
     entry = stored.get(name)
     best: dict[str, float] = {}
