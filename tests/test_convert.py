@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import random
 import shutil
 import subprocess
 import sys
@@ -399,6 +400,27 @@ def test_gpt2_shapes_count_exactly() -> None:
         cfg = config_from_hf({**base, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd}, Path(name))
         assert count_params(cfg).exact_total == total, name
         assert cfg.tie_embeddings and cfg.bias and cfg.block_size == 1024
+
+
+def test_qwen3_layer_types_give_the_shortest_pattern_as_a_search_of_every_one_would() -> None:
+    """The window pattern read from layer_types is the shortest whose repeats (the last layer full) give
+    them, as trying every length in turn finds; at 4,096 layers (the most an import takes) too, at once."""
+
+    def shortest(layers: str) -> str:  # the reference: each length in turn
+        n = len(layers)
+        return next(
+            layers[:p] for p in range(1, n + 1) if (layers[:p] * (n // p + 1))[: n - 1] + "L" == layers
+        )
+
+    rng = random.Random(0)
+    cases = ["SL", "SSL", "SLSL", "SSLSSL", "SLSSL", "LSL", "SSSSSSL"]
+    cases += ["".join(rng.choice("SL") for _ in range(rng.randint(1, 40))) + "SL" for _ in range(300)]
+    cases += ["".join(rng.choice("SL") for _ in range(4095)) + "L", "SSSL" * 1023 + "SSSL"]
+    for layers in cases:
+        types = ["sliding_attention" if c == "S" else "full_attention" for c in layers]
+        hf = {"model_type": "qwen3", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": len(layers),
+              "use_sliding_window": True, "sliding_window": 8, "layer_types": types}  # fmt: skip
+        assert config_from_hf(hf, Path("config.json")).window_pattern == shortest(layers), layers
 
 
 @pytest.mark.slow

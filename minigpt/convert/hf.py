@@ -18,6 +18,7 @@ from minigpt.common.files import (
     safetensors_shapes,
     save_tensors,
 )
+from minigpt.common.strict_json import preview
 from minigpt.convert.config import ConvertResult, ImportConfig, record_export
 from minigpt.convert.hf_map import (
     ARCHITECTURES,
@@ -95,9 +96,9 @@ def read_hf_config(src: Path) -> dict[str, Any]:
         raise MinigptError(f"{path} is not a model config (expected a JSON object)")
     if hf.get("format") == RUN_FORMAT:
         raise MinigptError(f"{src} is a minigpt run already; `minigpt convert to-hf` goes the other way")
-    if hf.get("model_type") not in ARCHITECTURES:
+    if not isinstance(hf.get("model_type"), str) or hf["model_type"] not in ARCHITECTURES:
         raise MinigptError(
-            f"{src} holds a {hf.get('model_type')!r} model, not GPT-2, Llama or Qwen3 (model_type "
+            f"{src} holds a {preview(hf.get('model_type'))} model, not GPT-2, Llama or Qwen3 (model_type "
             f"{', '.join(map(repr, ARCHITECTURES))}): only those checkpoints convert"
         )
     return hf

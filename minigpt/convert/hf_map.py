@@ -8,8 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minigpt.common.strict_json import JsonError, checked_int, checked_number, preview
 from minigpt.errors import MinigptError
-from minigpt.model.config import GPTConfig
+from minigpt.model.config import MAX_WINDOW_PATTERN, GPTConfig
 from minigpt.model.weights import expected_shapes
 
 if TYPE_CHECKING:
@@ -29,6 +30,10 @@ _IGNORED = {
 }
 _IGNORED["qwen3"] = _IGNORED["llama"]
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function; minigpt's GELU(approximate="tanh")
+# layers an imported config may claim: far past the deepest checkpoint, checked before anything is listed
+# per layer (a config.json claiming 10**9 would otherwise be), and so any pattern of them fits window_pattern
+MAX_LAYERS = MAX_WINDOW_PATTERN
+_FIX = "correct config.json, or download the model again"
 
 # minigpt module -> Llama/Qwen3 module(s); the fused query/key/value projection is three there, in row order
 _LLAMA_LAYER: dict[str, tuple[str, ...]] = {
@@ -212,17 +217,34 @@ def _defaults_unset(config: GPTConfig) -> GPTConfig:
 Getter = Callable[[str, Any], Any]
 
 
+def _field(source: Path, check: Callable[[], Any]) -> Any:
+    """`check()`'s value, its JsonError (a field of the wrong type or size) a one-line MinigptError."""
+    try:
+        return check()
+    except JsonError as e:
+        raise MinigptError(f"{source}: {e}; {_FIX}") from None
+
+
+def _count(get: Getter, key: str, default: int, source: Path, high: int = (1 << 63) - 1) -> int:
+    """A field that counts something (a width, a number of layers): an integer from 1 to `high`."""
+    return _field(source, lambda: checked_int(get(key, default), key, 1, high))
+
+
+def _positive(get: Getter, key: str, default: float, source: Path) -> float:
+    return _field(source, lambda: checked_number(get(key, default), key, positive=True))
+
+
 def _gpt2_fields(hf: dict[str, Any], get: Getter, source: Path) -> dict[str, Any]:
-    n_embd = get("n_embd", 768)
+    n_embd = _count(get, "n_embd", 768, source)
     n_inner = hf.get("n_inner")
     if n_inner is not None and n_inner != 4 * n_embd:
         raise MinigptError(
-            f"{source}: n_inner {n_inner} is not 4 x n_embd ({4 * n_embd}); minigpt's MLP is 4 x n_embd wide"
+            f"{source}: n_inner {preview(n_inner)} is not 4 x n_embd ({4 * n_embd}); minigpt's MLP is 4 x n_embd wide"
         )
     act = get("activation_function", "gelu_new")
     if act not in _TANH_GELUS:
         raise MinigptError(
-            f"{source}: activation_function {act!r} is not supported; minigpt uses GPT-2's gelu_new"
+            f"{source}: activation_function {preview(act)} is not supported; minigpt uses GPT-2's gelu_new"
         )
     unsupported = {
         "scale_attn_weights": (get("scale_attn_weights", True), True),
@@ -231,31 +253,33 @@ def _gpt2_fields(hf: dict[str, Any], get: Getter, source: Path) -> dict[str, Any
     }
     for key, (value, wanted) in unsupported.items():
         if bool(value) != wanted:
-            raise MinigptError(f"{source}: {key}={value} is not plain GPT-2 attention; minigpt cannot run it")
+            raise MinigptError(
+                f"{source}: {key}={preview(value)} is not plain GPT-2 attention; minigpt cannot run it"
+            )
     return dict(
-        vocab_size=get("vocab_size", 50257),
-        block_size=get("n_positions", 1024),
-        n_layer=get("n_layer", 12),
-        n_head=get("n_head", 12),
+        vocab_size=_count(get, "vocab_size", 50257, source),
+        block_size=_count(get, "n_positions", 1024, source),
+        n_layer=_count(get, "n_layer", 12, source, MAX_LAYERS),
+        n_head=_count(get, "n_head", 12, source),
         n_embd=n_embd,
         bias=True,
         tie_embeddings=bool(get("tie_word_embeddings", True)),
-        layer_norm_eps=float(get("layer_norm_epsilon", 1e-5)),
+        layer_norm_eps=_positive(get, "layer_norm_epsilon", 1e-5, source),
     )
 
 
 def _llama_fields(hf: dict[str, Any], get: Getter, source: Path) -> dict[str, Any]:
     family = hf["model_type"]
-    hidden, heads = get("hidden_size", 4096), get("num_attention_heads", 32)
-    head_dim = hf.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
-    if isinstance(hidden, int) and isinstance(heads, int) and heads and head_dim != hidden // heads:
+    hidden, heads = _count(get, "hidden_size", 4096, source), _count(get, "num_attention_heads", 32, source)
+    head_dim = hf.get("head_dim") or hidden // heads
+    if head_dim != hidden // heads:
         raise MinigptError(
-            f"{source}: head_dim {head_dim} is not hidden_size / num_attention_heads ({hidden} / {heads}); "
+            f"{source}: head_dim {preview(head_dim)} is not hidden_size / num_attention_heads ({hidden} / {heads}); "
             f"minigpt's heads split the width evenly"
         )
     if get("hidden_act", "silu") != "silu":
         raise MinigptError(
-            f"{source}: hidden_act {hf['hidden_act']!r} is not SwiGLU's silu; minigpt cannot run it"
+            f"{source}: hidden_act {preview(hf['hidden_act'])} is not SwiGLU's silu; minigpt cannot run it"
         )
     bias = bool(get("attention_bias", False))
     mlp_bias = bool(get("mlp_bias", False)) if family == "llama" else False
@@ -264,21 +288,21 @@ def _llama_fields(hf: dict[str, Any], get: Getter, source: Path) -> dict[str, An
             f"{source}: attention_bias={bias} but mlp_bias={mlp_bias}; minigpt's --bias covers both"
         )
     return dict(
-        vocab_size=get("vocab_size", 32000 if family == "llama" else 151936),
-        block_size=get("max_position_embeddings", 2048 if family == "llama" else 32768),
-        n_layer=get("num_hidden_layers", 32),
+        vocab_size=_count(get, "vocab_size", 32000 if family == "llama" else 151936, source),
+        block_size=_count(get, "max_position_embeddings", 2048 if family == "llama" else 32768, source),
+        n_layer=_count(get, "num_hidden_layers", 32, source, MAX_LAYERS),
         n_head=heads,
         n_embd=hidden,
-        n_kv_head=get("num_key_value_heads", heads),
+        n_kv_head=_count(get, "num_key_value_heads", heads, source),
         pos="rope",
         rope_base=_rope_theta(hf, source),
         norm="rmsnorm",
         mlp="swiglu",
-        mlp_width=get("intermediate_size", 11008 if family == "llama" else 22016),
+        mlp_width=_count(get, "intermediate_size", 11008 if family == "llama" else 22016, source),
         qk_norm=family == "qwen3",
         bias=bias,
         tie_embeddings=bool(get("tie_word_embeddings", False)),
-        layer_norm_eps=float(get("rms_norm_eps", 1e-6)),
+        layer_norm_eps=_positive(get, "rms_norm_eps", 1e-6, source),
         **(_windows(hf, get, source) if family == "qwen3" else {}),
     )
 
@@ -291,43 +315,65 @@ def _rope_theta(hf: dict[str, Any], source: Path) -> Any:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
         raise MinigptError(
-            f"{source}: rope_type {kind!r} (scaled rotary positions) is not minigpt's plain rotary"
+            f"{source}: rope_type {preview(kind)} (scaled rotary positions) is not minigpt's plain rotary"
         )
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
-        raise MinigptError(f"{source}: partial_rotary_factor {partial}: minigpt rotates every head dimension")
-    return params.get("rope_theta", hf.get("rope_theta", 10000.0))  # GPTConfig checks it is a number
+        raise MinigptError(
+            f"{source}: partial_rotary_factor {preview(partial)}: minigpt rotates every head dimension"
+        )
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    return _field(source, lambda: checked_number(theta, "rope_theta", positive=True))
 
 
 def _windows(hf: dict[str, Any], get: Getter, source: Path) -> dict[str, Any]:
     """Qwen3's per-layer sliding windows as minigpt's window and shortest S/L pattern that gives them."""
-    n_layer, window = get("num_hidden_layers", 32), get("sliding_window", 4096)
-    if not get("use_sliding_window", False) or window is None or not isinstance(n_layer, int):
+    n_layer = _count(get, "num_hidden_layers", 32, source, MAX_LAYERS)
+    if not get("use_sliding_window", False) or get("sliding_window", 4096) is None:
         return {}
-    types = hf.get("layer_types") or [
-        "sliding_attention" if i >= get("max_window_layers", 28) else "full_attention" for i in range(n_layer)
-    ]
-    if (
-        not isinstance(types, list)
-        or len(types) != n_layer
-        or set(types) - {"sliding_attention", "full_attention"}
-    ):
-        raise MinigptError(f"{source}: layer_types must list full_attention or sliding_attention per layer")
-    layers = "".join("S" if t == "sliding_attention" else "L" for t in types)
+    window = _count(get, "sliding_window", 4096, source)
+    layers = _layer_kinds(hf, get, n_layer, source)
     if "S" not in layers:
         return {}
     if layers[-1] == "S":
         raise MinigptError(
             f"{source}: the last layer has a sliding window; minigpt's last layer attends to all"
         )
-    period = next(p for p in range(1, n_layer + 1) if _pattern_gives(layers[:p], layers))
+    period = _period(layers[:-1])  # the last layer is full, as minigpt's always is
     return {"window": window, "window_pattern": layers[:period]}
 
 
-def _pattern_gives(pattern: str, layers: str) -> bool:
-    """Whether `pattern`, repeated over the layers with the last one full, is `layers`."""
-    n = len(layers)
-    return (pattern * (n // len(pattern) + 1))[: n - 1] + "L" == layers
+def _layer_kinds(hf: dict[str, Any], get: Getter, n_layer: int, source: Path) -> str:
+    """Each layer's attention as S (a sliding window) or L (full): layer_types, else the layers from
+    max_window_layers on sliding (transformers' rule), `n_layer` of them (already bounded)."""
+    types = hf.get("layer_types")
+    if not types:
+        full = _field(source, lambda: checked_int(get("max_window_layers", 28), "max_window_layers"))
+        return "L" * min(full, n_layer) + "S" * max(n_layer - full, 0)
+    kinds = {"sliding_attention": "S", "full_attention": "L"}
+    if (
+        not isinstance(types, list)
+        or len(types) != n_layer
+        or not all(isinstance(t, str) and t in kinds for t in types)
+    ):
+        raise MinigptError(
+            f"{source}: layer_types must list full_attention or sliding_attention for each of the "
+            f"{n_layer} layers; {_FIX}"
+        )
+    return "".join(kinds[t] for t in types)
+
+
+def _period(layers: str) -> int:
+    """The shortest p with layers[i] == layers[i - p] throughout (so layers[:p] repeated gives them), in
+    linear time: the length less the longest proper border (Knuth-Morris-Pratt's failure function)."""
+    border = [0] * len(layers)
+    k = 0
+    for i in range(1, len(layers)):
+        while k and layers[i] != layers[k]:
+            k = border[k - 1]
+        k += layers[i] == layers[k]
+        border[i] = k
+    return len(layers) - border[-1]
 
 
 # ---------------------------------------------------------------- tensor names and layouts

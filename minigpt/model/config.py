@@ -7,7 +7,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from minigpt.common.settings import ARCH, MODEL, check_choices, setting
+from minigpt.common.strict_json import preview
 from minigpt.errors import UsageError
+
+MAX_WINDOW_PATTERN = 4096  # letters of window_pattern: one per layer at most, over the deepest models
+HINT_SPAN = (
+    4096  # head counts a width hint searches on either side of the one given (any width may be claimed)
+)
 
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
@@ -96,13 +102,13 @@ class GPTConfig:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
         for name in ("bias", "tie_embeddings", "qk_norm", "value_embeds", "skips"):
             if not isinstance(getattr(self, name), bool):
-                raise UsageError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise UsageError(f"{name} must be true or false, got {preview(getattr(self, name))}")
         for name in ("layer_norm_eps", "rope_base", "logit_cap"):
             value = getattr(self, name)
             if value is None and name == "logit_cap":
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise UsageError(f"{name} must be a positive number, got {value!r}")
+                raise UsageError(f"{name} must be a positive number, got {preview(value)}")
         if self.skips and self.n_layer < 2:
             raise UsageError("skips join a layer to its mirror: they need n_layer 2 or more (drop --skips)")
         check_choices(self)
@@ -128,9 +134,15 @@ class GPTConfig:
                     "leave it out for full attention"
                 )
         pattern = self.window_pattern
-        if not isinstance(pattern, str) or not pattern or set(pattern) - {"S", "L"} or len(pattern) > 4096:
+        if (
+            not isinstance(pattern, str)
+            or not pattern
+            or set(pattern) - {"S", "L"}
+            or len(pattern) > MAX_WINDOW_PATTERN
+        ):
             raise UsageError(
-                f"window_pattern must be letters S (local) and L (full), for example SSSL; got {pattern!r}"
+                f"window_pattern must be letters S (local) and L (full), at most {MAX_WINDOW_PATTERN:,} of "
+                f"them, for example SSSL; got {preview(pattern)}"
             )
 
     @property
@@ -224,18 +236,20 @@ class GPTConfig:
 
 def _check_count(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+        raise UsageError(f"{name} must be a positive integer, got {preview(value)}")
 
 
 def _width_hint(n_embd: int, n_head: int) -> str:
     """Why n_embd must divide by n_head, and the nearest shapes that work: other head counts for this width,
     or widths whose head size is a multiple of 8 (what fast attention kernels want) for this head count."""
-    below = [h for h in range(1, min(n_head, n_embd + 1)) if n_embd % h == 0][-1:]
-    above = [h for h in range(n_head + 1, n_embd + 1) if n_embd % h == 0][:1]
+    # the nearest head counts within HINT_SPAN of n_head: a config.json may claim a width of 10**12
+    below = [h for h in range(min(n_head - 1, n_embd), max(n_head - HINT_SPAN, 0), -1) if n_embd % h == 0][:1]
+    above = [h for h in range(n_head + 1, min(n_embd, n_head + HINT_SPAN) + 1) if n_embd % h == 0][:1]
     step = 8 * n_head
     widths = [w for w in (n_embd // step * step, (n_embd // step + 1) * step) if w > 0]
+    heads = f"n_head {' or '.join(map(str, below + above))}, or " if below + above else ""
     return (
         f"n_embd ({n_embd}) must be divisible by n_head ({n_head}): each head gets an equal share of the "
-        f"width; try n_head {' or '.join(map(str, below + above))}, or n_embd {' or '.join(map(str, widths))} "
+        f"width; try {heads}n_embd {' or '.join(map(str, widths))} "
         f"(head size {' or '.join(str(w // n_head) for w in widths)}: multiples of 8 suit attention kernels)"
     )
