@@ -457,6 +457,10 @@ def test_sampling_rules(backend: str) -> None:
     assert rng_state(rng) == before
     cold = engine.sample(logits_of(np.tile(random, (50, 1))), 0.05, None, None, rng)
     assert np.mean(np.array(cold) == np.tile(random.argmax(-1), 50)) > 0.9
+    # any temperature a user can type: a subnormal one (float32's, float64's) is argmax, never NaN
+    for tiny in (1e-40, 1e-320):
+        for top_k, top_p in ((None, None), (3, 0.5)):
+            assert engine.sample(logits_of(random), tiny, top_k, top_p, rng) == random.argmax(-1).tolist()
     # top-k 1 is greedy; a seed reproduces its text; greedy ignores the seed
     prompt = [[1, 2]]
 

@@ -329,14 +329,16 @@ def test_the_compiled_draw_picks_what_a_cumulative_sum_and_a_search_pick() -> No
     logits = rng.standard_normal((6, 300)).astype(np.float32) * 4
     logits[2, ::2] = -np.inf  # half the vocabulary impossible
     logits[3, :-1] = -np.inf  # one possible token, the last
-    for temperature in (0.3, 0.8, 1.0, 2.5):
+    for temperature in (1e-320, 1e-40, 0.3, 0.8, 1.0, 2.5):  # subnormals: argmax, never NaN
         for u in (np.zeros(6), np.full(6, 1 - 2**-53), *rng.random((40, 6))):
-            z = logits.astype(np.float64) / temperature
-            cdf = np.cumsum(np.exp(z - z.max(-1, keepdims=True)), -1)
+            with np.errstate(over="ignore"):
+                z = (logits.astype(np.float64) - logits.max(-1, keepdims=True)) / temperature
+            cdf = np.cumsum(np.exp(z), -1)
             want = [min(np.searchsorted(cdf[r], u[r] * cdf[r, -1], side="right"), 299) for r in range(6)]
             got = kernels.draw(logits, temperature, u)
             assert got.tolist() == want
             assert np.isfinite(logits[2, got[2]]) and got[3] == 299
+            assert temperature > 1e-30 or got.tolist() == logits.argmax(-1).tolist()
     row = np.broadcast_to(logits[:1], (4, 300))
     u = rng.random(4)
     assert kernels.draw(row, 1.0, u).tolist() == [

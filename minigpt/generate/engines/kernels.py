@@ -680,17 +680,18 @@ if numba is not None:
     def _draw(logits: Any, temperature: float, u: Any, out: Any) -> None:
         """out[r] = the token drawn for row r of logits (B, V) at `temperature` by the uniform u[r] in [0, 1),
         as `numpy.sample_next` draws without top-k or top-p: the first token whose running sum of the
-        weights exp(z - max z), z = logits / temperature in float64, passes u times their total. In order,
-        without fast-math: each sum is the same sum a NumPy cumsum makes."""
+        weights exp(z), z = (logits - max logits) / temperature in float64 (shifted first: a tiny temperature
+        gives 0 and -inf, never NaN), passes u times their total. In order, without fast-math: each sum is the
+        same sum a NumPy cumsum makes."""
         rows, vocab = logits.shape
         cdf = np.empty(vocab, dtype=np.float64)
         for r in range(rows):
             top = -np.inf
             for v in range(vocab):
-                top = max(top, np.float64(logits[r, v]) / temperature)
+                top = max(top, np.float64(logits[r, v]))
             total = 0.0
             for v in range(vocab):
-                total += np.exp(np.float64(logits[r, v]) / temperature - top)
+                total += np.exp((np.float64(logits[r, v]) - top) / temperature)
                 cdf[v] = total
             target = u[r] * total
             lo, hi = 0, vocab  # the first v with cdf[v] > target: a zero weight's empty step is never it

@@ -385,7 +385,10 @@ def sample_next(
         return logits.argmax(-1)
     if top_k is None and top_p is None and compiled:  # the common case, compiled
         return _kernels.draw(logits, temperature, rng.random(logits.shape[0]))
-    z = np.divide(logits, temperature, dtype=np.float64)
+    # shifted to a largest of 0 before dividing: a tiny temperature (1e-320) gives 0 and -inf, never NaN
+    z = np.subtract(logits, np.maximum.reduce(logits, axis=-1, keepdims=True), dtype=np.float64)
+    with np.errstate(over="ignore"):  # -inf is the weight 0 it stands for
+        z /= temperature
     rows, vocab = z.shape
     if top_k is not None and top_k < vocab:
         keep = np.argpartition(z, vocab - top_k, axis=-1)[:, vocab - top_k :]
@@ -400,7 +403,7 @@ def sample_next(
         np.put_along_axis(z, order, ranked, -1)
     # the weights exp(z - max), not divided by their sum: u is drawn over their total, which spares a
     # NumPy call (each starts cold, after a step's weights have streamed through the caches)
-    z -= np.maximum.reduce(z, axis=-1, keepdims=True)
+    z -= np.maximum.reduce(z, axis=-1, keepdims=True)  # top-k and top-p may have cut the largest
     cdf = np.cumsum(np.exp(z, out=z), -1)
     u = rng.random(rows) * cdf[:, -1]
     # side="right" never lands on a zero-probability token: its cdf step is empty

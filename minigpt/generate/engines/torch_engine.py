@@ -45,7 +45,11 @@ def sample_next(
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # the largest logit shifted to 0 before dividing, by at least float32's smallest normal: any temperature
+    # a user can type (1e-40 is a float32 subnormal, 1e-320 rounds to 0 there) then gives 0 and -inf, never
+    # inf - inf = NaN; a colder temperature than that is argmax already
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
     vocab = logits.size(-1)
     if top_k is not None and top_k < vocab:
         # scatter exactly k values: a `logits < kth` mask would keep every token tied with the k-th
