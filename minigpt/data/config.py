@@ -23,6 +23,7 @@ ERRORS_CHOICES = ("strict", "replace", "ignore")
 # merges that compress held-out text as well as the whole corpus's would, and bounds the time learning
 # takes at any corpus size (bench/bench_corpus.py --sample-cost-mb measures both)
 DEFAULT_TOKENIZER_SAMPLE = 64_000_000
+MAX_SIZE = 1 << 62  # bytes: past any disk, and within the 64-bit integers sizes are counted in
 _SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|k|m|g)?\s*")
 
 
@@ -34,7 +35,10 @@ def parse_size(text: str | int) -> int:
     if not m:
         raise UsageError(f"{text!r} is not a size; use e.g. 64MB, 1GB or 500000")
     scale = {"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9}.get((m[2] or "").lower(), 1)
-    return int(float(m[1]) * scale)
+    size = float(m[1]) * scale
+    if size > MAX_SIZE:  # a float past its range (inf) would not even convert to an integer
+        raise UsageError(f"{str(text)[:40]!r} is past {MAX_SIZE:,} bytes; use e.g. 64MB, 1GB or 500000")
+    return int(size)
 
 
 @dataclass(frozen=True)

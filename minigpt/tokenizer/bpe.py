@@ -128,6 +128,7 @@ TOKENIZER_CHOICES = (
 # small models gain most from a small vocabulary: at equal CPU time it gives the lowest validation bits per
 # byte (bench/bench_tokenizers.py compares sizes)
 DEFAULT_BPE_VOCAB_SIZE = 512
+MAX_BPE_VOCAB_SIZE = 1 << 32  # token ids are stored as 32-bit integers
 
 
 class _RankedBPE(Tokenizer):
@@ -344,11 +345,17 @@ class BPETokenizer(_RankedBPE):
 
 
 def check_bpe_vocab_size(vocab_size: Any) -> None:
-    """Raise a UsageError unless vocab_size can hold the 256 byte tokens plus <|endoftext|>."""
+    """Raise a UsageError unless vocab_size can hold the 256 byte tokens plus <|endoftext|>, and its ids
+    fit the token store's 32-bit integers."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
         raise UsageError(
             f"--vocab-size {vocab_size} is too small for --tokenizer bpe: it needs at least 257 "
             f"(256 byte tokens + <|endoftext|>); {DEFAULT_BPE_VOCAB_SIZE} is a good start for small models"
+        )
+    if vocab_size > MAX_BPE_VOCAB_SIZE:
+        raise UsageError(
+            f"--vocab-size {vocab_size} is past the {MAX_BPE_VOCAB_SIZE:,} ids tokens are stored as; "
+            f"{DEFAULT_BPE_VOCAB_SIZE} is a good start for small models"
         )
 
 

@@ -73,6 +73,7 @@ ORTHOGONALIZERS = ("newton-schulz", "polar-express")  # Muon's (minigpt.train.mu
 MUON_DTYPES = ("auto", "float32", "bfloat16")
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 _MIN_LR_DEFAULT = ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
+MAX_DURATION = 10 * 365 * 86400.0  # a time budget past this is a typo, not a plan
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
 
 
@@ -90,6 +91,10 @@ def parse_duration(text: str) -> float:
     if not s or pos != len(s) or total <= 0:
         raise UsageError(
             f"cannot read duration {text!r}: use e.g. 90s, 10m, 1h30m (a bare number is seconds)"
+        )
+    if total > MAX_DURATION:
+        raise UsageError(
+            f"duration {text!r} is past {MAX_DURATION:,.0f} s (ten years): use e.g. 90s, 10m, 1h30m"
         )
     return total
 
@@ -223,8 +228,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")
-        if self.max_time is not None and not self.max_time > 0:
-            raise UsageError(f"max_time must be a positive number of seconds, got {self.max_time}")
+        if self.max_time is not None and not 0 < self.max_time <= MAX_DURATION:
+            raise UsageError(
+                f"max_time must be a positive number of seconds up to {MAX_DURATION:,.0f} (ten years), "
+                f"got {self.max_time}"
+            )
 
     def _check_rates(self) -> None:
         if self.lr is not None and not self.lr > 0:
