@@ -14,7 +14,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -55,11 +55,11 @@ class Server:
     comes (a pipe that nobody reads would fill and stall it) into `lines`; the URL is taken from the line
     that announces it, so nothing waits on a timer."""
 
-    def __init__(self, tmp: Path, *args: str) -> None:
+    def __init__(self, tmp: Path, *args: str, preexec_fn: Callable[[], None] | None = None) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "MINIGPT_API_KEY": ""}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minigpt", "serve", *args, "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp, text=True, preexec_fn=preexec_fn,
         )  # fmt: skip
         self.lines: list[str] = []
         self.announced: queue.Queue[str | None] = queue.Queue()
@@ -362,7 +362,11 @@ BAD = [
     ({"prompt": ["a"] * 65}, "prompt", "at most 64"),
     ({"prompt": 5}, "prompt", "lists of token ids, none of them empty lists, not a number"),
     ({"prompt": 2.5}, "prompt", "not a number"),
-    ({"prompt": float("inf")}, "prompt", "not a number"),
+    (
+        {"prompt": float("inf")},
+        None,
+        "the request body is not valid JSON (Infinity, which is not a JSON number)",
+    ),
     ({"prompt": True}, "prompt", "not a boolean"),
     ({"prompt": None}, "prompt", "not null"),
     ({"prompt": {"text": "a"}}, "prompt", "not an object"),
@@ -434,7 +438,7 @@ def test_any_malformed_prompt_or_message_is_a_validation_error(value: Any) -> No
 
 def test_malformed_json_and_unknown_routes(server: Server, client: openai.OpenAI) -> None:
     status, out = request(server.url + "/v1/completions", raw=b"{not json")
-    assert status == 400 and out["error"]["message"] == "the request body is not valid JSON"
+    assert status == 400 and out["error"]["message"].startswith("the request body is not valid JSON (")
     status, out = request(server.url + "/v1/nothing")
     assert status == 404 and "error" in out
     with pytest.raises(openai.BadRequestError, match="max_tokens"):

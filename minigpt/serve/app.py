@@ -10,18 +10,21 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from minigpt.chat.template import has_chat_tokens
+from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.errors import MinigptError
 from minigpt.serve.batcher import Job, Piece, QueueFull, TokenLogprob, Update, notify_each
 from minigpt.serve.chat import ChatRequest, chat_body, chat_chunk, chat_head, make_chat_job, role_chunk
+from minigpt.serve.config import body_cap
 from minigpt.serve.models import ServedModel
 from minigpt.serve.protocol import (
     ApiError,
@@ -39,16 +42,22 @@ from minigpt.serve.protocol import (
 __all__ = ["create_app"]
 
 STATIC = Path(__file__).with_name("static")
+# a body past this is parsed and its prompts tokenized on a worker thread, not on the event loop
+INLINE_BODY = 64 << 10
 log = logging.getLogger("minigpt.serve")
+R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
 
 
 @dataclass
 class State:
-    """What the routes share: the models by id, the request limits and the API key (None: no auth)."""
+    """What the routes share: the models by id, the request limits, the API key (None: no auth) and the
+    largest request body taken, in bytes."""
 
     models: dict[str, ServedModel]
     limits: Limits
     api_key: str | None
+    max_body: int
 
     def model(self, name: str | None) -> ServedModel:
         if name is None:
@@ -88,11 +97,59 @@ async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
+async def _body(request: Request, cap: int) -> bytes:
+    """The request's body, refused with a 413 once past `cap` bytes: by the length it declares before any
+    of it is read, else as it arrives."""
+    declared = request.headers.get("content-length", "")
+    if len(declared) > 20 or declared.isascii() and declared.isdigit() and int(declared) > cap:
+        raise _too_large(cap)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise _too_large(cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(cap: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than this server takes ({cap:,} bytes; see --max-body)")
+
+
+def _validated(body: bytes, model: type[R]) -> R:
+    """The body read strictly (`parse_json`) into `model`; ApiError or a validation error (both a 400)."""
+    try:
+        data = parse_json(body)
+    except JsonError as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+
+
+async def _read(request: Request, model: type[R], prepare: Callable[[R], T]) -> tuple[R, T]:
+    """The request's body (past the server's cap, a 413 unread) as `model`, and `prepare` of it (its jobs
+    made: prompts tokenized). A large body is read and prepared on a worker thread, so that megabytes of
+    JSON never hold up the event loop and the other requests it serves (/health included)."""
+    body = await _body(request, _state(request).max_body)
+
+    def work() -> tuple[R, T]:
+        req = _validated(body, model)
+        return req, prepare(req)
+
+    return await asyncio.to_thread(work) if len(body) > INLINE_BODY else work()
+
+
 @api.post("/completions")
-async def completions(req: CompletionRequest, request: Request) -> Response:
+async def completions(request: Request) -> Response:
     state = _state(request)
-    served = state.model(req.model)
-    jobs = make_jobs(req, served.tokenizer, served.engine.block_size, state.limits)
+
+    def prepare(req: CompletionRequest) -> tuple[ServedModel, list[Job]]:
+        served = state.model(req.model)
+        return served, make_jobs(req, served.tokenizer, served.engine.block_size, state.limits)
+
+    req, (served, jobs) = await _read(request, CompletionRequest, prepare)
     updates = _channel(jobs)
     try:
         served.batcher.submit(*jobs)
@@ -110,10 +167,14 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
 
 
 @api.post("/chat/completions")
-async def chat_completions(req: ChatRequest, request: Request) -> Response:
+async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    served = state.model(req.model)
-    jobs = [make_chat_job(req, served.tokenizer, served.engine.block_size, state.limits)]
+
+    def prepare(req: ChatRequest) -> tuple[ServedModel, list[Job]]:
+        served = state.model(req.model)
+        return served, [make_chat_job(req, served.tokenizer, served.engine.block_size, state.limits)]
+
+    req, (served, jobs) = await _read(request, ChatRequest, prepare)
     updates = _channel(jobs)
     try:
         served.batcher.submit(*jobs)
@@ -134,8 +195,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Response:
 
 
 @api.post("/attention")
-async def attention(req: AttentionRequest, request: Request) -> dict[str, Any]:
-    served = _state(request).model(req.model)
+async def attention(request: Request) -> dict[str, Any]:
+    req, served = await _read(request, AttentionRequest, lambda req: _state(request).model(req.model))
     # the first call may import torch and load the model: seconds the event loop must not wait
     return await asyncio.to_thread(served.attention, req.text, req.position)
 
@@ -168,7 +229,8 @@ async def _updates(queue: asyncio.Queue[Update], jobs: int) -> AsyncIterator[Upd
     while jobs:
         update = await queue.get()
         if update.error is not None:
-            raise ApiError(500, update.error, kind="server_error")
+            kind = "server_error" if update.status >= 500 else "invalid_request_error"
+            raise ApiError(update.status, update.error, kind=kind)
         yield update
         jobs -= update.done
 
@@ -264,22 +326,20 @@ async def _user_error(request: Request, e: Exception) -> Response:
 
 
 async def _invalid(request: Request, e: Exception) -> Response:
-    """FastAPI's validation errors as one OpenAI error: the first problem, named by its field."""
+    """A request's validation errors as one OpenAI error: the first problem, named by its field."""
     assert isinstance(e, RequestValidationError)
     first = e.errors()[0] if e.errors() else {}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ())]
     param = ".".join(loc) or None
     kind = first.get("type")
-    if kind == "json_invalid":
-        message = "the request body is not valid JSON"
-    elif kind == "extra_forbidden":
+    if kind == "extra_forbidden":
         message = f"unrecognized request argument supplied: {param}"
     elif not loc and kind != "value_error":
         message = "the request body must be a JSON object"
     else:
         detail = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
         message = f"{param}: {detail}" if param else detail
-    return _error(400, message, param=param if kind != "json_invalid" else None)
+    return _error(400, message, param=param)
 
 
 async def _http_error(request: Request, e: Exception) -> Response:
@@ -312,7 +372,8 @@ def create_app(
 
     # no /docs: FastAPI's pages load their scripts from a CDN, and the page here must work offline
     app = FastAPI(title="minigpt serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.minigpt = State({m.id: m for m in models}, limits, api_key)
+    max_body = limits.max_body or max(body_cap(m.engine.block_size) for m in models)
+    app.state.minigpt = State({m.id: m for m in models}, limits, api_key, max_body)
     for error, handler in (
         (ApiError, _api_error),
         (MinigptError, _user_error),

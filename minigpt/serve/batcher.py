@@ -52,11 +52,13 @@ class Piece:
 
 @dataclass(frozen=True)
 class Update:
-    """What one decoding round produced for a job, handed to the job's `notify`."""
+    """What one decoding round produced for a job, handed to the job's `notify`; an `error` ends the job,
+    with the HTTP `status` its request gets."""
 
     pieces: list[Piece]
     done: bool = False
     error: str | None = None
+    status: int = 500
 
 
 class Choice:
@@ -340,9 +342,21 @@ class Batcher:
                 group.tokens += [0] * job.n  # never shown: the job leaves before the next forward
                 continue
             s = job.sampling
-            picks = self.engine.sample(logits, s.temperature, s.top_k, s.top_p, job.rng)
+            try:
+                picks = self.engine.sample(logits, s.temperature, s.top_k, s.top_p, job.rng)
+            except (ArithmeticError, RuntimeError, ValueError) as e:  # torch's, for NaN or infinite logits
+                self._refuse(job, f"cannot draw the next token from this request's scores ({e})")
+                group.tokens += [0] * job.n
+                continue
             group.tokens += picks
             self._emit(job, picks, logits)
+
+    def _refuse(self, job: Job, message: str) -> None:
+        """End a job whose own rows cannot go on (its numbers, not the batch's): a 400 for its request alone,
+        its rows leaving the group at this round's retirement."""
+        log.warning("request refused while decoding: %s", message)
+        job.cancelled = True
+        self._outbox.append((job, Update([], done=True, error=message, status=400)))
 
     def _emit(self, job: Job, picks: list[int], logits: Any) -> None:
         """Feed a job's new tokens to its choices and post the text that became safe to show."""

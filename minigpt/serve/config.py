@@ -7,16 +7,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.common.settings import check_bounds, setting
+from minigpt.data.config import parse_size
 
-__all__ = ["Limits", "ServeConfig"]
+__all__ = ["CHARS_PER_TOKEN_CAP", "Limits", "ServeConfig", "body_cap"]
+
+MAX_ROWS = 4096  # --max-batch at most: far past any batch one machine decodes at once
+# a character cap checked before tokenizing, far above any prompt that fits in the context
+CHARS_PER_TOKEN_CAP = 64
+# JSON bytes of one character at its longest (\uXXXX), and room for a request's other fields
+ESCAPED_CHAR_BYTES = 6
+BODY_SLACK = 1 << 20
+
+
+def body_cap(block_size: int) -> int:
+    """The default cap on a request body for a model of `block_size` positions: a prompt or conversation
+    filling the context, each token CHARS_PER_TOKEN_CAP characters escaped at their longest, and BODY_SLACK."""
+    return BODY_SLACK + block_size * CHARS_PER_TOKEN_CAP * ESCAPED_CHAR_BYTES
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for: tokens per choice and choices per request."""
+    """What one request may ask for: tokens per choice, choices per request, and bytes of its body (None:
+    `body_cap` of the largest context served)."""
 
     max_tokens: int = 1024
     max_n: int = 16
+    max_body: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,9 +51,16 @@ class ServeConfig:
     api_key: str | None = setting(
         None, "Require `Authorization: Bearer KEY` on every /v1 route.", envvar="MINIGPT_API_KEY"
     )
-    max_batch: int = setting(32, "Rows (samples of all requests) decoded together at most; caps n.", min=1)
+    # past MAX_ROWS, one request's n could ask for a KV cache of any size
+    max_batch: int = setting(
+        32, "Rows (samples of all requests) decoded together at most; caps n.", min=1, max=MAX_ROWS
+    )
     queue: int = setting(64, "Requests that may wait for free rows; past that, 429 (busy).", min=0)
     max_tokens: int = setting(1024, "The largest max_tokens a request may ask for.", min=1)
+    max_body: int | None = setting(
+        None, "The largest request body, e.g. 16MB: a larger one is refused (413) unread.", parse=parse_size,
+        metavar="<size>", min=1, shown="room for the largest context served, written out at its longest, +1MB",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -45,4 +68,4 @@ class ServeConfig:
     @property
     def limits(self) -> Limits:
         """What one request may ask for: n up to the rows decoded together."""
-        return Limits(max_tokens=self.max_tokens, max_n=self.max_batch)
+        return Limits(max_tokens=self.max_tokens, max_n=self.max_batch, max_body=self.max_body)

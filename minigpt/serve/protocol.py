@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from minigpt.errors import MinigptError
 from minigpt.generate.decode import Sampling, encode_prompt
 from minigpt.serve.batcher import Job, Piece, TokenLogprob
-from minigpt.serve.config import Limits
+from minigpt.serve.config import CHARS_PER_TOKEN_CAP, Limits
 from minigpt.tokenizer.base import Tokenizer
 
 __all__ = [
@@ -35,8 +35,6 @@ MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # held-back text is searched against every stop string at every token
 MAX_LOGPROBS = 5  # OpenAI's limit for the completions API
 MAX_PROMPTS = 64  # prompts in one request (lm-evaluation-harness batches, langchain's batch())
-# a character cap checked before tokenizing, far above any prompt that fits in the context
-CHARS_PER_TOKEN_CAP = 64
 
 
 class ApiError(Exception):
