@@ -44,17 +44,20 @@ class Attack:
     build: Callable[[Path], list[str]]  # plants the input under tmp and returns the CLI arguments
     blame: str  # what the error line must say (the file or option at fault); with exit_code 0, stderr
     exit_code: int | None = None  # None: refused with 1 or 2; 0: the CLI must recover and succeed
+    stdin: str = ""  # what the command reads on its standard input (piped `chat` lines)
 
 
 # ---------------------------------------------------------------------------------------------- the checker
 
 
 def child_env(tmp: Path) -> dict[str, str]:
+    (tmp / "tmp").mkdir(exist_ok=True)
     return {
         **os.environ,
         "PYTHONPATH": str(ROOT),  # this checkout, not wherever minigpt is installed
         "MINIGPT_CACHE_DIR": str(tmp / "cache"),
         "TIKTOKEN_CACHE_DIR": str(tmp / "tiktoken-cache"),
+        "TMPDIR": str(tmp / "tmp"),  # temporary files land in the watched folder too
         "OMP_NUM_THREADS": "1",
     }
 
@@ -63,12 +66,12 @@ def limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def minigpt(tmp: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+def minigpt(tmp: Path, args: list[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "minigpt", *args],
         cwd=ROOT,
         env=child_env(tmp),
-        stdin=subprocess.DEVNULL,
+        input=stdin,
         capture_output=True,
         text=True,
         errors="backslashreplace",
@@ -95,7 +98,7 @@ def check(attack: Attack, tmp: Path) -> None:
     args = attack.build(tmp)
     before = snapshot(ROOT, tmp.parent, skip=tmp)
     try:
-        proc = minigpt(tmp, args)
+        proc = minigpt(tmp, args, attack.stdin)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{attack.name}: still running after {TIME_LIMIT}s")
     err = proc.stderr
