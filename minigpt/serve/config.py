@@ -58,8 +58,9 @@ class ServeConfig:
     queue: int = setting(64, "Requests that may wait for free rows; past that, 429 (busy).", min=0)
     max_tokens: int = setting(1024, "The largest max_tokens a request may ask for.", min=1)
     max_body: int | None = setting(
-        None, "The largest request body, e.g. 16MB: a larger one is refused (413) unread.", parse=parse_size,
-        metavar="<size>", min=1, shown="room for the largest context served, written out at its longest, +1MB",
+        None, "The largest request body, e.g. 16MB: a larger one is refused (413) unread. Default: room for "
+        "the largest context served, written out at its longest, and 1MB.", parse=parse_size, metavar="<size>",
+        min=1,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
