@@ -1,8 +1,8 @@
 """Hostile-input suite: shared runs, checkpoints, tokenizer files and options, attacked through the CLI.
 
 Every case is one `Attack` row in ATTACKS: a `build` function plants the hostile input under the test's tmp
-dir and returns the CLI arguments; `check` runs them in a real `python -m minigpt` process (memory and time
-bounded) and holds every case to the same rules. To add a case, write its build function and add a row.
+dir and returns the CLI arguments; `check` runs them in a real `python -m minigpt` process (memory, file size
+and time bounded) and holds every case to the same rules. To add a case, write its build function and add a row.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from conftest import ROOT, slow_but
 FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS = FIXTURES / "corpus.txt"
 MEMORY_LIMIT = 3 << 30  # address space of the child: a read or allocation without bound dies under it
+# bytes any one file the child writes may reach: a write without bound (a decompression bomb copied out)
+# fails there, and the disk never fills
+FILE_LIMIT = 256 << 20
 # seconds: a hang or a catastrophically backtracking regex runs past it; generous, so that a command slowed
 # down by a loaded machine (importing torch alone takes 10-20 s at load 15) is never taken for one
 TIME_LIMIT = 180
@@ -62,8 +65,9 @@ def child_env(tmp: Path) -> dict[str, str]:
     }
 
 
-def limit_memory() -> None:
+def limit_resources() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
 
 
 def minigpt(tmp: Path, args: list[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -76,7 +80,7 @@ def minigpt(tmp: Path, args: list[str], stdin: str = "") -> subprocess.Completed
         text=True,
         errors="backslashreplace",
         timeout=TIME_LIMIT,
-        preexec_fn=limit_memory,
+        preexec_fn=limit_resources,
     )
 
 

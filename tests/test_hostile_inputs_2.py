@@ -1,9 +1,11 @@
 """Hostile inputs, round 2, by surface: untrusted JSON, its numbers and shapes (conversations, corpus records,
-adapters, run folders, imported models), numeric options, sampling, and the server's request bodies.
+adapters, run folders, imported models), corpus files and the token store, numeric options, sampling, and the
+server's request bodies.
 
 The command line cases are `Attack` rows run by test_hostile_inputs' harness: a real `python -m minigpt`
-process under an address-space limit and a time limit, refused in one line (or recovering), nothing written
-outside its temporary folder. Each surface is a list in SURFACES: to add a case, add a row to its surface's
+process under address-space, file-size and time limits, refused in one line (or recovering), nothing written
+outside its temporary folder. Decompression bombs are made here from repeated bytes by zstd's streaming
+compressor: tens of megabytes of data in a few kilobytes on disk. Each surface is a list in SURFACES: to add a case, add a row to its surface's
 list; a new surface is a new entry. The server's cases drive a real server (under the same address-space
 limit) over raw HTTP, or the application in this process where a step must be made to wait.
 """
@@ -34,11 +36,16 @@ from test_hostile_inputs import (
     fine_tune,
     from_hf,
     hf_dir,
-    limit_memory,
+    limit_resources,
     lora_then,
     train_with,
     with_run,
 )
+
+try:  # Python 3.14's standard library; the backport before it
+    from compression import zstd  # type: ignore[import-not-found]
+except ImportError:
+    from backports import zstd  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.timeout(3 * TIME_LIMIT + 60)
 
@@ -146,6 +153,33 @@ def jsonl_corpus(tmp: Path, line: str) -> Path:
     return path
 
 
+def zstd_bomb(path: Path, head: bytes, size: int, repeated: bytes = b"\0") -> Path:
+    """`head`, then `repeated` over and over: `size` bytes once decompressed, a few KB on disk."""
+    block = repeated * ((1 << 20) // len(repeated))
+    with zstd.ZstdFile(path, "w") as out:
+        out.write(head)
+        written = len(head)
+        while written < size:
+            out.write(block[: size - written])
+            written += len(block)
+    assert path.stat().st_size < 64 << 10
+    return path
+
+
+def parquet_with_two_text_columns(tmp: Path) -> Path:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    docs = pa.array(CORPUS.read_text(encoding="utf-8").splitlines())
+    path = tmp / "corpus.parquet"
+    pq.write_table(pa.Table.from_arrays([docs, docs], names=["text", "text"]), path)
+    return path
+
+
+def prepare_char(make: Callable[[Path], Path], *options: str) -> Callable[[Path], list[str]]:
+    """`prepare --tokenizer char` of the file make(tmp) plants."""
+    return lambda tmp: ["prepare", str(make(tmp)), "--tokenizer", "char", *options]
+
+
 def hf_config_only(config: dict[str, Any], raw: str = "") -> Callable[[Path], list[str]]:
     """`convert from-hf` of a folder holding only config.json: `config`, then `raw` JSON text spliced in
     (for what json.dumps would not write). The config is read before any weights are looked for."""
@@ -244,6 +278,16 @@ CORPORA = [
         )(tmp),
         f"corpus.jsonl:{len(CORPUS.read_text(encoding='utf-8').splitlines()) + 1}: not valid JSON (a number of "
         f"5,000 digits)",
+    ),
+    Attack(
+        "a Parquet file with two columns named text",
+        prepare_char(parquet_with_two_text_columns),
+        "corpus.parquet has 2 columns named 'text'",
+    ),
+    Attack(
+        "a .parquet.zst of a few KB that decompresses to 96 MB",
+        prepare_char(lambda tmp: zstd_bomb(tmp / "corpus.parquet.zst", b"PAR1", 96 << 20)),
+        "corpus.parquet.zst decompresses to more than 64 MB, the most minigpt copies out of",
     ),
 ]
 
@@ -451,7 +495,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("hostile-serve")
     shutil.copytree(FIXTURE, root / "tiny")
     s = Server(root, str(root / "tiny"), "--model", str(chat_run(root)), "--backend", "torch",
-               preexec_fn=limit_memory)  # fmt: skip
+               preexec_fn=limit_resources)  # fmt: skip
     yield s
     s.stop()
 

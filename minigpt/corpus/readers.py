@@ -15,8 +15,6 @@ import contextlib
 import gzip
 import lzma
 import re
-import shutil
-import tempfile
 import warnings
 import zlib
 from collections.abc import Callable, Iterator
@@ -26,6 +24,8 @@ from typing import IO, Any
 
 from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.corpus.inputs import READ_BYTES, Source, binary_error
+from minigpt.corpus.progress import text_size
+from minigpt.corpus.spool import SPOOL_FLOOR, SPOOL_RATIO, spool_cap, spooled
 from minigpt.errors import MinigptError
 
 try:  # Python 3.14's standard library; the backport before it
@@ -59,6 +59,7 @@ class ReadOptions:
     errors: str = "strict"  # strict, replace (U+FFFD) or ignore, for undecodable bytes and lone surrogates
     text_field: str = "text"  # the JSON field or Parquet column holding a document
     skip_bad: bool = False  # skip (and count) bad JSON lines and Parquet values instead of stopping
+    spool: Path | None = None  # where a compressed Parquet file is decompressed to (a folder in the cache)
 
     def key(self, fmt: str) -> dict[str, Any]:
         """The settings that shape the documents of a file of this format."""
@@ -460,7 +461,7 @@ def open_parquet(src: Source, opts: ReadOptions) -> Iterator[tuple[Any, str]]:
     pq = pyarrow_parquet()
     import pyarrow as pa
 
-    with parquet_path(src) as path:
+    with parquet_path(src, opts) as path:
         try:
             pf = pq.ParquetFile(path)
             column = string_column(src, pf, opts.text_field)
@@ -470,20 +471,27 @@ def open_parquet(src: Source, opts: ReadOptions) -> Iterator[tuple[Any, str]]:
 
 
 @contextlib.contextmanager
-def parquet_path(src: Source) -> Iterator[str]:
-    """The file to open: itself, or (compressed) its decompressed copy in a temp file, since Parquet is read
-    from its end."""
+def parquet_path(src: Source, opts: ReadOptions) -> Iterator[str]:
+    """The file to open: itself, or (compressed) its decompressed copy in a temp file in `opts.spool`, since
+    Parquet is read from its end; a copy past spool_cap(its size on disk) is a one-line error."""
     if src.compression is None:
         yield str(src.path)
         return
-    with tempfile.NamedTemporaryFile(prefix="minigpt-", suffix=".parquet") as tmp:
-        try:
-            with open(src.path, "rb") as raw, OPENERS[src.compression](raw) as stream:
-                shutil.copyfileobj(stream, tmp, READ_BYTES)
-        except CORRUPT as e:
-            raise damaged(src, e) from None
-        tmp.flush()
-        yield tmp.name
+    if opts.spool is None:
+        raise ValueError("reading a compressed Parquet file needs ReadOptions.spool, a folder for its copy")
+    cap = spool_cap(src.size)
+
+    def too_large() -> MinigptError:
+        return MinigptError(
+            f"{src.path} decompresses to more than {text_size(cap)}, the most minigpt copies out of a "
+            f"compressed Parquet file of {text_size(src.size)} ({SPOOL_RATIO}x, at least "
+            f"{text_size(SPOOL_FLOOR)}); decompress it yourself and pass the .parquet file"
+        )
+
+    with open(src.path, "rb") as raw, OPENERS[src.compression](raw) as stream:
+        blocks = byte_blocks(src, stream, Position(raw, lambda n: None))  # damage: one line naming the file
+        with spooled(blocks, opts.spool, cap, too_large) as path:
+            yield str(path)
 
 
 def string_column(src: Source, pf: Any, name: str) -> str:
@@ -494,6 +502,11 @@ def string_column(src: Source, pf: Any, name: str) -> str:
         shown = ", ".join(repr(n) for n in schema.names[:8])
         raise MinigptError(
             f"{src.path} has no column {name!r} (it has {shown}); choose one with --text-field"
+        )
+    if (count := schema.names.count(name)) > 1:  # Parquet allows it; no column can be chosen by that name
+        raise MinigptError(
+            f"{src.path} has {count} columns named {name!r}, so none can be read by its name; rename one "
+            f"(pyarrow: table.rename_columns) or choose another with --text-field"
         )
     kind = schema.field(name).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"):

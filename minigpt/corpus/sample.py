@@ -181,7 +181,7 @@ def _parquet_sample(src: Source, opts: ReadOptions, regions: int, quota: int) ->
     import pyarrow as pa
 
     pq = pyarrow_parquet()
-    with parquet_path(src) as path:
+    with parquet_path(src, opts) as path:
         try:
             pf = pq.ParquetFile(path)
             yield from _row_group_sample(pf, string_column(src, pf, opts.text_field), regions, quota)

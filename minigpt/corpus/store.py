@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 
 from minigpt.common.files import read_bounded
 from minigpt.corpus.readers import ReadStats
+from minigpt.corpus.spool import host, temp_path
 from minigpt.errors import MinigptError
 
 STORE_FORMAT = 3  # bump when the token stream of the same file and tokenizer would change
@@ -212,7 +212,7 @@ def _check(path: Path, dtype: np.dtype, bound: int) -> int | None:
 
 
 def _land(final: Path, data: bytes) -> None:
-    tmp = final.with_name(f".{final.name}.{os.getpid()}@{host()}.tmp")
+    tmp = temp_path(final)
     try:
         tmp.write_bytes(data)
         os.replace(tmp, final)  # atomic; concurrent writers of identical bytes: the last one wins
@@ -233,11 +233,6 @@ def remove_stale_temps(directory: Path) -> None:
             if m and m["host"] == host() and not _process_alive(int(m["pid"])):
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-
-
-def host() -> str:
-    """This machine's name as temp file names carry it (a name may hold any byte but NUL)."""
-    return re.sub(r"[@/\\]", "_", socket.gethostname())
 
 
 def _process_alive(pid: int) -> bool:

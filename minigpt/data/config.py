@@ -115,7 +115,9 @@ class DataConfig:
         """How the files are read into documents."""
         from minigpt.corpus.readers import ReadOptions
 
-        return ReadOptions(self.encoding, self.errors, self.text_field, self.skip_bad_records)
+        return ReadOptions(
+            self.encoding, self.errors, self.text_field, self.skip_bad_records, self.cache_root / "spool"
+        )
 
 
 def check_encoding(encoding: str) -> None:

@@ -31,7 +31,7 @@ from minigpt.corpus.store import (
     write_json_atomic,
 )
 from minigpt.corpus.streams import GrowingStream, TokenStream, validation_stream
-from minigpt.data.config import DataConfig, check_encoding
+from minigpt.data.config import DataConfig, check_encoding, default_cache_dir
 from minigpt.errors import MinigptError, UsageError
 from minigpt.tokenizer.base import Tokenizer, default_threads
 from minigpt.tokenizer.bpe import DEFAULT_BPE_VOCAB_SIZE
@@ -115,7 +115,7 @@ def read_text(paths: Iterable[Path], encoding: str = "utf-8", errors: str = "str
     """The whole text of corpus files (or folders of them), checked as training input is; documents joined by
     newlines."""
     check_encoding(encoding)
-    opts = ReadOptions(encoding, errors)
+    opts = ReadOptions(encoding, errors, spool=default_cache_dir() / "spool")
     docs: list[str] = []
     for src in stamp_sources(collect_files(Path(p) for p in paths), encoding, lambda n: None, 1):
         current: list[str] = []
@@ -192,7 +192,7 @@ def prepare_data(
     report = progress if isinstance(progress, Progress) else Progress(progress)
     inputs = inputs if inputs is not None else find_inputs(config, report, share)
     root = config.cache_root
-    for part in ("tokenizers", "tokens", "splits", "files"):
+    for part in ("tokenizers", "tokens", "splits", "files", "spool"):
         remove_stale_temps(root / part)
     tokenizer = tokenizer if tokenizer is not None else prepare_tokenizer(config, inputs, report)
     ingest = None
