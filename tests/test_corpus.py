@@ -440,8 +440,8 @@ def test_the_tokenizer_sample_is_drawn_evenly_and_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Markers at the start, middle and end of a plain file are all in a sample 1/8 of the corpus' size; a
-    compressed file (no reading from its middle) gives the regions of its first eighth on disk, its share,
-    so the sample never decompresses more than its size."""
+    compressed file (no reading from its middle) gives the start of its text, as much as its share, so the
+    sample never decompresses more than its size."""
     sources = []
     for n, compression in enumerate([None, "zst"]):
         # each eighth of the file spans several zstd blocks (128 KB), the finest a decompressor can seek

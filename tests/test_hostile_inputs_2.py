@@ -16,6 +16,8 @@ import asyncio
 import json
 import random
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import slow_but
+from conftest import ROOT, slow_but
 from test_hostile_inputs import (
     CHAT,
     CORPUS,
@@ -32,6 +34,7 @@ from test_hostile_inputs import (
     Attack,
     chat_jsonl,
     check,
+    child_env,
     edit_adapter,
     fine_tune,
     from_hf,
@@ -477,6 +480,47 @@ CASES = [(surface, attack) for surface, attacks in SURFACES.items() for attack i
 )
 def test_attack_is_refused_cleanly(case: tuple[str, Attack], tmp_path: Path) -> None:
     check(case[1], tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- corpora, mid-read
+
+
+def bounded_script(tmp: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -c SCRIPT ARGS` run as the harness runs minigpt: its environment, limits and time."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT, env=child_env(tmp), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        errors="backslashreplace", timeout=TIME_LIMIT, preexec_fn=limit_resources,
+    )  # fmt: skip
+
+
+# the characters of the sample BPE learns from (minigpt.corpus.sample), drawn from the file argv[1] with a
+# quota of argv[2] bytes, counted until they pass 4 x the quota
+SAMPLED = """
+import sys
+from pathlib import Path
+from minigpt.corpus.inputs import stamp_source
+from minigpt.corpus.readers import ReadOptions
+from minigpt.corpus.sample import sample_texts
+
+quota, taken = int(sys.argv[2]), 0
+for text in sample_texts([stamp_source(Path(sys.argv[1]), "utf-8")], ReadOptions(), quota, lambda n: None):
+    taken += len(text)
+    if taken > 4 * quota:
+        break
+print(taken)
+"""
+
+
+@pytest.mark.slow
+def test_a_compressed_corpus_gives_bpe_at_most_its_sample_of_text(tmp_path: Path) -> None:
+    """A .jsonl.zst of a few KB on disk, far under --tokenizer-sample, decompresses to 64 MB of JSON lines:
+    the sample holds at most the quota of text, counted after decompression."""
+    line = json.dumps({"text": " ".join(CORPUS.read_text(encoding="utf-8").splitlines()[:3])}).encode()
+    bomb = zstd_bomb(tmp_path / "corpus.jsonl.zst", b"", 64 << 20, repeated=line + b"\n")
+    sampled = bounded_script(tmp_path, SAMPLED, str(bomb), str(1 << 20))
+    assert sampled.returncode == 0, sampled.stderr
+    assert int(sampled.stdout) <= 1 << 20, f"{int(sampled.stdout):,} characters sampled with a 1 MB quota"
 
 
 # ---------------------------------------------------------------------------------------------- the server

@@ -1,28 +1,25 @@
 """The text a tokenizer learns from: all of a small corpus, or a sample drawn evenly across a large one.
 
-Each file contributes in proportion to its size, as regions spread evenly through it: plain files are read
-at evenly spaced offsets, Parquet files at evenly spaced row groups. A compressed file cannot be read from
-its middle: its regions are spread through as many of its first bytes on disk as its share of the sample
-(all of a small file; the first part of one larger than the sample), so however large the corpus, the
-sample decompresses at most --tokenizer-sample bytes on disk. A region starts and ends on line boundaries,
-so JSON lines are parsed whole; plain text may lose a partial character at the cut, replaced by U+FFFD.
+The sample is --tokenizer-sample bytes of text, counted after decompression. Each file contributes in
+proportion to its size on disk, as regions spread evenly through it: plain files are read at evenly spaced
+offsets, Parquet files at evenly spaced row groups. A compressed file cannot be read from its middle: its
+share is the start of its decompressed text, so however much a small file decompresses to, the sample
+decompresses no more than its share. A corpus smaller on disk than the sample gives all of its text, up to
+the sample's size. A region starts and ends on line boundaries, so JSON lines are parsed whole; plain text
+may lose a partial character at the cut, replaced by U+FFFD.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import IO, Any
+from typing import Any
 
 from minigpt.corpus.inputs import Source, ascii_compatible
 from minigpt.corpus.readers import (
-    CORRUPT,
-    OPENERS,
     PARQUET_BATCH_ROWS,
     ReadOptions,
     ReadStats,
-    damaged,
     documents,
     parquet_damaged,
     parquet_path,
@@ -32,7 +29,6 @@ from minigpt.corpus.readers import (
 )
 
 REGION_BYTES = 1 << 18  # bytes per sampled region
-RAW_READ_BYTES = 1 << 14  # a decompressor's reads of a compressed file, so its position is known finely
 TRAIN_PIECE_CHARS = 1 << 18  # characters per string handed to the BPE trainer
 
 
@@ -70,10 +66,11 @@ def _grouped(pieces: Iterable[str | None]) -> Iterator[str]:
 def sample_texts(
     sources: list[Source], opts: ReadOptions, budget: int, advance: Callable[[int], None]
 ) -> Iterator[str]:
-    """About `budget` bytes of text drawn evenly across the sources (all of them when they are smaller)."""
+    """About `budget` characters of text drawn evenly across the sources (all of them when they hold
+    fewer); `advance` hears bytes on disk as sample_bytes counts them."""
     total = sum(s.size for s in sources)
     if total <= budget:
-        yield from corpus_texts(sources, opts, advance)
+        yield from _capped(corpus_texts(sources, opts, advance), budget)
         return
     for src in sources:
         quota = budget * src.size // total
@@ -81,72 +78,49 @@ def sample_texts(
         if src.format == "parquet":
             yield from _grouped(_parquet_sample(src, opts, regions, quota))
             advance(src.size)
-        elif src.format == "text" and not ascii_compatible(opts.encoding):
+        elif _from_start(src, opts):
             yield from _grouped(_head(documents(src, opts, lambda n: None), quota))
             advance(src.size)
         else:
-            for offset, region in _regions(src, regions, quota, advance):
+            for offset, region in _regions(src, regions, advance):
                 yield from _region_texts(src, offset, region, opts)
 
 
-def _regions(src: Source, n: int, quota: int, advance: Callable[[int], None]) -> Iterator[tuple[int, bytes]]:
-    """n regions of REGION_BYTES (decompressed) bytes evenly spaced through the file (a compressed one:
-    through its first `quota` bytes on disk): (offset, bytes)."""
-    span = src.size if src.compression is None else min(src.size, quota)
-    targets = [span * i // n for i in range(n)]
+def sample_bytes(sources: list[Source], opts: ReadOptions, budget: int) -> int:
+    """Bytes on disk a sample of `budget` reports to its `advance`: each file's share, or all of a file
+    sampled from its start or its row groups."""
+    total = sum(s.size for s in sources)
+    if total <= budget:
+        return total
+    return sum(
+        s.size if s.format == "parquet" or _from_start(s, opts) else budget * s.size // total for s in sources
+    )
+
+
+def _from_start(src: Source, opts: ReadOptions) -> bool:
+    """Whether a file's sample is the start of its text: compressed, or in an encoding that cannot be
+    decoded from its middle."""
+    return src.compression is not None or src.format == "text" and not ascii_compatible(opts.encoding)
+
+
+def _capped(texts: Iterator[str], budget: int) -> Iterator[str]:
+    """The texts up to `budget` characters in all (the last one cut)."""
+    taken = 0
+    for text in texts:
+        yield text[: budget - taken]
+        taken += len(text)
+        if taken >= budget:
+            return
+
+
+def _regions(src: Source, n: int, advance: Callable[[int], None]) -> Iterator[tuple[int, bytes]]:
+    """n regions of REGION_BYTES bytes evenly spaced through a plain file: (offset, bytes)."""
     with open(src.path, "rb") as raw:
-        if src.compression is None:
-            for target in targets:
-                raw.seek(target)
-                region = raw.read(REGION_BYTES)
-                advance(len(region))
-                yield target, region
-            return
-        small = _SmallReads(raw)
-        yield from _stream_regions(src, small, OPENERS[src.compression](small), targets, advance)
-
-
-class _SmallReads(io.RawIOBase):
-    """A file read at most RAW_READ_BYTES at a time, whatever size its reader asks for."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        super().__init__()
-        self.f = f
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.f.read(min(len(buffer), RAW_READ_BYTES))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def tell(self) -> int:
-        return self.f.tell()
-
-
-def _stream_regions(
-    src: Source, raw: IO[bytes], stream: IO[bytes], targets: list[int], advance: Callable[[int], None]
-) -> Iterator[tuple[int, bytes]]:
-    """Regions of a compressed file at raw (on-disk) offsets: decompressed through, kept where wanted."""
-    done = 0  # decompressed bytes so far
-    seen = 0  # raw bytes reported
-    for target in targets:
-        try:
-            while raw.tell() < target:
-                block = stream.read(REGION_BYTES)  # small reads: the raw position moves in small steps
-                if not block:
-                    return
-                done += len(block)
-                advance(raw.tell() - seen)
-                seen = raw.tell()
-            region = stream.read(REGION_BYTES)
-        except CORRUPT as e:
-            raise damaged(src, e) from None
-        if not region:
-            return
-        yield done, region
-        done += len(region)
+        for target in (src.size * i // n for i in range(n)):
+            raw.seek(target)
+            region = raw.read(REGION_BYTES)
+            advance(len(region))
+            yield target, region
 
 
 def _region_texts(src: Source, offset: int, region: bytes, opts: ReadOptions) -> Iterator[str]:

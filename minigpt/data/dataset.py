@@ -20,7 +20,7 @@ from minigpt.corpus.ingest import Ingest, Share
 from minigpt.corpus.inputs import Source, collect_files, file_sha256, stamp_sources
 from minigpt.corpus.progress import Progress, text_size
 from minigpt.corpus.readers import WHOLE, ReadOptions, documents
-from minigpt.corpus.sample import corpus_texts, sample_texts
+from minigpt.corpus.sample import corpus_texts, sample_bytes, sample_texts
 from minigpt.corpus.split import Part, plan_split
 from minigpt.corpus.store import (
     STORE_FORMAT,
@@ -52,7 +52,7 @@ __all__ = [
     "text_size",
 ]
 
-TOKENIZER_FORMAT = 2  # bump when the same text and settings would train another tokenizer
+TOKENIZER_FORMAT = 3  # bump when the same text and settings would train another tokenizer
 
 
 @dataclass
@@ -260,9 +260,8 @@ def _get_tokenizer(config: DataConfig, inputs: Inputs, report: Progress) -> Toke
     vocab = config.vocab_size or DEFAULT_BPE_VOCAB_SIZE
     label = "building char vocabulary" if kind == "char" else f"training bpe tokenizer ({vocab:,} tokens)"
     started = report.clock()
-    tok, text = _learn_tokenizer(
-        config, sources, report, label, _sample_bytes(sources, config.tokenizer_sample) if sampled else total
-    )
+    size = sample_bytes(sources, config.read_options, config.tokenizer_sample) if sampled else total
+    tok, text = _learn_tokenizer(config, sources, report, label, size)
     report.note(
         f"{label}: {tok.describe()} from {_learned_from(sources, text, sampled)} in {report.clock() - started:.1f}s"
     )
@@ -306,13 +305,6 @@ def _learned_from(sources: Sequence[Source], text: int, sampled: bool) -> str:
     if sampled:
         return f"a {text_size(text)} sample of {corpus}"
     return f"{text_size(text)} of text" + ("" if plain else f" ({corpus})")
-
-
-def _sample_bytes(sources: Sequence[Source], budget: int) -> int:
-    """Bytes the sample reads: each file's share of it (a Parquet file, or text in an encoding that cannot
-    be read from its middle, is counted whole as its sample is read)."""
-    total = sum(s.size for s in sources)
-    return sum(s.size if s.format == "parquet" else budget * s.size // total for s in sources)
 
 
 def _parts(
