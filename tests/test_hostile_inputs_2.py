@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import socket
 import subprocess
@@ -41,6 +42,7 @@ from test_hostile_inputs import (
     hf_dir,
     limit_resources,
     lora_then,
+    minigpt,
     train_with,
     with_run,
 )
@@ -183,6 +185,55 @@ def prepare_char(make: Callable[[Path], Path], *options: str) -> Callable[[Path]
     return lambda tmp: ["prepare", str(make(tmp)), "--tokenizer", "char", *options]
 
 
+def prepared_then(tamper: Callable[[Path], Any]) -> Callable[[Path], list[str]]:
+    """`prepare --tokenizer char` of the fixture corpus, then `tamper` with each entry of its token store:
+    the same again."""
+
+    def build(tmp: Path) -> list[str]:
+        args = ["prepare", str(CORPUS), "--tokenizer", "char"]
+        first = minigpt(tmp, args)
+        assert first.returncode == 0, first.stderr
+        entries = [e for e in (tmp / "cache" / "tokens").iterdir() if (e / "done.json").is_file()]
+        assert entries, "prepare stored no tokens"
+        for entry in entries:
+            tamper(entry)
+        return args
+
+    return build
+
+
+def edit_json(path: Path, change: Callable[[dict[str, Any]], Any]) -> None:
+    meta = json.loads(path.read_text())
+    change(meta)
+    path.write_text(json.dumps(meta))
+
+
+def done_claims(chunks: int) -> Callable[[Path], None]:
+    return lambda entry: edit_json(entry / "done.json", lambda m: m.update(chunks=chunks))
+
+
+def grown_sparse(keep_done: bool) -> Callable[[Path], None]:
+    """The entry's first chunk grown to a 4 TiB sparse file, its JSON claiming the 2**41 ids that fill it
+    (and done.json the same, or gone): every size agrees, and reading it all takes hours."""
+
+    def tamper(entry: Path) -> None:
+        tokens = 1 << 41
+        bin_path = entry / "chunk-000000.bin"
+        itemsize = bin_path.stat().st_size // json.loads((entry / "chunk-000000.json").read_text())["tokens"]
+        try:
+            os.truncate(bin_path, tokens * itemsize)
+        except OSError as e:  # a filesystem without files this large
+            pytest.skip(f"cannot grow a sparse file to 4 TiB here: {e}")
+        edit_json(entry / "chunk-000000.json", lambda m: (m.update(tokens=tokens), m.pop("stamp", None)))
+        others = sum(p.stat().st_size for p in entry.glob("chunk-*.bin") if p != bin_path) // itemsize
+        if keep_done:
+            edit_json(entry / "done.json", lambda m: m.update(tokens=tokens + others))
+        else:
+            (entry / "done.json").unlink()
+
+    return tamper
+
+
 def hf_config_only(config: dict[str, Any], raw: str = "") -> Callable[[Path], list[str]]:
     """`convert from-hf` of a folder holding only config.json: `config`, then `raw` JSON text spliced in
     (for what json.dumps would not write). The config is read before any weights are looked for."""
@@ -291,6 +342,19 @@ CORPORA = [
         "a .parquet.zst of a few KB that decompresses to 96 MB",
         prepare_char(lambda tmp: zstd_bomb(tmp / "corpus.parquet.zst", b"PAR1", 96 << 20)),
         "corpus.parquet.zst decompresses to more than 64 MB, the most minigpt copies out of",
+    ),
+]
+
+# the store heals: an entry that does not hold what it says is tokenized again
+STORE = [
+    Attack("done.json claims 10**7 chunks", prepared_then(done_claims(10**7)), "tokenizing again", 0),
+    Attack("done.json claims 10**9 chunks", prepared_then(done_claims(10**9)), "tokenizing again", 0),
+    Attack("a chunk grown to a 4 TiB sparse file", prepared_then(grown_sparse(True)), "tokenizing again", 0),
+    Attack(
+        "a chunk grown to a 4 TiB sparse file, done.json gone",
+        prepared_then(grown_sparse(False)),
+        "tokenized",
+        0,
     ),
 ]
 
@@ -459,10 +523,11 @@ SAMPLING = [
     ),
 ]
 
-# surface -> its attacks; corpora and the token store take more rows of their own
+# surface -> its attacks
 SURFACES = {
     "conversations": CONVERSATIONS,
     "corpora": CORPORA,
+    "store": STORE,
     "adapters": ADAPTERS,
     "run folders": RUN_FOLDERS,
     "convert": CONVERT,

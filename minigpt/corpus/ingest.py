@@ -5,14 +5,19 @@ The corpus is a list of parts (files, or spans of files: minigpt.corpus.split), 
 split the parts between them (part i goes to local rank i mod local world size) and each sees the others'
 chunks land in the shared store; a chunk is ready for everyone once its .json is there. Once its parts are
 tokenized, each file is hashed whole (sha256, recorded by its stamp for resumes to compare).
+
+Nothing found in the store is taken on its word: an entry's done.json must match the chunk files its folder
+holds (a listing) before any of them is checked, and they are checked a window of them at a time.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from minigpt.corpus.encode import Encoder, Stopped, tokenize_file
 from minigpt.corpus.inputs import Source, file_sha256
@@ -141,10 +146,8 @@ class Ingest:
         src = self.sources[part.source]
         done = entry.done()
         if done is not None:
-            # chunks not checked since they last changed are checked on every thread (zlib, NumPy release
-            # the GIL); the others cost a stat
-            chunks = list(pool.map(lambda k: entry.chunk(k, verify=True), range(done["chunks"])))
-            if any(c is None for c in chunks):
+            chunks = self._stored(entry, done, pool)
+            if chunks is None:
                 self.progress.note(
                     f"the stored tokens of {src.path} ({entry.dir}) fail their check (damaged, incomplete or "
                     f"from an older minigpt): tokenizing again"
@@ -165,6 +168,21 @@ class Ingest:
         )
         entry.finish(chunks, stats)
         self._finish(j)
+
+    def _stored(self, entry: Entry, done: dict[str, Any], pool: ThreadPoolExecutor) -> list[Chunk] | None:
+        """The entry's chunks if its folder holds what done.json says and each chunk passes its check
+        (chunks not checked since they last changed are checked on every thread: zlib and NumPy release the
+        GIL; the others cost a stat), else None."""
+        if not entry.holds(done):
+            return None
+        chunks = []
+        for chunk in windowed(
+            pool, lambda k: entry.chunk(k, verify=True), range(done["chunks"]), 2 * self.threads
+        ):
+            if chunk is None:
+                return None
+            chunks.append(chunk)
+        return chunks
 
     def _publish(self, j: int, k: int, chunk: Chunk) -> None:
         with self._cond:
@@ -271,3 +289,21 @@ class Ingest:
         """Tokens and text bytes of the chunks known so far (all of them once every part is done)."""
         chunks = [c for chunks in self._chunks for c in chunks]
         return sum(c.tokens for c in chunks), sum(c.text_bytes for c in chunks)
+
+
+def windowed(
+    pool: ThreadPoolExecutor, work: Callable[[int], Chunk | None], items: Iterable[int], window: int
+) -> Iterator[Chunk | None]:
+    """work(item) for each item, on the pool, in order, with at most `window` of them submitted and not yet
+    taken: a count read from the store, however large, never becomes a list of futures."""
+    pending: deque[Future[Chunk | None]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(work, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()

@@ -15,8 +15,10 @@ Chunks land one at a time by atomic renames: a reader sees whole chunks or none,
 ranks) write identical bytes, and an entry interrupted half-way keeps its finished chunks for the next run.
 Entries are never evicted.
 
-Nothing in a store is trusted. A chunk's .json is checked field by field and its .bin must be a regular
-file of the size it says. Its CRC-32 and every id's range are checked once: the .json then records the
+Nothing in a store is trusted. An entry's done.json must match the chunk files its folder lists (count and
+sizes) before any chunk is read. A chunk's .json is checked field by field, its ids at most
+MAX_CHUNK_TOKENS, and its .bin must be a regular file of the size it says. Its CRC-32 and every id's range
+are checked once, so that check reads at most the largest chunk minigpt writes: the .json then records the
 .bin's stamp, and a later run checks again only a .bin whose stamp differs (any write to it changes its
 ctime, which no one can set back), so a warm start reads no tokens. Ids are checked once more as they are
 used (minigpt.corpus.streams), so even a .json forged to match cannot bring an id past the vocabulary.
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from minigpt.common.files import read_bounded
+from minigpt.common.strict_json import parse_json
 from minigpt.corpus.readers import ReadStats
 from minigpt.corpus.spool import host, temp_path
 from minigpt.errors import MinigptError
@@ -47,6 +50,11 @@ from minigpt.errors import MinigptError
 STORE_FORMAT = 3  # bump when the token stream of the same file and tokenizer would change
 MAX_META_BYTES = 1 << 20  # a chunk's JSON is a few hundred bytes
 CHECK_BYTES = 16 << 20  # bytes checksummed and range-checked at a time
+# ids one chunk may hold: a chunk closes at the first job (at most 1M characters) past 64M characters
+# (minigpt.corpus.encode), and no tokenizer gives 8 ids a character; a chunk claiming more is not one minigpt
+# wrote, and checking it would read without bound (a sparse file claims terabytes, and its size agrees)
+MAX_CHUNK_TOKENS = 8 * (65 << 20)
+_CHUNK_BIN = re.compile(r"chunk-(\d{6,})\.bin")
 # the temp files writers leave while writing: .<final name>.<pid>@<host>.tmp
 _TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d{1,9})@(?P<host>[^@/]*)\.tmp")
 
@@ -124,7 +132,7 @@ class Entry:
         try:
             if not meta_path.is_file():
                 return None
-            meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
+            meta = parse_json(read_bounded(meta_path, MAX_META_BYTES))
             if not self._meta_fits(meta, bin_path):
                 return None
             if verify and meta.get("stamp") != file_stamp(bin_path):
@@ -145,7 +153,7 @@ class Entry:
             meta.get("format") == STORE_FORMAT
             and meta.get("dtype") == self.dtype.name
             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
-            and meta["tokens"] > 0
+            and 0 < meta["tokens"] <= MAX_CHUNK_TOKENS
             and bin_path.is_file()  # never open a FIFO planted in the store
             and bin_path.stat().st_size == meta["tokens"] * self.dtype.itemsize
         )
@@ -153,13 +161,30 @@ class Entry:
     def done(self) -> dict[str, Any] | None:
         """done.json if the entry is complete, else None."""
         try:
-            meta = json.loads(read_bounded(self.dir / "done.json", MAX_META_BYTES))
+            meta = parse_json(read_bounded(self.dir / "done.json", MAX_META_BYTES))
         except (OSError, MinigptError, ValueError, RecursionError):
             return None
         fields = ("chunks", "tokens", "text_bytes", "documents", "skipped")
         ok = isinstance(meta, dict) and meta.get("format") == STORE_FORMAT
         ok = ok and all(isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in fields)
         return meta if ok and meta["chunks"] >= 0 and isinstance(meta.get("nonblank"), bool) else None
+
+    def holds(self, done: dict[str, Any]) -> bool:
+        """Whether the entry's folder holds the chunk files done.json counts, and their ids add up to the
+        tokens it says: a listing, no file read, before any chunk is checked."""
+        count = size = 0
+        try:
+            with os.scandir(self.dir) as found:
+                for item in found:
+                    m = _CHUNK_BIN.fullmatch(item.name)
+                    if m is None:
+                        continue
+                    if int(m[1]) >= done["chunks"] or not item.is_file():
+                        return False
+                    count, size = count + 1, size + item.stat().st_size
+        except OSError:
+            return False
+        return count == done["chunks"] and size == done["tokens"] * self.dtype.itemsize
 
     def write_chunk(self, index: int, ids: np.ndarray, text_bytes: int) -> Chunk:
         """Land one chunk: its .bin by temp file and rename, then its .json (with the .bin's stamp)."""
@@ -258,7 +283,7 @@ class FileHashes:
 
     def get(self, stamp: dict[str, Any]) -> str | None:
         try:
-            data = json.loads(read_bounded(self.path(stamp), MAX_META_BYTES))
+            data = parse_json(read_bounded(self.path(stamp), MAX_META_BYTES))
         except (OSError, MinigptError, ValueError, RecursionError):
             return None
         found = data.get("sha256") if isinstance(data, dict) else None
