@@ -513,9 +513,9 @@ def test_the_schedule_follows_the_batch_not_the_clock(
     gate = threading.Event()
     real = encode._close
 
-    def slow_close(entry, chunk, failed):  # each chunk lands only once the test lets it
+    def slow_close(*args):  # each chunk lands only once the test lets it
         gate.wait()
-        return real(entry, chunk, failed)
+        return real(*args)
 
     monkeypatch.setattr(encode, "_close", slow_close)
     slow_cfg = cfg(tmp_path / "slow", root, tokenizer=str(bpe_file))

@@ -16,6 +16,8 @@ import asyncio
 import json
 import os
 import random
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_hostile_inputs as harness
 from conftest import ROOT, slow_but
 from test_hostile_inputs import (
     CHAT,
     CORPUS,
     GENERATE,
     TIME_LIMIT,
+    TRAIN,
     Attack,
     chat_jsonl,
     check,
@@ -588,6 +592,70 @@ def test_a_compressed_corpus_gives_bpe_at_most_its_sample_of_text(tmp_path: Path
     assert int(sampled.stdout) <= 1 << 20, f"{int(sampled.stdout):,} characters sampled with a 1 MB quota"
 
 
+# `minigpt ARGS` whose corpus file argv[1] is rewritten in place with the bytes of argv[2] (as `cat b > a`
+# does) once its first block is read: the same point of the read on every machine, at any load
+REWRITTEN_WHILE_READ = """
+import sys
+from pathlib import Path
+from minigpt.corpus import ingest, readers
+from minigpt.cli.main import main
+
+target, other = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).read_bytes()
+read, readers.READ_BYTES = ingest.documents, 1 << 16
+
+def rewritten_in_place(src, *args, **kwargs):
+    for n, piece in enumerate(read(src, *args, **kwargs)):
+        yield piece
+        if n == 0 and src.path.resolve() == target:
+            with open(target, "r+b") as f:
+                f.truncate(0)
+                f.write(other)
+
+ingest.documents = rewritten_in_place
+sys.argv = ["minigpt", *sys.argv[3:]]
+main()
+"""
+
+
+def tokens_prepared(proc: subprocess.CompletedProcess[str]) -> int:
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"-> ([\d,]+) tokens", proc.stdout)
+    assert found, proc.stdout
+    return int(found[1].replace(",", ""))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["prepare", "train"])
+def test_a_corpus_file_rewritten_while_read_keeps_no_tokens(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is replaced in place by 1/100 of its size of other text once its first block is read, then
+    restored byte for byte with its modification time (cp -p): the run stops in one line, and the next run
+    tokenizes all of the file, as a run on a fresh cache does."""
+    text = tmp_path / "corpus.txt"
+    text.write_text(CORPUS.read_text(encoding="utf-8") * 20, encoding="utf-8")
+    original = shutil.copy2(text, tmp_path / "original.txt")
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"other words " * (text.stat().st_size // 1200))
+    val = tmp_path / "val.txt"
+    val.write_text(CORPUS.read_text(encoding="utf-8"), encoding="utf-8")
+    data = [str(text), "--val-file", str(val), "--tokenizer", "char"]
+    args = [command, *data, *([*TRAIN, "--out", str(tmp_path / "out")] if command == "train" else [])]
+    # check() runs the command through the rewriting script, under the same limits
+    monkeypatch.setattr(
+        harness, "minigpt", lambda tmp, a, stdin="": bounded_script(tmp, REWRITTEN_WHILE_READ, *a)
+    )
+    check(
+        Attack("rewritten", lambda tmp: [str(text), str(other), *args], f"{text} changed while it was read"),
+        tmp_path,
+    )
+    shutil.copy2(original, text)  # restored as `cp -p` restores it
+    again = minigpt(tmp_path, ["prepare", *data])
+    assert "reusing the tokens" not in again.stderr, again.stderr
+    (tmp_path / "fresh").mkdir()
+    assert tokens_prepared(again) == tokens_prepared(minigpt(tmp_path / "fresh", ["prepare", *data]))
+
+
 # ---------------------------------------------------------------------------------------------- the server
 
 
@@ -596,8 +664,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A server on the torch engine (its sampling is the one a subnormal temperature broke), under the
     harness's address-space limit, serving the char fixture ("tiny") and a chat run ("chat")."""
     pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
-    import shutil
-
     from test_serve import FIXTURE, Server
     from test_serve_chat import chat_run
 

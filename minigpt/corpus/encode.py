@@ -174,14 +174,18 @@ def tokenize_file(
     on_chunk: Callable[[int, Chunk], None],
     stop: threading.Event,
     where: str,
+    *,
+    unchanged: Callable[[], None],
 ) -> list[Chunk]:
     """Encode one file's documents into its store entry chunk by chunk (chunks already there, whole, are
-    kept and not encoded again); `on_chunk` hears each chunk as it lands. At most 2 jobs per thread are in
-    memory at once, whatever the file's size."""
+    kept and not encoded again); `on_chunk` hears each chunk as it lands. `unchanged` (which raises if the
+    file changed since it was stamped) is called before a chunk lands while the file is read, and once it
+    is read. At most 2 jobs per thread are in memory at once, whatever the file's size."""
     chunks: list[Chunk] = []
     pending: deque[tuple[_Open, Future[Encoded] | None]] = deque()
     unknown: set[str] = set()
     current = _Open(0, existing=entry.chunk(0, verify=True))
+    check = unchanged
 
     def drain(limit: int) -> None:
         while len(pending) > limit:
@@ -193,7 +197,7 @@ def tokenize_file(
                 chunk.tokens += len(encoded.ids)
                 chunk.text_bytes += encoder.text_bytes(encoded.ids)
             else:
-                landed = _close(entry, chunk, bool(unknown))
+                landed = _close(entry, chunk, bool(unknown), check)
                 if landed is not None:
                     chunks.append(landed)
                     on_chunk(chunk.index, landed)
@@ -212,6 +216,8 @@ def tokenize_file(
             drain(2 * threads)
         if current.chars or any(chunk is current for chunk, _ in pending):
             pending.append((current, None))
+        unchanged()  # the file is read: the chunks left to land were read from it as it was stamped
+        check = _already_checked
         drain(0)
     except BaseException:
         for _, future in pending:
@@ -223,7 +229,11 @@ def tokenize_file(
     return chunks
 
 
-def _close(entry: Entry, chunk: _Open, failed: bool) -> Chunk | None:
+def _already_checked() -> None:
+    """The check of a chunk that lands once its whole file was read and found unchanged: none left."""
+
+
+def _close(entry: Entry, chunk: _Open, failed: bool, unchanged: Callable[[], None]) -> Chunk | None:
     if chunk.existing is not None:
         return chunk.existing
     if failed:  # unknown characters: the error comes once the whole file has been read
@@ -231,4 +241,5 @@ def _close(entry: Entry, chunk: _Open, failed: bool) -> Chunk | None:
     ids = np.concatenate(chunk.parts) if chunk.parts else np.zeros(0, dtype=entry.dtype)
     if not len(ids):
         return None
+    unchanged()  # every id of the chunk was read from the file as it was stamped
     return entry.write_chunk(chunk.index, ids, chunk.text_bytes)

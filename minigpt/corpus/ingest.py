@@ -7,7 +7,10 @@ chunks land in the shared store; a chunk is ready for everyone once its .json is
 tokenized, each file is hashed whole (sha256, recorded by its stamp for resumes to compare).
 
 Nothing found in the store is taken on its word: an entry's done.json must match the chunk files its folder
-holds (a listing) before any of them is checked, and they are checked a window of them at a time.
+holds (a listing) before any of them is checked, and they are checked a window of them at a time. A file
+that changed since it was stamped (minigpt.corpus.inputs.changes, asked before each chunk lands and once
+the file is read) has the tokens read from it discarded, and the run stops: its tokenizer and its
+validation split were drawn from the file as it was, so reading it again would not make the run whole.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minigpt.corpus.encode import Encoder, Stopped, tokenize_file
-from minigpt.corpus.inputs import Source, file_sha256
+from minigpt.corpus.inputs import Source, changes, file_sha256
 from minigpt.corpus.progress import Meter, Progress, text_size
 from minigpt.corpus.readers import ReadOptions, ReadStats, blank_error, documents
 from minigpt.corpus.split import Part
@@ -164,8 +167,9 @@ class Ingest:
         pieces = documents(src, self.opts, meter, stats, part.span)
         where = f"{part.role} file {src.path}"
         chunks = tokenize_file(
-            pieces, entry, encoder, pool, self.threads, lambda k, c: self._publish(j, k, c), self._stop, where
-        )
+            pieces, entry, encoder, pool, self.threads, lambda k, c: self._publish(j, k, c), self._stop, where,
+            unchanged=lambda: self._unchanged(src),
+        )  # fmt: skip
         entry.finish(chunks, stats)
         self._finish(j)
 
@@ -183,6 +187,17 @@ class Ingest:
                 return None
             chunks.append(chunk)
         return chunks
+
+    def _unchanged(self, src: Source) -> None:
+        """Nothing, if the file is as it was stamped; else a warning and the error that stops the run."""
+        how = changes(src)
+        if how is None:
+            return
+        self.progress.note(
+            f"warning: {src.path} changed while it was read ({how}); the tokens read from it since its last "
+            f"check are discarded"
+        )
+        raise MinigptError(f"{src.path} changed while it was read; run again once nothing is writing to it")
 
     def _publish(self, j: int, k: int, chunk: Chunk) -> None:
         with self._cond:
@@ -215,7 +230,9 @@ class Ingest:
         for i in fresh:
             src = self.sources[i]
             if self.hashes.get(src.stamp) is None:
-                self.hashes.put(src.stamp, file_sha256(src.path, lambda n: self._check_stop()))
+                sha256 = file_sha256(src.path, lambda n: self._check_stop())
+                if changes(src) is None:  # else the hash is of other bytes than the stamp's
+                    self.hashes.put(src.stamp, sha256)
 
     def _check_stop(self) -> None:
         if self._stop.is_set():

@@ -5,6 +5,9 @@ A file's stamp is its size, its modification time and a fingerprint (sha256 of i
 blocks: its first and last FINGERPRINT_EDGE bytes and FINGERPRINT_BLOCKS blocks spread between). The token
 store and the tokenizer cache are keyed by stamps; a file's full sha256 is computed once its tokens are
 written (minigpt.corpus.ingest) and is what a resume compares when a file's modification time changed.
+A file is stamped again before each chunk of its tokens lands and once it is read (`changes`): with its
+inode and change time, which any write moves and nothing sets back, so a file rewritten while it is read,
+even restored afterwards with its old modification time, never has its tokens filed under its stamp.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class Source:
     fingerprint: str  # sha256 of the size and sampled blocks
     format: str  # text, jsonl or parquet
     compression: str | None  # gzip, zstd, bz2, xz or None
+    inode: int = 0  # with the change time, what any write moves (never part of the stamp: a copy differs)
+    ctime_ns: int = 0
 
     @property
     def stamp(self) -> dict[str, Any]:
@@ -108,20 +113,43 @@ def stamp_source(path: Path, encoding: str) -> Source:
     fmt, compression = file_kind(path, explicit=True) or ("text", None)
     sniff = fmt == "text" and compression is None and ascii_compatible(encoding)
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if st.st_size == 0:
-                raise MinigptError(f"{path} is empty: there is no text in it")
-            h = hashlib.sha256(st.st_size.to_bytes(8, "little"))
-            for offset, size in fingerprint_blocks(st.st_size):
-                f.seek(offset)
-                block = f.read(size)
-                if offset == 0 and sniff and b"\x00" in block[:SNIFF_BYTES]:
-                    raise binary_error(path)
-                h.update(block)
+        st, fingerprint = _fingerprint(path, sniff)
     except OSError as e:
         raise MinigptError(f"cannot read {path}: {e.strerror}") from None
-    return Source(path, st.st_size, st.st_mtime_ns, h.hexdigest(), fmt, compression)
+    if st.st_size == 0:
+        raise MinigptError(f"{path} is empty: there is no text in it")
+    return Source(path, st.st_size, st.st_mtime_ns, fingerprint, fmt, compression, st.st_ino, st.st_ctime_ns)
+
+
+def _fingerprint(path: Path, sniff: bool) -> tuple[os.stat_result, str]:
+    """The file's status and fingerprint, read through one open (`sniff`: a NUL byte early on is an error)."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        h = hashlib.sha256(st.st_size.to_bytes(8, "little"))
+        for offset, size in fingerprint_blocks(st.st_size):
+            f.seek(offset)
+            block = f.read(size)
+            if offset == 0 and sniff and b"\x00" in block[:SNIFF_BYTES]:
+                raise binary_error(path)
+            h.update(block)
+    return st, h.hexdigest()
+
+
+def changes(src: Source) -> str | None:
+    """How the file differs now from `src`, its stamp, in words; None if it does not."""
+    try:
+        st, fingerprint = _fingerprint(src.path, sniff=False)
+    except OSError:
+        return "it is gone or unreadable"
+    if st.st_size != src.size:
+        return f"its size went from {src.size:,} to {st.st_size:,} bytes"
+    if fingerprint != src.fingerprint:
+        return "its sampled content differs"
+    if st.st_mtime_ns != src.mtime_ns:
+        return "its modification time moved"
+    if (st.st_ino, st.st_ctime_ns) != (src.inode, src.ctime_ns):
+        return "its inode or change time moved: it was replaced, written to, or its permissions changed"
+    return None
 
 
 def fingerprint_blocks(size: int) -> list[tuple[int, int]]:
