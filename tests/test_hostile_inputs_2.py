@@ -656,6 +656,45 @@ def test_a_corpus_file_rewritten_while_read_keeps_no_tokens(
     assert tokens_prepared(again) == tokens_prepared(minigpt(tmp_path / "fresh", ["prepare", *data]))
 
 
+def traced_lines(run: Callable[[], Any]) -> int:
+    """Lines of minigpt.corpus and minigpt.data that `run` executes on this thread (a loop's head counts
+    once per pass): a measure of work that no clock or machine load changes."""
+    count = 0
+    roots = tuple(str(ROOT / "minigpt" / package) for package in ("corpus", "data"))
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += event == "line"
+        return local
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename.startswith(roots) else None
+
+    sys.settrace(calls)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+@pytest.mark.slow
+def test_ingest_is_linear_in_the_number_of_files(tmp_path: Path) -> None:
+    """Twice the tiny files, twice the work (a step that looked at every file for each file made it 2.7x)."""
+    from minigpt.data.dataset import DataConfig, prepare_data
+
+    def work(n: int) -> int:
+        folder = tmp_path / f"files-{n}"
+        folder.mkdir()
+        for i in range(n):
+            (folder / f"{i:06d}.txt").write_text(f"tiny file {i}\n", encoding="utf-8")
+        config = DataConfig(paths=(folder,), tokenizer="char", cache_dir=tmp_path / f"cache-{n}")
+        return traced_lines(lambda: prepare_data(config, 1, progress=False))
+
+    small, large = work(300), work(600)
+    assert large < 2.3 * small, f"{small:,} lines for 300 files, {large:,} for 600"
+
+
 # ---------------------------------------------------------------------------------------------- the server
 
 

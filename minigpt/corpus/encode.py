@@ -27,6 +27,9 @@ from minigpt.tokenizer.char import CharTokenizer
 PIECE_CHARS = 1 << 20  # characters per encoding job (one thread each)
 CHUNK_FIRST_CHARS = 4 << 20  # the first chunk of a file is small, so training can start soon
 CHUNK_MAX_CHARS = 64 << 20  # chunks double in size up to this
+# a job this small is encoded on the calling thread: handing it to another thread costs more than encoding
+# it (a folder of tiny files is a job a file)
+INLINE_CHARS = 1 << 16
 
 
 class Stopped(Exception):
@@ -207,7 +210,7 @@ def tokenize_file(
             if stop.is_set():
                 raise Stopped
             if current.existing is None:
-                pending.append((current, pool.submit(encoder, job)))
+                pending.append((current, _submit(pool, encoder, job)))
             current.chars += job.chars
             if current.chars >= chunk_target(current.index):
                 pending.append((current, None))
@@ -231,6 +234,15 @@ def tokenize_file(
 
 def _already_checked() -> None:
     """The check of a chunk that lands once its whole file was read and found unchanged: none left."""
+
+
+def _submit(pool: ThreadPoolExecutor, encoder: Encoder, job: Job) -> Future[Encoded]:
+    """The job's encoding: on the pool, or (a small job) here and now."""
+    if job.chars >= INLINE_CHARS:
+        return pool.submit(encoder, job)
+    encoded: Future[Encoded] = Future()
+    encoded.set_result(encoder(job))
+    return encoded
 
 
 def _close(entry: Entry, chunk: _Open, failed: bool, unchanged: Callable[[], None]) -> Chunk | None:

@@ -64,6 +64,9 @@ class Ingest:
         self.tokenizer, self.opts, self.progress = tokenizer, opts, progress
         self.share, self.threads, self.hashes = share, threads, hashes
         self._chunks: list[list[Chunk]] = [[] for _ in parts]
+        self._parts_of: dict[int, list[int]] = {}  # each file's parts, so finishing one is not a scan
+        for j, part in enumerate(parts):
+            self._parts_of.setdefault(part.source, []).append(j)
         self._done = [False] * len(parts)
         self._reused = [False] * len(parts)  # found whole in the store
         self.stats = [ReadStats() for _ in parts]
@@ -215,7 +218,7 @@ class Ingest:
         with self._cond:
             self._done[j] = True
             self._cond.notify_all()
-        siblings = [n for n, p in enumerate(self.parts) if p.source == i]
+        siblings = self._parts_of[i]
         if all(self._done[n] for n in siblings) and not any(
             self.stats[n].nonblank or self.stats[n].skipped for n in siblings
         ):

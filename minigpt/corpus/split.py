@@ -143,10 +143,11 @@ def _plan(
         )
     val = [Part(cut[0], Span(start=cut[1]), "validation")] if cut else []
     val += [Part(i, WHOLE, "validation") for i in reversed(whole)]
+    held = set(whole)  # a folder of tiny files holds out thousands whole: no list to search for each file
     train = [
         Part(i, Span(stop=cut[1]) if cut and cut[0] == i else WHOLE, "training")
         for i in range(len(sources))
-        if i not in whole
+        if i not in held
     ]
     return val + train
 

@@ -121,6 +121,7 @@ class Entry:
         self.dir = root / key
         self.vocab_size = vocab_size
         self.dtype = token_dtype(vocab_size)
+        self._made = False  # the folder made by this process (a folder of tiny files is a folder a file)
 
     def chunk_path(self, index: int, suffix: str) -> Path:
         return self.dir / f"chunk-{index:06d}{suffix}"
@@ -188,7 +189,7 @@ class Entry:
 
     def write_chunk(self, index: int, ids: np.ndarray, text_bytes: int) -> Chunk:
         """Land one chunk: its .bin by temp file and rename, then its .json (with the .bin's stamp)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         bin_path = self.chunk_path(index, ".bin")
         ids = ids.astype(self.dtype, copy=False)
         _land(bin_path, ids.tobytes())
@@ -214,8 +215,13 @@ class Entry:
             "skipped": stats.skipped,
             "first_skipped": stats.first_skipped[:500],
         }
-        self.dir.mkdir(parents=True, exist_ok=True)  # an empty span has no chunks
+        self._make_dir()  # an empty span has no chunks
         _land(self.dir / "done.json", json.dumps(meta).encode())
+
+    def _make_dir(self) -> None:
+        if not self._made:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._made = True
 
 
 def file_stamp(path: Path) -> list[int]:
