@@ -52,12 +52,12 @@ def test_a_corpus_tokenized_during_start_up_is_counted_whole_in_the_header(
     gate, first_entries = threading.Event(), []
     real_close, real_reserve = encode._close, run_module._reserve_time
 
-    def held_close(entry, chunk, failed):  # noqa: ANN001, ANN202
+    def held_close(entry, chunk, failed, unchanged):  # noqa: ANN001, ANN202
         if entry not in first_entries and len(first_entries) < 2:
             first_entries.append(entry)  # the validation part, then the first training part
         if entry not in first_entries:
             gate.wait()
-        return real_close(entry, chunk, failed)
+        return real_close(entry, chunk, failed, unchanged)
 
     def reserve_once_tokenized(run):  # noqa: ANN001, ANN202
         gate.set()

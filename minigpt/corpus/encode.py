@@ -223,13 +223,18 @@ def tokenize_file(
         check = _already_checked
         drain(0)
     except BaseException:
-        for _, future in pending:
-            if future is not None:
-                future.cancel()
+        _cancel(pending)
         raise
     if unknown:
         raise MinigptError(CharTokenizer.unknown_message(unknown, where))
     return chunks
+
+
+def _cancel(pending: deque[tuple[_Open, Future[Encoded] | None]]) -> None:
+    """Drop the encodings not started yet: the file's tokens are not wanted any more."""
+    for _, future in pending:
+        if future is not None:
+            future.cancel()
 
 
 def _already_checked() -> None:
