@@ -224,7 +224,7 @@ def test_the_entries_are_the_argument_types_the_engine_calls_the_kernels_with(
     engine = NumpyEngine(config, tensors(tiny_model(1, config)), quantize=quantize, kv_cache=kv_cache)
     wanted = set(kernels.entries(quantize, kv_cache))
     calls: set[tuple[object, tuple[object, ...]]] = set()
-    for name in ("_model_step", "_draw", "_bands", "_matvec"):
+    for name in ("_model_step", "_draw", "_bands", "_matvec", "_qbands"):
         compiled = getattr(kernels, name)
 
         def call(*args: object, compiled: object = compiled) -> object:

@@ -16,7 +16,7 @@ from test_engines import save
 from minigpt.errors import UsageError
 from minigpt.generate.engines import kernels
 from minigpt.generate.engines.compiling import BACKGROUND
-from minigpt.generate.engines.numpy_engine import NumpyEngine, banded, int8_linear
+from minigpt.generate.engines.numpy_engine import NumpyEngine, banded, int8_linear, quantized_bands
 from minigpt.generate.engines.tuning import blas_tuner
 from minigpt.generate.load import load_engine
 from minigpt.model.build import model_tensors
@@ -205,26 +205,95 @@ def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> No
 def test_a_layer_held_as_bands_computes_its_product_and_a_row_the_same_bits_in_any_batch(
     quantize: str, biased: bool
 ) -> None:
-    """A linear layer of 48 outputs (three bands) over 37 inputs (odd: a pass's last input alone) held as
-    bands, through 1 to 21 rows (passes of eight, four, two and one rows, a batch's last rows summed
-    again as part of its last pass): within float32's bound of the float64 product of the same weights
-    (n_in units of rounding of the sum of |x w|), and each row's outputs the same bits as that row alone."""
+    """A linear layer over 37 inputs held as bands: 48 outputs (three bands; 37, odd: a pass's last input
+    alone), or int8 bands of 45 outputs (the last band padded) over 64 padded inputs (two blocks of 32),
+    through 1 to 21 rows (passes of eight, four, two and one rows, a batch's last rows summed again as
+    part of its last pass): within float32's bound of the float64 product of the same weights (n_in units
+    of rounding of the sum of |x w|) by the same inputs (int8: the activations as `_quantize` rounds
+    them), and each row's outputs the same bits as that row alone."""
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((48, 37), dtype=np.float32)
-    layer = LinearWeights(w, rng.standard_normal(48, dtype=np.float32) if biased else None)
+    n_out = 45 if quantize == "int8" else 48
+    w = rng.standard_normal((n_out, 37), dtype=np.float32)
+    layer = LinearWeights(w, rng.standard_normal(n_out, dtype=np.float32) if biased else None)
+    x = rng.standard_normal((21, 37), dtype=np.float32)
     if quantize == "int8":
         layer = int8_linear(layer)
-    bands = banded(layer)
-    assert bands.weight.shape == (3, 37, kernels.LANES) and kernels.out_features(bands) == 48
-    dense = layer.weight.astype(np.float64) * (1.0 if layer.scale is None else layer.scale[:, None])
-    x = rng.standard_normal((21, 37), dtype=np.float32)
+        bands = quantized_bands(layer)
+        assert bands.weight.shape == (3, 16, kernels.LANES, 4) and bands.weight.dtype == np.uint8
+        xq, xs, _ = kernels._quantize(x, 64)
+        inputs = (xq.reshape(21, 2, 32) * xs[:, :, None].astype(np.float64)).reshape(21, 64)[:, :37]
+        dense = layer.weight.astype(np.float64) * layer.scale[:, None]
+    else:
+        bands = banded(layer)
+        assert bands.weight.shape == (3, 37, kernels.LANES)
+        inputs, dense = x.astype(np.float64), layer.weight.astype(np.float64)
+    assert kernels.out_features(bands) == n_out
     alone = np.concatenate([kernels.matvec(bands, x[r : r + 1]) for r in range(21)])
     for rows in range(1, 22):
         got = kernels.matvec(bands, x[:rows])
-        want = x[:rows].astype(np.float64) @ dense.T + (0.0 if layer.bias is None else layer.bias)
-        bound = 37 * np.finfo(np.float32).eps * (np.abs(x[:rows]) @ np.abs(dense).T + 1.0)
+        want = inputs[:rows] @ dense.T + (0.0 if layer.bias is None else layer.bias)
+        bound = 37 * np.finfo(np.float32).eps * (np.abs(inputs[:rows]) @ np.abs(dense).T + 1.0)
         assert np.all(np.abs(got - want) <= bound), rows
         np.testing.assert_array_equal(got, alone[:rows])
+
+
+def test_int8_activations_are_each_block_of_32_rounded_to_its_own_steps() -> None:
+    """`_quantize`, q8_0's rule: each block of 32 inputs in steps of its largest magnitude / 127, each value
+    rounded to the nearest step (within half a step, in [-127, 127], the largest at +-127), a block of
+    zeros all zeros with scale 0, the inputs past the row's end zeros; the correction -128 times each
+    block's sum of steps."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 70), dtype=np.float32) * np.float32(10.0) ** rng.integers(-3, 3, (3, 70))
+    x[1, 32:64] = 0.0
+    xq, xs, xc = kernels._quantize(x, 96)
+    assert xq.shape == (3, 96) and xs.shape == xc.shape == (3, 3)
+    padded = np.zeros((3, 96), dtype=np.float32)
+    padded[:, :70] = x
+    blocks, steps = padded.reshape(3, 3, 32), xq.reshape(3, 3, 32).astype(np.int64)
+    np.testing.assert_allclose(xs, np.abs(blocks).max(-1) / 127, rtol=1e-6)
+    assert xs[1, 1] == 0 and (steps[1, 1] == 0).all() and (xq[:, 70:] == 0).all()
+    assert (np.abs(steps) <= 127).all() and (np.abs(steps).max(-1)[xs > 0] == 127).all()
+    assert (np.abs(blocks - steps * xs[..., None]) <= xs[..., None] * (0.5 + 1e-5)).all()
+    np.testing.assert_array_equal(xc, -128 * steps.sum(-1))
+
+
+@numba.njit
+def _int8_band(w: np.ndarray, n_in: int, x: tuple, out: np.ndarray, portable: bool) -> None:
+    """Rows of quantized x through one int8 band, eight, four, two and one rows a pass, by the CPU's byte
+    dot-product instruction or the portable sums."""
+    if portable:
+        kernels._band_sums(w, 0, n_in, x, 0, out, 0, 8, True)
+        kernels._band_sums(w, 0, n_in, x, 8, out, 0, 4, True)
+        kernels._band_sums(w, 0, n_in, x, 12, out, 0, 2, True)
+        kernels._band_sums(w, 0, n_in, x, 14, out, 0, 1, True)
+    else:
+        kernels._band_sums(w, 0, n_in, x, 0, out, 0, 8, False)
+        kernels._band_sums(w, 0, n_in, x, 8, out, 0, 4, False)
+        kernels._band_sums(w, 0, n_in, x, 12, out, 0, 2, False)
+        kernels._band_sums(w, 0, n_in, x, 14, out, 0, 1, False)
+
+
+def test_the_portable_int8_sums_are_the_dot_product_instructions_bit_for_bit() -> None:
+    """The int8 bands' sums without the CPU's byte dot-product instruction (CPUs without VNNI) are the
+    instruction's, bit for bit: exact integer sums of each block, scaled alike (where this CPU has no
+    such instruction both are the portable ones)."""
+    rng = np.random.default_rng(1)
+    layer = int8_linear(LinearWeights(rng.standard_normal((16, 96), dtype=np.float32), None))
+    w = np.ascontiguousarray(quantized_bands(layer).weight).reshape(-1)
+    x = kernels._quantize(rng.standard_normal((15, 96), dtype=np.float32), 96)
+    got = [np.empty((15, kernels.LANES), dtype=np.float32) for _ in range(2)]
+    for portable, out in zip((False, True), got, strict=True):
+        _int8_band(w, 96, x, out, portable)
+    np.testing.assert_array_equal(got[0], got[1])
+    # each block's integer sums (the weights' bytes less 128), scaled by the block's activation scale
+    steps, weights = (
+        x[0].reshape(15, 3, 32).astype(np.int64),
+        layer.weight.astype(np.int64).reshape(16, 3, 32),
+    )
+    blocks = np.einsum("bki,jki->bkj", steps, weights)
+    terms = blocks * x[1][:, :, None].astype(np.float64)
+    bound = 3 * np.finfo(np.float32).eps * np.abs(terms).sum(1)  # three blocks' sums rounded and added
+    assert (np.abs(got[0] - terms.sum(1)) <= bound).all()
 
 
 def test_an_engine_holds_its_blocks_as_bands_where_every_width_is_a_multiple_of_16() -> None:

@@ -11,28 +11,35 @@ few hundred library calls, each a Python call that streams nothing and starts fr
 have just flushed. Here it is one call.
 
 Matrix products. Each reads its matrix's weights once for all the step's rows, so a batch costs little
-more than one row. A weight is held in one of three layouts (`form`):
-  - bands (`BANDS`): where every width of the model is a multiple of LANES, the blocks' matrices are held
-    as bands of LANES consecutive outputs, input-major within each band (`numpy_engine.banded`, made at
-    load; the file is unchanged). Each input's LANES weights are one 64-byte load, multiplied into every
-    row's LANES sums at once (`_band_sums`, written in LLVM's vector types): a vector's lanes are outputs,
-    so no sum across lanes is left at the end. Bands are split between threads.
-  - rows (`ROWS`): other models, and the LM head (the tied embedding table), keep the file's (out, in)
-    rows, each a contiguous dot product that LLVM vectorises, four rows of the batch a pass so that each
-    weight loaded serves four products.
+more than one row. A weight is held in one of four layouts (`form`):
+  - bands (`BANDS`): where every width of the model is a multiple of LANES, the blocks' float32 matrices
+    are held as bands of LANES consecutive outputs, input-major within each band (`numpy_engine.banded`,
+    made at load; the file is unchanged). Each input's LANES weights are one 64-byte load, multiplied into
+    every row's LANES sums at once (`_band_sums`, written in LLVM's vector types): a vector's lanes are
+    outputs, so no sum across lanes is left at the end. Bands are split between threads.
+  - int8 bands (`QBANDS`, `--quantize int8`): every block's matrices and the LM head as int8 with one
+    float32 scale an output, held as bands whose groups of four inputs are 64 bytes
+    (`numpy_engine.quantized_bands`, padded to whole bands and blocks, so any width). Each product's
+    activations are rounded to int8 too, in blocks of QBLOCK inputs with a scale each (`_quantize`, as
+    llama.cpp's q8_0 does), so that a group is one byte dot-product instruction per row (AVX-512 VNNI,
+    AVX-VNNI; elsewhere portable integer sums, the same numbers): a weight costs a byte and a sixteenth of
+    an instruction, where converting each weight to float32 leaves the CPU, not the memory, setting the
+    pace of a step.
+  - rows (`ROWS`): other float32 models, and the LM head (the tied embedding table), keep the file's
+    (out, in) rows, each a contiguous dot product that LLVM vectorises, four rows of the batch a pass so
+    that each weight loaded serves four products.
   - tiles (`TILES`): for batches of four rows or more and weight rows long enough (`tiled`; which lengths
     gain depends on the CPU, so the engine measures it), four weight rows a quarter of the matrix apart by
     four rows of the batch (`_tile`), each value loaded used four times.
 
-Prefetching. The band products ask for weights ahead of the ones they multiply (`_prefetch`) at two rows
-or more, where the sums take long enough to hide a fetch from memory; a single row only waits on its
-loads, and the requests would just add to them.
+Prefetching. The float32 band products ask for weights ahead of the ones they multiply (`_prefetch`) at
+two rows or more, where the sums take long enough to hide a fetch from memory; a single row only waits
+on its loads, and the requests would just add to them.
 
 Element-wise work. The exps of GELU, SwiGLU and the softmax are a polynomial the vectoriser keeps in
-vector registers (`_exp`) rather than a library call per element. The same kernels read int8 weights with
-one float32 scale an output (`--quantize int8`), a quarter of the bytes, converted to float32 in
-registers with the activations staying float32; and a float16 KV cache (`--kv-cache float16`, handed over
-as its bits: numba has no float16 on the CPU), half the bytes attention reads, widened in registers.
+vector registers (`_exp`) rather than a library call per element. A float16 KV cache (`--kv-cache
+float16`, handed over as its bits: numba has no float16 on the CPU) halves the bytes attention reads,
+widened in registers.
 
 The kernels compute what `minigpt.generate.engines.numpy_engine`'s functions compute, in float32, with
 sums in whatever order the vectoriser picks (`reassoc`): the parity table holds them to GPT.forward
@@ -89,14 +96,16 @@ except ImportError:  # pragma: no cover - exercised only where numba cannot be i
 
 ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 # how a product reads its weight (`_linear`): output-major rows (`_rows`), four rows a quarter of the
-# matrix apart (`_tile`), or bands of LANES outputs (`_bands`)
-ROWS, TILES, BANDS = 0, 1, 2
+# matrix apart (`_tile`), bands of LANES outputs (`_bands`), or int8 bands (`_qbands`)
+ROWS, TILES, BANDS, QBANDS = 0, 1, 2, 3
 LANES = 16  # a band's outputs: 64 bytes of float32 weights for each input, one cache line
+QBLOCK = 32  # the inputs of an int8 product that share an activation scale (`_quantize`), as in q8_0
 # how far ahead of a band's weights `_band_sums` asks for them at two rows or more: the near line into
 # every cache level, the far one into L2 only (`_prefetch`)
 PREFETCH, PREFETCH_L2 = 2048, 16384
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
+_EMPTY_BYTES = np.zeros(0, dtype=np.uint8)
 # `model_args`' table of where a step's tensors lie: the model's slots (the token and position embeddings,
 # the U-net skips' weights, the final norm's weight and bias, the head's weight, scales and bias), then
 # `_LAYER` for each block (its norms' weights and biases, QK-norm's two weights, the value embeddings,
@@ -246,45 +255,42 @@ if numba is not None:
         return f(0.0) if under else y
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _rows(w: Any, scale: Any, x: Any, bias: Any, out: Any, start: int, end: int) -> None:
-        """out[b, r] = w[r] . x[b] (times scale[r]) + bias[r] for r in start..end-1 and every row b: each
-        weight row read once for all the rows of x, four rows of x a pass (one load of w for four
-        products)."""
+    def _rows(w: Any, x: Any, bias: Any, out: Any, start: int, end: int) -> None:
+        """out[b, r] = w[r] . x[b] + bias[r] for r in start..end-1 and every row b: each weight row read
+        once for all the rows of x, four rows of x a pass (one load of w for four products)."""
         rows, n_in = x.shape
         for r in range(start, end):
             wr = w[r]
             add = bias[r] if bias.size else np.float32(0.0)
-            mul = scale[r] if scale.size else np.float32(1.0)
             b = 0
             while b + 4 <= rows:
                 x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
                 s0 = s1 = s2 = s3 = np.float32(0.0)
                 for i in range(n_in):
-                    wi = np.float32(wr[i])
+                    wi = wr[i]
                     s0 += wi * x0[i]
                     s1 += wi * x1[i]
                     s2 += wi * x2[i]
                     s3 += wi * x3[i]
-                out[b, r], out[b + 1, r] = s0 * mul + add, s1 * mul + add
-                out[b + 2, r], out[b + 3, r] = s2 * mul + add, s3 * mul + add
+                out[b, r], out[b + 1, r] = s0 + add, s1 + add
+                out[b + 2, r], out[b + 3, r] = s2 + add, s3 + add
                 b += 4
             for rest in range(b, rows):
                 xb = x[rest]
                 s = np.float32(0.0)
                 for i in range(n_in):
-                    s += np.float32(wr[i]) * xb[i]
-                out[rest, r] = s * mul + add
+                    s += wr[i] * xb[i]
+                out[rest, r] = s + add
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _column(out: Any, b: int, r: int, sums: Any, scale: Any, bias: Any) -> None:
-        """out[b..b+3, r] = the four sums of weight row r, scaled and biased."""
+    def _column(out: Any, b: int, r: int, sums: Any, bias: Any) -> None:
+        """out[b..b+3, r] = the four sums of weight row r, biased."""
         add = bias[r] if bias.size else np.float32(0.0)
-        mul = scale[r] if scale.size else np.float32(1.0)
         for k in range(4):
-            out[b + k, r] = sums[k] * mul + add
+            out[b + k, r] = sums[k] + add
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _tile(w: Any, scale: Any, x: Any, bias: Any, out: Any, r: int, apart: int) -> None:
+    def _tile(w: Any, x: Any, bias: Any, out: Any, r: int, apart: int) -> None:
         """`_rows` for weight rows r, r + apart, r + 2 apart and r + 3 apart and four or more rows of x,
         four rows of x a pass: sixteen sums, each value loaded used four times (`_rows`: a weight used
         four times, each x value once). A batch's last rows that do not fill four are done as part of
@@ -298,35 +304,34 @@ if numba is not None:
             a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
             d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = np.float32(0.0)
             for i in range(n_in):
-                p, q, u, v = np.float32(w0[i]), np.float32(w1[i]), np.float32(w2[i]), np.float32(w3[i])
+                p, q, u, v = w0[i], w1[i], w2[i], w3[i]
                 y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
                 a0, a1, a2, a3 = a0 + p * y0, a1 + p * y1, a2 + p * y2, a3 + p * y3
                 c0, c1, c2, c3 = c0 + q * y0, c1 + q * y1, c2 + q * y2, c3 + q * y3
                 d0, d1, d2, d3 = d0 + u * y0, d1 + u * y1, d2 + u * y2, d3 + u * y3
                 e0, e1, e2, e3 = e0 + v * y0, e1 + v * y1, e2 + v * y2, e3 + v * y3
-            _column(out, b, r, (a0, a1, a2, a3), scale, bias)
-            _column(out, b, r + apart, (c0, c1, c2, c3), scale, bias)
-            _column(out, b, r + 2 * apart, (d0, d1, d2, d3), scale, bias)
-            _column(out, b, r + 3 * apart, (e0, e1, e2, e3), scale, bias)
+            _column(out, b, r, (a0, a1, a2, a3), bias)
+            _column(out, b, r + apart, (c0, c1, c2, c3), bias)
+            _column(out, b, r + 2 * apart, (d0, d1, d2, d3), bias)
+            _column(out, b, r + 3 * apart, (e0, e1, e2, e3), bias)
             b += 4
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
-    def _matvec(w: Any, scale: Any, x: Any, bias: Any, out: Any, tiled: bool) -> None:
-        """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32, or int8 with one scale per
-        row (`scale`, else empty). By `_rows`, 16 output rows a task; or where `tiled` and x has four
-        rows or more, by `_tile` over rows a quarter of the matrix apart, the rows past four quarters by
-        `_rows`. A quarter apart rather than adjacent so that each thread reads four long runs of
-        consecutive rows, which the CPU's prefetcher follows; four adjacent rows a task would make every
-        thread's reads short jumps across the matrix."""
+    def _matvec(w: Any, x: Any, bias: Any, out: Any, tiled: bool) -> None:
+        """out[b] = w x[b] + bias for every row b, w (n_out, n_in) float32. By `_rows`, 16 output rows a
+        task; or where `tiled` and x has four rows or more, by `_tile` over rows a quarter of the matrix
+        apart, the rows past four quarters by `_rows`. A quarter apart rather than adjacent so that each
+        thread reads four long runs of consecutive rows, which the CPU's prefetcher follows; four adjacent
+        rows a task would make every thread's reads short jumps across the matrix."""
         n_out = w.shape[0]
         if tiled and x.shape[0] >= 4:
             quarter = n_out // 4
             for r in prange(quarter):
-                _tile(w, scale, x, bias, out, r, quarter)
-            _rows(w, scale, x, bias, out, 4 * quarter, n_out)
+                _tile(w, x, bias, out, r, quarter)
+            _rows(w, x, bias, out, 4 * quarter, n_out)
         else:
             for task in prange((n_out + 15) // 16):
-                _rows(w, scale, x, bias, out, task * 16, min(n_out, task * 16 + 16))
+                _rows(w, x, bias, out, task * 16, min(n_out, task * 16 + 16))
 
     def _const(value: int, bits: int = 64) -> Any:
         return ir.Constant(ir.IntType(bits), value)
@@ -355,18 +360,17 @@ if numba is not None:
             ahead = builder.gep(builder.bitcast(at, byte), [_const(distance)])
             builder.call(fetch, [ahead, _const(0, 32), _const(locality, 32), _const(1, 32)])
 
-    # each row's sums in two vectors, inputs i and i + 1: with one, a row alone would wait a fused
-    # multiply-add's latency at each input, and two already hide it; the same two at every row count sum
-    # a row in the same order, so that its logits are the same bits in a batch of any size
+    # each row's sums in two vectors, inputs i and i + 1 (int8: groups g and g + 1): with one, a row alone
+    # would wait a multiply-add's latency at each input, and two already hide it; the same two at every
+    # row count sum a row in the same order, so that its logits are the same bits in a batch of any size
     _WAYS = 2
 
-    def _band_codegen(rows: int, int8: bool) -> Any:
-        """The LLVM IR of `_band_sums` for `rows` rows of x and float32 (or int8) weights."""
-        f32 = ir.FloatType()
-        vec, wvec = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(8) if int8 else f32, LANES)
+    def _band_codegen(rows: int) -> Any:
+        """The LLVM IR of `_band_sums` for `rows` rows of x and float32 weights."""
+        vec = ir.VectorType(ir.FloatType(), LANES)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            w, start, n_in, x, b0, out, col, _ = args
+            w, start, n_in, x, b0, out, col = args[:7]
             arrays = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5)]
             band = builder.gep(arrays[0].data, [start])
             xs = [_row_pointer(builder, arrays[1], builder.add(b0, _const(r))) for r in range(rows)]
@@ -378,8 +382,7 @@ if numba is not None:
                 at = builder.gep(band, [builder.mul(i, _const(LANES))])
                 if rows >= 2:  # the sums take long enough to hide a fetch from memory asked for early
                     _prefetch(builder, at)
-                wv = builder.load(builder.bitcast(at, wvec.as_pointer()), align=1 if int8 else 4)
-                wv = builder.sitofp(wv, vec) if int8 else wv
+                wv = builder.load(builder.bitcast(at, vec.as_pointer()), align=4)
                 for xr, acc in zip(xs, sums, strict=True):
                     xv = _splat(builder, builder.load(builder.gep(xr, [i])), vec)
                     product = builder.fmul(xv, wv, flags=("contract",))
@@ -404,9 +407,110 @@ if numba is not None:
 
         return codegen
 
+    def _dot_instruction(context: Any) -> str:
+        """The instruction `_dots` multiplies bytes with on the CPU numba compiles for: AVX-512 VNNI's
+        vpdpbusd on 512-bit vectors, AVX-VNNI's on two 256-bit halves, else none ("")."""
+        try:  # the features numba's target machine was made with (its own attribute: where it moved, none)
+            features = set(context.codegen()._tm_features.split(","))
+        except AttributeError:
+            return ""
+        if {"+avx512vnni", "+avx512bw"} <= features:
+            return "avx512"
+        return "avxvnni" if "+avxvnni" in features else ""
+
+    def _dots(builder: Any, instruction: str, acc: Any, w: Any, x: Any) -> Any:
+        """acc (LANES int32) + for each lane j the sum over k < 4 of w's byte 4j + k (unsigned) times x's
+        byte 4j + k (signed): one vpdpbusd where the CPU has it (`_dot_instruction`), else the same sums
+        widened to int32, which LLVM turns into whatever the CPU multiplies integers with."""
+        ivec = acc.type
+        if instruction == "avx512":
+            kind = ir.FunctionType(ivec, [ivec] * 3)
+            return builder.call(
+                cgutils.get_or_insert_function(builder.module, kind, "llvm.x86.avx512.vpdpbusd.512"),
+                [acc, w, x],
+            )
+        if instruction == "avxvnni":
+            half = ir.VectorType(ir.IntType(32), LANES // 2)
+            kind = ir.FunctionType(half, [half] * 3)
+            dot = cgutils.get_or_insert_function(builder.module, kind, "llvm.x86.avx512.vpdpbusd.256")
+            parts = []
+            for lanes in (range(LANES // 2), range(LANES // 2, LANES)):
+                pick = ir.Constant(ir.VectorType(ir.IntType(32), LANES // 2), list(lanes))
+                parts.append(builder.call(dot, [builder.shuffle_vector(v, v, pick) for v in (acc, w, x)]))
+            whole = ir.Constant(ir.VectorType(ir.IntType(32), LANES), list(range(LANES)))
+            return builder.shuffle_vector(parts[0], parts[1], whole)
+        bytes_ = ir.VectorType(ir.IntType(8), 4 * LANES)
+        wb, xb = builder.bitcast(w, bytes_), builder.bitcast(x, bytes_)
+        for k in range(4):
+            pick = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [4 * j + k for j in range(LANES)])
+            wk = builder.zext(builder.shuffle_vector(wb, wb, pick), ivec)
+            xk = builder.sext(builder.shuffle_vector(xb, xb, pick), ivec)
+            acc = builder.add(acc, builder.mul(wk, xk))
+        return acc
+
+    def _qband_codegen(rows: int, portable: bool) -> Any:
+        """The LLVM IR of `_band_sums` for `rows` rows of quantized x (`_quantize`) and a band of
+        `numpy_engine.quantized_bands` (`portable`: without the CPU's byte dot-product instruction)."""
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        ivec, fvec = ir.VectorType(i32, LANES), ir.VectorType(f32, LANES)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            w, start, n_in, x, b0, out, col = args[:7]
+            instruction = "" if portable else _dot_instruction(context)
+            xq, xs, xc = (
+                context.make_array(t)(context, builder, v)
+                for t, v in zip(signature.args[3], cgutils.unpack_tuple(builder, x), strict=True)
+            )
+            band = builder.gep(context.make_array(signature.args[0])(context, builder, w).data, [start])
+            lines = [builder.add(b0, _const(r)) for r in range(rows)]
+            quads = [builder.bitcast(_row_pointer(builder, xq, b), i32.as_pointer()) for b in lines]
+            totals = [cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in lines]
+            with cgutils.for_range(builder, builder.udiv(n_in, _const(QBLOCK))) as loop:
+                block = loop.index
+                # each row's block sum starts at its correction (`_quantize`), one way's of them
+                sums = [
+                    [_splat(builder, builder.load(builder.gep(_row_pointer(builder, xc, b), [block])), ivec)]
+                    + [ir.Constant(ivec, None)] * (_WAYS - 1)
+                    for b in lines
+                ]
+                for g in range(QBLOCK // 4):  # four inputs by LANES outputs: 64 bytes
+                    group = builder.add(builder.mul(block, _const(QBLOCK // 4)), _const(g))
+                    at = builder.gep(band, [builder.mul(group, _const(4 * LANES))])
+                    wv = builder.load(builder.bitcast(at, ivec.as_pointer()), align=1)
+                    for quad, acc in zip(quads, sums, strict=True):
+                        xv = _splat(builder, builder.load(builder.gep(quad, [group]), align=1), ivec)
+                        acc[g % _WAYS] = _dots(builder, instruction, acc[g % _WAYS], wv, xv)
+                for b, acc, total in zip(lines, sums, totals, strict=True):
+                    whole = acc[0]
+                    for part in acc[1:]:
+                        whole = builder.add(whole, part)
+                    scale = _splat(
+                        builder, builder.load(builder.gep(_row_pointer(builder, xs, b), [block])), fvec
+                    )
+                    product = builder.fmul(builder.sitofp(whole, fvec), scale, flags=("contract",))
+                    builder.store(builder.fadd(builder.load(total), product, flags=("contract",)), total)
+            out_array = context.make_array(signature.args[5])(context, builder, out)
+            for b, total in zip(lines, totals, strict=True):
+                row = _row_pointer(builder, out_array, b)
+                builder.store(
+                    builder.load(total), builder.bitcast(builder.gep(row, [col]), fvec.as_pointer()), align=4
+                )
+            return context.get_dummy_value()
+
+        return codegen
+
     @intrinsic
     def _band_sums(
-        typingctx: Any, w: Any, start: Any, n_in: Any, x: Any, b0: Any, out: Any, col: Any, rows: Any
+        typingctx: Any,
+        w: Any,
+        start: Any,
+        n_in: Any,
+        x: Any,
+        b0: Any,
+        out: Any,
+        col: Any,
+        rows: Any,
+        portable: Any,
     ) -> Any:
         """out[b0 + r, col + j] = sum over i of w[start + LANES i + j] x[b0 + r, i], for the LANES outputs
         j of the band at `start` and `rows` rows of x (a constant: 1, 2, 4 or 8), without scale or bias.
@@ -416,58 +520,116 @@ if numba is not None:
         band's lanes are its outputs and each input is one 64-byte load and `rows` multiply-adds, x[b, i]
         broadcast to every lane. At two rows or more the weights ahead are asked for (`_prefetch`), so that
         both the CPU's caches and memory stay busy while the sums run; one row, waiting on nothing but
-        its loads, gains nothing from the requests."""
-        int8 = isinstance(w, types.Array) and w.dtype == types.int8
-        arrays = (w, x, out)
+        its loads, gains nothing from the requests.
+
+        With uint8 weights (`numpy_engine.quantized_bands`: each group of four inputs' LANES x 4 bytes,
+        the int8 weights plus 128) x is `_quantize`'s (int8 rows, their blocks' scales, their
+        corrections): each group of four inputs is one 64-byte load and, for each row, one byte
+        dot-product instruction (`_dots`; `portable` a constant, True: without it) into int32 sums, the
+        sums of each QBLOCK inputs then scaled into the float32 ones. A weight costs a quarter of
+        float32's bytes and a sixteenth of its instructions, where converting each int8 weight to float32
+        would leave the CPU, not the memory, setting the pace."""
+        quantized = isinstance(x, types.BaseTuple)
+        arrays = (w, *(x.types if quantized else (x,)), out)
         if not (
             isinstance(rows, types.IntegerLiteral)
             and rows.literal_value in (1, 2, 4, 8)
+            and isinstance(portable, types.BooleanLiteral)
             and all(isinstance(a, types.Array) for a in arrays)
-            and (int8 or w.dtype == types.float32)
-            and x.dtype == out.dtype == types.float32
-            and (w.ndim, x.ndim, out.ndim) == (1, 2, 2)
+            and w.ndim == 1
+            and all(a.ndim == 2 for a in arrays[1:])
+            and out.dtype == types.float32
+            and [a.dtype for a in arrays[:-1]]
+            == ([types.uint8, types.int8, types.float32, types.int32] if quantized else [types.float32] * 2)
         ):
             return None
-        return types.none(w, start, n_in, x, b0, out, col, rows), _band_codegen(rows.literal_value, int8)
+        codegen = (
+            _qband_codegen(rows.literal_value, portable.literal_value)
+            if quantized
+            else _band_codegen(rows.literal_value)
+        )
+        return types.none(w, start, n_in, x, b0, out, col, rows, portable), codegen
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _band(w: Any, start: int, x: Any, out: Any, col: int) -> None:
-        """Every row of x through the band at `start` into out[:, col:col + LANES]: eight rows a pass, a
-        batch's last rows that do not fill eight (or four, or two) done as part of its last eight (those
-        rows summed twice, the same values written again)."""
-        rows, n_in = x.shape
+    def _band(w: Any, start: int, n_in: int, x: Any, rows: int, out: Any, col: int) -> None:
+        """The `rows` rows of x (float32, or `_quantize`'s) through the band at `start` (`n_in` inputs)
+        into out[:, col:col + LANES]: eight rows a pass, a batch's last rows that do not fill eight (or
+        four, or two) done as part of its last eight (those rows summed twice, the same values written
+        again)."""
         b = 0
         if rows >= 8:
             while b < rows:
                 b = min(b, rows - 8)
-                _band_sums(w, start, n_in, x, b, out, col, 8)
+                _band_sums(w, start, n_in, x, b, out, col, 8, False)
                 b += 8
         elif rows >= 4:
             while b < rows:
                 b = min(b, rows - 4)
-                _band_sums(w, start, n_in, x, b, out, col, 4)
+                _band_sums(w, start, n_in, x, b, out, col, 4, False)
                 b += 4
         elif rows >= 2:
             while b < rows:
                 b = min(b, rows - 2)
-                _band_sums(w, start, n_in, x, b, out, col, 2)
+                _band_sums(w, start, n_in, x, b, out, col, 2, False)
                 b += 2
         else:
-            _band_sums(w, start, n_in, x, 0, out, col, 1)
+            _band_sums(w, start, n_in, x, 0, out, col, 1, False)
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
-    def _bands(w: Any, start: int, scale: Any, x: Any, bias: Any, out: Any) -> None:
-        """out[b] = W x[b] (times scale) + bias for every row b, W held from w[start] on as bands
+    def _bands(w: Any, start: int, x: Any, bias: Any, out: Any) -> None:
+        """out[b] = W x[b] + bias for every row b, W float32 held from w[start] on as bands
         (`numpy_engine.banded`: out.shape[1] / LANES of them, each (n_in, LANES)), a band a task."""
-        n_in = x.shape[1]
+        rows, n_in = x.shape
         for p in prange(out.shape[1] // LANES):
             col = p * LANES
-            _band(w, start + p * n_in * LANES, x, out, col)
-            if scale.size or bias.size:
-                for b in range(x.shape[0]):
+            _band(w, start + p * n_in * LANES, n_in, x, rows, out, col)
+            if bias.size:
+                for b in range(rows):
                     for j in range(col, col + LANES):
-                        y = out[b, j] * scale[j] if scale.size else out[b, j]
-                        out[b, j] = y + bias[j] if bias.size else y
+                        out[b, j] += bias[j]
+
+    @njit(fastmath=_FAST, cache=_CACHE)
+    def _quantize(x: Any, n_in: int) -> tuple[Any, Any, Any]:
+        """Each row of x (rows, k) as int8 in blocks of QBLOCK inputs (n_in of them, k <= n_in, the rest
+        zeros), as llama.cpp's q8_0 quantizes a product's activations: each block's largest magnitude
+        maps to 127 (scale = largest / 127), every value to its nearest step (ties to even). Returns the
+        int8 rows, each block's scale and its correction, -128 times the sum of its int8 values, which
+        `quantized_bands`' weights (the int8 weights plus 128) make every dot product exceed its value by."""
+        rows, k = x.shape
+        blocks = n_in // QBLOCK
+        xq = np.zeros((rows, n_in), dtype=np.int8)
+        xs, xc = np.empty((rows, blocks), dtype=np.float32), np.empty((rows, blocks), dtype=np.int32)
+        for b in range(rows):
+            for block in range(blocks):
+                lo, hi = block * QBLOCK, min(k, (block + 1) * QBLOCK)
+                top = np.float32(0.0)
+                for i in range(lo, hi):
+                    top = max(top, abs(x[b, i]))
+                scale = top / np.float32(127.0)
+                inverse = np.float32(1.0) / scale if scale > 0 else np.float32(0.0)
+                total = 0
+                for i in range(lo, hi):
+                    q = np.int32(np.rint(x[b, i] * inverse))
+                    xq[b, i] = q
+                    total += q
+                xs[b, block], xc[b, block] = scale, -128 * total
+        return xq, xs, xc
+
+    @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
+    def _qbands(w: Any, start: int, n_in: int, scale: Any, x: Any, bias: Any, out: Any) -> None:
+        """out[b, :n] = (W q(x[b])) * scale + bias for every row b and the n = scale.size outputs: W held
+        from w[start] on as `numpy_engine.quantized_bands` (n_in inputs, a multiple of QBLOCK; out.shape[1]
+        / LANES bands, the last one's outputs past n padding), q(x) x as `_quantize` rounds it, a band a
+        task."""
+        rows, n = x.shape[0], scale.size
+        quantized = _quantize(x, n_in)
+        for p in prange(out.shape[1] // LANES):
+            col = p * LANES
+            _band(w, start + p * n_in * LANES, n_in, quantized, rows, out, col)
+            for b in range(rows):
+                for j in range(col, min(col + LANES, n)):
+                    y = out[b, j] * scale[j]
+                    out[b, j] = y + bias[j] if bias.size else y
 
     @njit(fastmath=_FAST, cache=_CACHE)
     def _norm(x: Any, weight: Any, bias: Any, eps: float, rms: bool, out: Any) -> None:
@@ -719,9 +881,9 @@ if numba is not None:
                     kc[c, g, slot, i] = _narrow(min(max(qkv[b, k0 + i], -top), top), kc)
                     vc[c, g, slot, i] = _narrow(min(max(qkv[b, v0 + i], -top), top), vc)
 
-    # A step's tensors lie in two buffers (`model_args`): the float32 one, and the one of the blocks'
-    # linear weights (the same buffer, or int8's); a row of the table for each, (offset, rows, cols),
-    # cols 0 for a vector, rows 0 for a tensor the model lacks.
+    # A step's tensors lie in two buffers (`model_args`): the float32 one, and the uint8 one of int8
+    # weights held as `quantized_bands` (empty for a float32 model); a row of the table for each,
+    # (offset, rows, cols), cols 0 for a vector, rows 0 for a tensor the model lacks.
     @njit(cache=_CACHE, inline="always")
     def _vec(buf: Any, table: Any, slot: int) -> Any:
         return buf[table[slot, 0] : table[slot, 0] + table[slot, 1]]
@@ -732,15 +894,20 @@ if numba is not None:
         return buf[start : start + rows * cols].reshape((rows, cols))
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _linear(f32: Any, weights: Any, table: Any, slot: int, form: int, x: Any) -> Any:
-        """x through the linear layer whose weight is at `slot` of `weights`, its scales and bias the next
-        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; BANDS: `_bands`)."""
-        out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
+    def _linear(f32: Any, quant: Any, table: Any, slot: int, form: int, x: Any) -> Any:
+        """x through the linear layer whose weight is at `slot` of the table, its scales and bias the next
+        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; BANDS: `_bands`, in f32;
+        QBANDS: `_qbands`, in `quant`, as many outputs as scales)."""
         scale, bias = _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
+        if form == QBANDS:  # out as long as the bands, cut to the outputs (a copy where they are padded)
+            out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
+            _qbands(quant, table[slot, 0], table[slot, 2], scale, x, bias, out)
+            return out if scale.size == out.shape[1] else np.ascontiguousarray(out[:, : scale.size])
+        out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
         if form == BANDS:
-            _bands(weights, table[slot, 0], scale, x, bias, out)
+            _bands(f32, table[slot, 0], x, bias, out)
         else:
-            _matvec(_mat(weights, table, slot), scale, x, bias, out, form == TILES)
+            _matvec(_mat(f32, table, slot), x, bias, out, form == TILES)
         return out
 
     @njit(fastmath=_FAST, cache=_CACHE)
@@ -759,13 +926,13 @@ if numba is not None:
     ) -> Any:
         """One block over x, its tensors from slot `first` of the table on (`_LAYER`), its shapes and
         options `ints` (`_block_ints`) and `reals` (norm eps, QK-norm eps, score scale)."""
-        f32, weights, table = model
+        f32, quant, table = model
         rows, width = x.shape
         n_head, n_kv, hd, activation, rms = ints[0], ints[1], ints[2], ints[3], ints[4] != 0
         kc, vc = cache
         h = np.empty_like(x)
         _norm(x, _vec(f32, table, first), _vec(f32, table, first + 1), reals[0], rms, h)
-        qkv = _linear(f32, weights, table, first + _QKV, ints[5], h)
+        qkv = _linear(f32, quant, table, first + _QKV, ints[5], h)
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         qn, kn = _vec(f32, table, first + _QK), _vec(f32, table, first + _QK + 1)
@@ -773,11 +940,11 @@ if numba is not None:
         _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions, cache_rows)
         y = np.empty((rows, n_head * hd), dtype=np.float32)
         _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, reals[2], y, threads)
-        out = _linear(f32, weights, table, first + _PROJ, ints[6], y)
+        out = _linear(f32, quant, table, first + _PROJ, ints[6], y)
         out += x
         _norm(out, _vec(f32, table, first + 2), _vec(f32, table, first + 3), reals[0], rms, h)
-        up = _linear(f32, weights, table, first + _FC, ints[7], h)
-        out += _linear(f32, weights, table, first + _DOWN, ints[8], _activate(up, activation))
+        up = _linear(f32, quant, table, first + _FC, ints[7], h)
+        out += _linear(f32, quant, table, first + _DOWN, ints[8], _activate(up, activation))
         return out
 
     @njit(fastmath=_FAST, cache=_CACHE)
@@ -804,7 +971,7 @@ if numba is not None:
         logit_rows: Any,
         threads: int,
     ) -> Any:
-        f32, weights, table, ints, reals, pairs, final = model
+        f32, quant, table, ints, reals, pairs, final = model
         kv, slots, cache_batch = cache
         x = _embed(tokens, positions, f32, table)
         rows, width = x.shape
@@ -826,13 +993,13 @@ if numba is not None:
             kc = kv[slots[layer, 0] : slots[layer, 0] + size].reshape(shape)
             vc = kv[slots[layer, 1] : slots[layer, 1] + size].reshape(shape)
             x = _block_step(
-                x, (f32, weights, table), first, ints[layer], reals[layer], rope, v_rows, (kc, vc),
+                x, (f32, quant, table), first, ints[layer], reals[layer], rope, v_rows, (kc, vc),
                 positions, cache_rows, threads,
             )  # fmt: skip
         eps, rms, form, logit_cap = final
         h = np.empty((logit_rows.shape[0], width), dtype=np.float32)
         _norm(x[logit_rows], _vec(f32, table, _LNF), _vec(f32, table, _LNF + 1), eps, rms, h)
-        logits = _linear(f32, f32, table, _HEAD, form, h)
+        logits = _linear(f32, quant, table, _HEAD, form, h)
         if logit_cap > 0:
             cap = np.float32(logit_cap)
             for b in range(h.shape[0]):
@@ -853,27 +1020,36 @@ def tiled(w: LinearWeights[np.ndarray], tile_from: int | None) -> bool:
 
 
 def form(w: LinearWeights[np.ndarray], tile_from: int | None) -> int:
-    """How the kernels read w: BANDS where it is held as bands (`numpy_engine.banded`), else TILES or ROWS
-    (`tiled`)."""
-    return BANDS if w.weight.ndim == 3 else TILES if tiled(w, tile_from) else ROWS
+    """How the kernels read w: QBANDS where it is held as int8 bands (`numpy_engine.quantized_bands`),
+    BANDS as float32 ones (`numpy_engine.banded`), else TILES or ROWS (`tiled`)."""
+    return {4: QBANDS, 3: BANDS}.get(w.weight.ndim, TILES if tiled(w, tile_from) else ROWS)
 
 
 def out_features(w: LinearWeights[np.ndarray]) -> int:
-    """How many outputs w has, in whichever form its weight is held."""
+    """How many outputs w has, in whichever form its weight is held (int8 bands: one scale each, the
+    bands padded past them)."""
     shape = w.weight.shape
+    if len(shape) == 4:
+        assert w.scale is not None
+        return len(w.scale)
     return shape[0] * shape[2] if len(shape) == 3 else shape[1] if w.input_major else shape[0]
 
 
 def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
-    """x (B, in) through a linear layer held output-major or as bands (float32, or int8 with its
-    scales): (B, out), as `numpy.linear` (`form` by `tile_from`)."""
+    """x (B, in) through a float32 linear layer held output-major or as bands, or an int8 one held as
+    int8 bands: (B, out), as `numpy.linear` (`form` by `tile_from`)."""
     out = np.empty((x.shape[0], out_features(w)), dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    scale, bias = _array(w.scale), _array(w.bias)
-    if w.weight.ndim == 3:
-        _bands(np.ascontiguousarray(w.weight).reshape(-1), 0, scale, x, bias, out)
+    bias = _array(w.bias)
+    if w.weight.ndim == 4:
+        weight = np.ascontiguousarray(w.weight)
+        full = np.empty((x.shape[0], weight.shape[0] * LANES), dtype=np.float32)
+        _qbands(weight.reshape(-1), 0, weight.shape[1] * 4, w.scale, x, bias, full)
+        out[:] = full[:, : out.shape[1]]
+    elif w.weight.ndim == 3:
+        _bands(np.ascontiguousarray(w.weight).reshape(-1), 0, x, bias, out)
     else:
-        _matvec(w.weight, scale, x, bias, out, tiled(w, tile_from))
+        _matvec(w.weight, x, bias, out, tiled(w, tile_from))
     return out
 
 
@@ -894,19 +1070,28 @@ def _root(a: np.ndarray) -> np.ndarray:
 
 def _place(a: np.ndarray | None, buffer: np.ndarray) -> tuple[int, int, int]:
     """Where tensor a lies in `buffer`: (offset, rows, cols), cols 0 for a vector, a matrix held as
-    bands (out / LANES, in, LANES) as its (out, in); (0, 0, 0) for none."""
+    bands (out / LANES, in, LANES) or int8 bands (out / LANES, in / 4, LANES, 4) as its (out, in);
+    (0, 0, 0) for none."""
     if a is None or a.size == 0:
         return (0, 0, 0)
-    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2, 3)):
+    if not (_root(a) is buffer and a.flags.c_contiguous and a.ndim in (1, 2, 3, 4)):
         raise ValueError("the kernels read a model whose tensors are packed into one buffer (numpy.packed)")
     offset = (a.ctypes.data - buffer.ctypes.data) // a.itemsize
-    if a.ndim == 3:
-        return (offset, a.shape[0] * a.shape[2], a.shape[1])
+    if a.ndim >= 3:
+        return (offset, a.shape[0] * a.shape[2], a.size // (a.shape[0] * a.shape[2]))
     return (offset, a.shape[0], a.shape[1] if a.ndim == 2 else 0)
 
 
+def _linear_places(
+    lin: LinearWeights[np.ndarray], f32: np.ndarray, quant: np.ndarray
+) -> list[tuple[int, int, int]]:
+    """A linear layer's rows of the table: its weight (in `quant` if int8 bands), scales and bias."""
+    weight = _place(lin.weight, quant if lin.weight.dtype == np.uint8 else f32)
+    return [weight, _place(lin.scale, f32), _place(lin.bias, f32)]
+
+
 def _block_places(
-    w: BlockWeights[np.ndarray], f32: np.ndarray, weights: np.ndarray
+    w: BlockWeights[np.ndarray], f32: np.ndarray, quant: np.ndarray
 ) -> list[tuple[int, int, int]]:
     """A block's rows of the table, in `_LAYER`'s order."""
     a = w.attn
@@ -914,7 +1099,7 @@ def _block_places(
     places += [_place(n and n.weight, f32) for n in (a.q_norm, a.k_norm)]
     places.append(_place(a.v_embed, f32))
     for lin in (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj):
-        places += [_place(lin.weight, weights), _place(lin.scale, f32), _place(lin.bias, f32)]
+        places += _linear_places(lin, f32, quant)
     return places
 
 
@@ -936,25 +1121,30 @@ def model_args(
 ) -> ModelArgs:
     """A model as `model_step` hands it to the kernel, built once per engine (every block `supported`;
     `head`: the LM head as an output-major linear layer; batches through `_tile` for weight rows
-    `tile_from` long or longer). Its tensors must lie in one float32 buffer, the blocks' linear weights
-    in it or in one int8 buffer (`numpy.packed`): the kernel is handed the two buffers and a table of
-    where each tensor lies, not the tensors, because numba unpacks every array it is handed at every
-    call, and a model has tens of them a block: handing them over would cost every token a share of its
-    step that grows with the model's depth."""
-    f32, weights = _root(w.wte), _root(w.h[0].attn.c_attn.weight)
+    `tile_from` long or longer). Its tensors must lie in one float32 buffer, the int8 bands in one uint8
+    buffer (`numpy.packed`): the kernel is handed the two buffers and a table of where each tensor lies,
+    not the tensors, because numba unpacks every array it is handed at every call, and a model has tens
+    of them a block: handing them over would cost every token a share of its step that grows with the
+    model's depth. One type of arguments for float32 and int8 models (a float32 model's uint8 buffer
+    empty): one compiled step serves both."""
+    f32 = _root(w.wte)
+    quant = next(
+        (_root(lin.weight) for lin in (head, w.h[0].attn.c_attn) if lin.weight.dtype == np.uint8),
+        _EMPTY_BYTES,
+    )
     places = [
         _place(w.wte, f32), _place(w.wpe, f32), _place(w.skips, f32), _place(w.ln_f.weight, f32),
-        _place(w.ln_f.bias, f32), _place(head.weight, f32), _place(head.scale, f32), _place(head.bias, f32),
+        _place(w.ln_f.bias, f32), *_linear_places(head, f32, quant),
     ]  # fmt: skip
     for block in w.h:
-        places += _block_places(block, f32, weights)
+        places += _block_places(block, f32, quant)
     reals = [
         (float(b.ln_1.eps), float(b.attn.q_norm.eps) if b.attn.q_norm else 0.0, _score_scale(b)) for b in w.h
     ]
     final = (float(w.ln_f.eps), w.ln_f.rms, form(head, tile_from), float(w.logit_cap or 0.0))
     return (
         f32,
-        weights,
+        quant,
         np.array(places, dtype=np.int64),
         np.array([_block_ints(b, tile_from) for b in w.h], dtype=np.int64),
         np.array(reals, dtype=np.float64),
@@ -1028,22 +1218,22 @@ def entries(quantize: str, kv_cache: str) -> list[Entry]:
     """Every compiled function the engine calls from Python, with the argument types it calls it with for
     blocks' weights in `quantize` form ('none', 'int8') and a `kv_cache` KV cache ('float32', 'float16'):
     numba compiles, and caches, a function once for each set of argument types (its callees with it), so
-    a load whose types its cache lacks compiles them. `model_step` (steps and prefills), `draw`, and
-    `matvec` by bands or rows (a prefill's products, the head's by rows in float32). Each type is the
-    numba type of a value of the kind the engine passes (`numba.typeof`, as a call types its arguments)."""
-    weights = np.zeros(1, dtype=np.int8 if quantize == "int8" else np.float32)
+    a load whose types its cache lacks compiles them. `model_step` (steps and prefills: one set of types
+    for float32 and int8 models, whose int8 buffer is then empty), `draw`, and `matvec` by bands or rows
+    (a prefill's products, the head's by rows in float32), or by int8 bands. Each type is the numba type
+    of a value of the kind the engine passes (`numba.typeof`, as a call types its arguments)."""
     f32, ids, rows = np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.int64), np.zeros((1, 1), np.float32)
     table = np.zeros((1, 1), dtype=np.int64)
-    model = (f32, weights, table, table, np.zeros((1, 1)), table, (0.0, False, 0, 0.0))
+    model = (f32, _EMPTY_BYTES, table, table, np.zeros((1, 1)), table, (0.0, False, 0, 0.0))
     kv = np.zeros(1, dtype=np.uint16 if kv_cache == "float16" else np.float32)
     calls: list[tuple[Any, tuple[Any, ...]]] = [
         (_model_step, (ids, model, (kv, table, 0), ids, ids, (rows, rows), ids, 0)),
         (_draw, (rows, 0.0, np.zeros(1), ids)),
-        (_bands, (weights, 0, f32, rows, f32, rows)),
-        (_matvec, (rows, f32, rows, f32, rows, False)),
+        (_bands, (f32, 0, rows, f32, rows)),
+        (_matvec, (rows, rows, f32, rows, False)),
     ]
     if quantize == "int8":
-        calls.append((_matvec, (weights.reshape(1, 1), f32, rows, f32, rows, False)))
+        calls.append((_qbands, (_EMPTY_BYTES, 0, 0, f32, rows, f32, rows)))
     return [(f, tuple(numba.typeof(a, Purpose.argument) for a in args)) for f, args in calls]
 
 

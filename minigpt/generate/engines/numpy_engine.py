@@ -75,7 +75,7 @@ def norm(w: NormWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
 def linear(w: LinearWeights[np.ndarray], x: np.ndarray) -> np.ndarray:
     # one matrix product over all B*T rows: NumPy multiplies a stacked (B, T, C) array matrix by matrix,
     # reading the whole weight once per row, which would make a batch of B single tokens cost B steps
-    if w.weight.ndim == 3:  # bands (`banded`): only the kernels read them
+    if w.weight.ndim >= 3:  # bands (`banded`, `quantized_bands`): only the kernels read them
         y = _kernels.matvec(w, x.reshape(-1, x.shape[-1]))
         return y.reshape(*x.shape[:-1], y.shape[-1])
     weight = w.weight
@@ -458,6 +458,23 @@ def banded(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
     return dataclasses.replace(w, weight=bands)
 
 
+def quantized_bands(w: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
+    """An int8 linear layer (`int8_linear`'s rows and scales) as the kernels' int8 bands (`kernels._qbands`):
+    (out / LANES, in / 4, LANES, 4) uint8, each group of four inputs the LANES outputs' four weights,
+    each plus 128 (a byte dot-product instruction multiplies unsigned bytes by signed ones, and the
+    activations are the signed ones); the outputs padded to whole bands and the inputs to whole QBLOCKs
+    with zero weights (128). The scales and bias are kept: they give the true number of outputs.
+
+    A band's weights are read in order, 64 bytes a group, each group multiplied into every row's LANES
+    int32 sums by one instruction per row."""
+    lanes, block = _kernels.LANES, _kernels.QBLOCK
+    n_out, n_in = w.weight.shape
+    bytes_ = np.full((-(-n_out // lanes) * lanes, -(-n_in // block) * block), 128, dtype=np.uint8)
+    bytes_[:n_out, :n_in] = w.weight.astype(np.int16) + 128
+    groups = bytes_.reshape(len(bytes_) // lanes, lanes, bytes_.shape[1] // 4, 4).transpose(0, 2, 1, 3)
+    return dataclasses.replace(w, weight=groups)  # a view: `packed` writes it out in this order
+
+
 def can_band(weights: ModelWeights[np.ndarray]) -> bool:
     """Whether every block's linear layers have a multiple of `kernels.LANES` outputs (every model whose
     widths are multiples of 16; the others keep their rows)."""
@@ -582,7 +599,9 @@ class NumpyEngine:
     is 'output-major'. Threads (BLAS's and the kernels'): `threads` fixes them, else the environment
     (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS...) does, else they are chosen from the steps' timings
     (`minigpt.generate.engines.tuning`). `quantize` 'int8': every block's linear layers as int8 rows with one
-    scale each (`int8_linear`), output-major; the embeddings, the head and the activations stay float32.
+    scale each (`int8_linear`), output-major; the kernels hold them, and the head, as int8 bands
+    (`quantized_bands`) and round each product's activations to int8 in blocks of 32 (as llama.cpp's
+    q8_0), where the array path keeps the head and the activations float32; the embeddings stay float32.
     `kv_cache` 'float16': the cache holds keys and values rounded to float16 (half the bytes a step reads of
     it; the kernels widen them in registers), which a forward without a cache does not round.
     """
@@ -659,12 +678,20 @@ class NumpyEngine:
 
     def _hold(self, kernels: bool) -> None:
         """Whether the kernels run, whether the blocks are held as bands (with the kernels, where they can
-        be), and the weights and head packed into the buffers a step reads (`packed`)."""
+        be; int8 always, as `quantized_bands`, the head too), and the weights and head packed into the
+        buffers a step reads (`packed`)."""
         self.kernels = kernels
-        self.bands = kernels and can_band(self.weights)  # the blocks' weights as `banded`
+        int8 = kernels and self.quantize == "int8"
+        # the blocks' weights as `banded`, or as `quantized_bands`, which any widths can be (padded)
+        self.bands = int8 or (kernels and can_band(self.weights))
         if self.bands:
-            self.weights = dataclasses.replace(self.weights, h=map_linears(self.weights.h, banded))
-        self.weights, self._head = packed(self.weights, _head(self.weights, self.layout == "input-major"))
+            bands = quantized_bands if int8 else banded
+            self.weights = dataclasses.replace(self.weights, h=map_linears(self.weights.h, bands))
+        lm_head = _head(self.weights, self.layout == "input-major")
+        # the head is a third of a GPT-2-sized model's bytes: int8 too (its float32 table still embeds)
+        self.weights, self._head = packed(
+            self.weights, quantized_bands(int8_linear(lm_head)) if int8 else lm_head
+        )
         # a prefill's tokens are rows enough for tiles at every width (`_product`)
         self._prefill_args = _kernels.model_args(self.weights, self._head, 0) if kernels else None
         self._use_tiles(None)
@@ -715,15 +742,19 @@ class NumpyEngine:
         """For each batch of TILE_ROWS, the row length from which its steps run fastest by tiles, on this
         CPU for these shapes: never, or from each of the model's input widths, as `remembered` keeps it
         from steps of that many rows timed with each (the first loads on a machine measure, later ones
-        read the answer): which widths gain depends on the CPU, the shapes and the batch. Where the blocks
-        are bands the answer is the head's."""
+        read the answer): which widths gain depends on the CPU, the shapes and the batch. Only rows tile:
+        where the blocks are bands the answer is the head's, and where the head is int8 bands too there is
+        nothing to measure."""
         widths: set[int] = set()
 
         def width(lin: LinearWeights[np.ndarray]) -> LinearWeights[np.ndarray]:
-            widths.add(lin.weight.shape[1])
+            if lin.weight.ndim == 2:
+                widths.add(lin.weight.shape[1])
             return lin
 
         map_linears((self.weights, self._head), width)
+        if not widths:
+            return dict.fromkeys(TILE_ROWS, None)
         choices = {"rows": None, **{f"tiles from {w}": w for w in sorted(widths)}}
         self.tuner.use(self.tuner.candidates[0])
         key = {
