@@ -1,16 +1,19 @@
 """Generation speed: each engine's cached decoding against the memory-bandwidth bound, and end to end.
 
-Prints the README's markdown tables. The models are nanoGPT's shakespeare_char shape (6 layers, 6 heads,
-384 wide, block 256, 65 characters) in GPT-2's architecture and in `--arch modern` (rotary, RMSNorm,
-SwiGLU, untied), with random weights: speed does not depend on what the weights say.
+Prints the README's markdown tables. The models are, by default, nanoGPT's shakespeare_char shape (6
+layers, 6 heads, 384 wide, block 256, 65 characters), or any other (`--shape LxHxC --vocab V --block B`;
+GPT-2 124M's: `--shape 12x12x768 --vocab 50257 --block 1024`, 498 MB of float32 weights), in GPT-2's
+architecture and in `--arch modern` (rotary, RMSNorm, SwiGLU, untied), with random weights: speed does
+not depend on what the weights say.
 
 A cached step reads every weight once, however many rows it decodes, so a step cannot be faster than
 (bytes of weights it reads) / (memory bandwidth). The benchmark measures this machine's bandwidth in the
-same run: the best of 3 passes of a float32 matrix-vector product over a 256 MB matrix (NumPy, its
-default threads), far larger than the caches, taken between the rounds so it sees the same load. Each
-engine's tokens/s is shown as a fraction of that bound: 1.0 would be a step that does nothing but stream
-weights. At batch N the bound is N times the batch-1 bound (one weight read serves N rows); the KV cache
-each row also reads is left out of it. Weights that fit in the last-level cache (int8) can beat it.
+same run, before each round so it sees the same load: a read-only stream over an array four times the
+last-level cache (read from the machine; bench/bandwidth.py), on one thread and on every core, the best
+of 3 passes. Each engine's tokens/s is shown as a fraction of the bound on its thread count (one thread,
+else every core): 1.0 would be a step that does nothing but stream weights. At batch N the bound is N
+times the batch-1 bound (one weight read serves N rows); the KV cache each row also reads is left out of
+it. Weights that fit in the last-level cache (the 6x6x384 model's, and int8's) can beat it.
 
 Engines are timed as `minigpt generate` runs them: `load_engine` on a saved run (which loads the NumPy
 engine's compiled kernels, or picks the weights' layout by timing where they do not run), the decode loop
@@ -29,6 +32,8 @@ the block (a rotary model's ring-buffer cache against the learned-position slide
 
     python bench/bench_generate.py                       # ~5 minutes on 2 slow cores
     python bench/bench_generate.py --repeats 1 --skip-baseline --e2e-runs 1 --long 0
+    python bench/bench_generate.py --shape 12x12x768 --vocab 50257 --block 1024 --archs GPT-2 --tokens 100 \
+        --skip-baseline --e2e-tokens 100 --long 0            # GPT-2 124M's shape: weights past the caches
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as `minigpt generate` sets i
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bandwidth import caches_line, cpu_model, load_line, stream_bytes, stream_read  # noqa: E402
 
 from minigpt.generate.decode import Engine, Generation, encode_prompt  # noqa: E402
 from minigpt.generate.engines.torch_engine import make_generator  # noqa: E402
@@ -63,9 +69,14 @@ from minigpt.tokenizer.base import Tokenizer  # noqa: E402
 from minigpt.tokenizer.char import CharTokenizer  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-SHAPE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
-CONFIG = GPTConfig(**SHAPE)
-ARCHS = {"GPT-2": CONFIG, "modern": model_config(arch="modern", **SHAPE)}
+
+
+def architectures(shape: str, vocab: int, block: int, names: list[str]) -> dict[str, GPTConfig]:
+    """The models measured: `shape` (layers x heads x width) in each architecture `names` lists."""
+    n_layer, n_head, n_embd = (int(n) for n in shape.split("x"))
+    fields = dict(vocab_size=vocab, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    every = {"GPT-2": GPTConfig(**fields), "modern": model_config(arch="modern", **fields)}
+    return {name: every[name] for name in names}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,29 +109,23 @@ E2E: list[tuple[str, tuple[str, ...], dict[str, str]]] = [  # (what, extra optio
 ]
 
 
-def tokenizer() -> CharTokenizer:
-    if SHAKESPEARE.is_file():
+def tokenizer(vocab: int) -> CharTokenizer:
+    """tinyshakespeare's 65 characters (where they are the vocabulary and the file is here), else `vocab`
+    characters of no text: decoding speed does not depend on what the tokens spell."""
+    if vocab == 65 and SHAKESPEARE.is_file():
         return CharTokenizer.from_text(SHAKESPEARE.read_text(encoding="utf-8"))
-    return CharTokenizer(["\n"] + [chr(32 + i) for i in range(64)])  # same size, no data needed
+    return CharTokenizer(["\n"] + [chr(32 + i) for i in range(vocab - 1)])
 
 
 # --- the bound ------------------------------------------------------------------------------------------
 
 
-def bandwidth(passes: int = 3, threads: int | None = None) -> float:
-    """Bytes/s a float32 matrix-vector product streams from a 256 MB matrix, the best of `passes` (a shared
-    machine only ever slows a run down), with NumPy's default threads unless `threads` says otherwise."""
-    from threadpoolctl import threadpool_limits
-
-    matrix, vector = np.ones((8192, 8192), dtype=np.float32), np.ones(8192, dtype=np.float32)
-    with threadpool_limits(threads):
-        matrix @ vector  # first touch and thread start-up
-        times = []
-        for _ in range(passes):
-            t0 = time.perf_counter()
-            matrix @ vector
-            times.append(time.perf_counter() - t0)
-    return matrix.nbytes / min(times)
+def engine_bytes(engine: Any) -> int:
+    """Bytes of weights a one-token step of `engine` reads (`step_bytes`), with the head it decodes with
+    (the NumPy engine's may be int8 where its weight tree's is the float32 table)."""
+    head = getattr(engine, "_head", None)
+    tree = engine.weights if head is None else dataclasses.replace(engine.weights, lm_head=head)
+    return step_bytes(tree)
 
 
 def step_bytes(tree: Any) -> int:
@@ -176,12 +181,15 @@ for batch in batches:
     gen.run()
     out.append([gen.tokens_per_second, gen.time_to_first_token, engine.threads])
 layout = engine.layout
-if engine.kernels:  # the batched steps' form and the prefills' products the engine measured (README: "Generation")
+if engine.kernels and engine._head.weight.ndim == 4:  # int8: every matrix, the head's too, as int8 bands
+    layout += ", every matrix as int8 bands"
+elif engine.kernels:  # the batched steps' form and the prefills' products the engine measured (README: "Generation")
     if engine.bands:  # the blocks' matrices as bands; the head by rows or tiles, as measured
         layout += ", blocks as bands, the head"
     layout += ", " + "; ".join(
         f"{rows} rows: " + ("rows" if t is None else f"tiles from {t}") for rows, t in engine.tiles.items()
     )
+if engine.kernels:
     layout += "; every prefill by the kernels" if engine.bands else f"; prefill kernels to {engine.kernel_rows} rows"
 print(json.dumps({"results": out, "layout": layout}), "torch" in sys.modules)
 """
@@ -312,9 +320,9 @@ def paired(top: Row, top_batch: int, bottom: Row, bottom_batch: int) -> float:
 
 def measure(
     runs: dict[str, Path], tok: Tokenizer, n: int, batches: list[int], repeats: int
-) -> tuple[list[Row], list[float]]:
+) -> tuple[list[Row], dict[int, list[float]]]:
     """Every setup of every architecture at every batch size, round-robin, `repeats` times, with the
-    bandwidth measured before each round; (rows, bandwidths)."""
+    bandwidth on one thread and on every core measured before each round; (rows, {threads: bandwidths})."""
     rows = [Row(arch, setup) for arch in runs for setup in SETUPS]
     engines: dict[tuple[str, str], Engine] = {}
     for row in rows:
@@ -322,13 +330,14 @@ def measure(
         engine, _ = load_engine(
             runs[row.arch], setup.backend, "cpu", "float32", setup.quantize, setup.threads, setup.kv_cache
         )
-        row.bytes_per_step = step_bytes(engine.weights)  # type: ignore[attr-defined]
+        row.bytes_per_step = engine_bytes(engine)
         row.layout = engine.layout  # type: ignore[attr-defined]
         if setup.backend == "torch":  # the NumPy engine is timed in processes of its own
             engines[(row.arch, setup.label)] = engine
-    bandwidths = []
+    bandwidths: dict[int, list[float]] = {n: [] for n in sorted({1, os.cpu_count() or 1})}
     for _ in range(repeats):
-        bandwidths.append(bandwidth())
+        for threads, each in bandwidths.items():
+            each.append(stream_read(threads))
         for row in rows:
             if row.setup.backend == "numpy":
                 setup = row.setup
@@ -343,14 +352,16 @@ def measure(
     return rows, bandwidths
 
 
-def past_the_block(tok: Tokenizer, short: int, long: int, repeats: int) -> list[tuple[str, float, float]]:
+def past_the_block(
+    config: GPTConfig, tok: Tokenizer, short: int, long: int, repeats: int
+) -> list[tuple[str, float, float]]:
     """Batch-1 tokens/s over `short` and `long` new tokens, for a rotary model (its ring-buffer cache) and
     a learned-position one (slides and re-reads its window), on each engine, round-robin, medians."""
     engines: dict[str, Engine] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for pos in ("rope", "learned"):
             run_dir = Path(tmp) / pos
-            RunDir(run_dir).save(GPT(dataclasses.replace(CONFIG, pos=pos)).eval(), tok, extra={})
+            RunDir(run_dir).save(GPT(dataclasses.replace(config, pos=pos)).eval(), tok, extra={})
             for backend in ("torch", "numpy"):
                 engines[f"{pos}, {backend}"], _ = load_engine(run_dir, backend, "cpu", "float32", "none")
         speeds: dict[str, dict[int, list[float]]] = {name: {short: [], long: []} for name in engines}
@@ -369,14 +380,19 @@ def _threads(row: Row, batch: int) -> str:
     return "/".join(str(c) for c in counts)
 
 
-def print_rows(rows: list[Row], batches: list[int], bw: float) -> None:
+def bandwidth_of(row: Row, bounds: dict[int, float]) -> float:
+    """The bandwidth bounding a row: on one thread for a row fixed to one, else on every core."""
+    return bounds[1] if row.setup.threads == 1 else bounds[max(bounds)]
+
+
+def print_rows(rows: list[Row], batches: list[int], bounds: dict[int, float]) -> None:
     heads = " | ".join(f"batch {b}" for b in batches)
     print(
         f"| model | engine | layout | threads (batch {' / '.join(map(str, batches))}) | MB read per step | {heads} | batch {batches[-1]} / batch 1 | first token |"
     )
     print(f"| --- | --- | --- | --- | ---: | {' | '.join('---:' for _ in batches)} | ---: | ---: |")
     for row in rows:
-        bound = bw / row.bytes_per_step
+        bound = bandwidth_of(row, bounds) / row.bytes_per_step
         cells = [f"{row.median(b):,.0f} ({row.median(b) / (b * bound):.2f})" for b in batches]
         threads = " / ".join(_threads(row, b) for b in batches)
         ratio = paired(row, batches[-1], row, batches[0])
@@ -387,15 +403,16 @@ def print_rows(rows: list[Row], batches: list[int], bw: float) -> None:
         )
 
 
-def print_targets(rows: list[Row], bw: float) -> None:
-    """The issue's targets, each as a ratio measured in this run."""
-    print("\n| target | " + " | ".join(ARCHS) + " |")
-    print("| --- | " + " | ".join("---:" for _ in ARCHS) + " |")
+def print_targets(rows: list[Row], bounds: dict[int, float]) -> None:
+    """The issues' targets, each as a ratio measured in this run."""
+    archs = list(dict.fromkeys(r.arch for r in rows))
+    print("\n| target | " + " | ".join(archs) + " |")
+    print("| --- | " + " | ".join("---:" for _ in archs) + " |")
     by = {(r.arch, r.setup.label): r for r in rows}
 
     def frac(arch: str, label: str) -> float:
         row = by[(arch, label)]
-        return row.median(1) / (bw / row.bytes_per_step)
+        return row.median(1) / (bandwidth_of(row, bounds) / row.bytes_per_step)
 
     lines = {
         "NumPy batch 1, generate's threads, of the bound (>= 0.7)": lambda a: frac(a, SETUPS[0].label),
@@ -417,25 +434,15 @@ def print_targets(rows: list[Row], bw: float) -> None:
         del lines["NumPy batch 8 / batch 1, generate's threads (>= 4)"]
         del lines["NumPy batch 8, float16 KV cache / float32"]
     for what, value in lines.items():
-        print(f"| {what} | " + " | ".join(f"{value(a):.2f}" for a in ARCHS) + " |")
+        print(f"| {what} | " + " | ".join(f"{value(a):.2f}" for a in archs) + " |")
 
 
-def load_line() -> str:
-    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def cpu_model() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return "unknown CPU"
-
-
-def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="6x6x384", help="layers x heads x width (default 6x6x384)")
+    ap.add_argument("--vocab", type=int, default=65, help="vocabulary size (default 65: tinyshakespeare's)")
+    ap.add_argument("--block", type=int, default=256, help="block size (default 256)")
+    ap.add_argument("--archs", default="GPT-2,modern", help="architectures, comma-separated (default both)")
     ap.add_argument(
         "--tokens", type=int, default=250, help="new tokens per sample, inside the block (default 250)"
     )
@@ -458,53 +465,67 @@ def main() -> None:
         default=4000,
         help="new tokens for the past-the-block table (default 4000; 0 skips it)",
     )
-    args = ap.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    return ap.parse_args()
 
-    tok = tokenizer()
+
+def print_bound(bandwidths: dict[int, list[float]]) -> dict[int, float]:
+    """The bandwidths measured, with the caches; returns the best on each thread count."""
+    print(
+        f"caches: {caches_line()}; memory bandwidth (a read-only stream over {stream_bytes() / 2**20:,.0f} MiB, "
+        "best of 3 passes before each round): "
+        + "; ".join(
+            f"{n} thread{'s' if n > 1 else ''} {', '.join(f'{b / 1e9:.1f}' for b in each)} GB/s"
+            for n, each in bandwidths.items()
+        )
+        + " (the bound uses each count's best)\n"
+    )
+    return {n: max(each) for n, each in bandwidths.items()}
+
+
+def main() -> None:
+    args = arguments()
+    batches = [int(b) for b in args.batches.split(",")]
+    configs = architectures(args.shape, args.vocab, args.block, args.archs.split(","))
+    config = next(iter(configs.values()))
+    tok = tokenizer(args.vocab)
     load_before = load_line()
     with tempfile.TemporaryDirectory() as tmp:
         # the layouts are measured in this run (its first loads), not read from an earlier one
         os.environ["MINIGPT_CACHE_DIR"] = str(Path(tmp) / "cache")
         runs = {}
-        for arch, config in ARCHS.items():
+        for arch, arch_config in configs.items():
             torch.manual_seed(0)
             runs[arch] = Path(tmp) / arch
-            RunDir(runs[arch]).save(GPT(config).eval(), tok, extra={})
+            RunDir(runs[arch]).save(GPT(arch_config).eval(), tok, extra={})
         rows, bandwidths = measure(runs, tok, args.tokens, batches, args.repeats)
-        bw = max(bandwidths)
-        one_thread = bandwidth(threads=1)
         print(
             f"\n{cpu_model()}, {os.cpu_count()} CPUs; numpy {np.__version__}, torch {torch.__version__}; "
-            f"{CONFIG.n_layer} layers, {CONFIG.n_head} heads, {CONFIG.n_embd} wide, block {CONFIG.block_size}, "
-            f"vocab {CONFIG.vocab_size}; {args.tokens} new tokens per sample; medians of {args.repeats} "
+            f"{config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, block {config.block_size}, "
+            f"vocab {config.vocab_size}; {args.tokens} new tokens per sample; medians of {args.repeats} "
             f"round-robin repeats; load average {load_before} before, {load_line()} after\n"
         )
-        print(
-            f"memory bandwidth (float32 matrix-vector product over 256 MB, NumPy's default threads, best of 3 "
-            f"passes before each round): {', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s; the bound "
-            f"uses the best, {bw / 1e9:.1f} GB/s (one thread: {one_thread / 1e9:.1f})\n"
-        )
+        bounds = print_bound(bandwidths)
         print("aggregate tokens/s (fraction of the bound: N x bandwidth / bytes read per step)\n")
-        print_rows(rows, batches, bw)
-        print_targets(rows, bw)
+        print_rows(rows, batches, bounds)
+        print_targets(rows, bounds)
         if not args.skip_baseline:
-            model = GPT(CONFIG).eval()
+            model = GPT(config).eval()
             print(
                 f"\nfull recompute (nanoGPT's loop, float32, batch 1): {full_recompute(model, tok, args.tokens):.1f} tokens/s"
             )
+        arch = next(iter(runs))
         print(
-            f"\n| {args.e2e_tokens} tokens, end to end (start-up included), GPT-2 architecture | median of {args.e2e_runs} | each |"
+            f"\n| {args.e2e_tokens} tokens, end to end (start-up included), {arch} architecture | median of {args.e2e_runs} | each |"
         )
         print("| --- | ---: | --- |", flush=True)
-        end_to_end_table(runs["GPT-2"], args.e2e_tokens, args.e2e_runs, args.e2e_against)
+        end_to_end_table(runs[arch], args.e2e_tokens, args.e2e_runs, args.e2e_against)
     print(f"| `python -c 'import torch'` alone | {import_torch_seconds():.2f} s | |")
     if args.long:
         print(
-            f"\n| batch 1, past block {CONFIG.block_size} | {args.e2e_tokens} new tokens | {args.long} new tokens | ratio |"
+            f"\n| batch 1, past block {config.block_size} | {args.e2e_tokens} new tokens | {args.long} new tokens | ratio |"
         )
         print("| --- | ---: | ---: | ---: |", flush=True)
-        for name, short, long in past_the_block(tok, args.e2e_tokens, args.long, args.repeats):
+        for name, short, long in past_the_block(config, tok, args.e2e_tokens, args.long, args.repeats):
             print(f"| {name} | {short:,.0f} | {long:,.0f} | {long / short:.2f} |", flush=True)
 
 
