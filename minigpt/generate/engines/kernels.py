@@ -464,14 +464,16 @@ if numba is not None:
             band = builder.gep(context.make_array(signature.args[0])(context, builder, w).data, [start])
             lines = [builder.add(b0, _const(r)) for r in range(rows)]
             quads = [builder.bitcast(_row_pointer(builder, xq, b), i32.as_pointer()) for b in lines]
+            scales = [_row_pointer(builder, xs, b) for b in lines]
+            corrections = [_row_pointer(builder, xc, b) for b in lines]
             totals = [cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in lines]
             with cgutils.for_range(builder, builder.udiv(n_in, _const(QBLOCK))) as loop:
                 block = loop.index
                 # each row's block sum starts at its correction (`_quantize`), one way's of them
                 sums = [
-                    [_splat(builder, builder.load(builder.gep(_row_pointer(builder, xc, b), [block])), ivec)]
+                    [_splat(builder, builder.load(builder.gep(c, [block])), ivec)]
                     + [ir.Constant(ivec, None)] * (_WAYS - 1)
-                    for b in lines
+                    for c in corrections
                 ]
                 for g in range(QBLOCK // 4):  # four inputs by LANES outputs: 64 bytes
                     group = builder.add(builder.mul(block, _const(QBLOCK // 4)), _const(g))
@@ -480,13 +482,11 @@ if numba is not None:
                     for quad, acc in zip(quads, sums, strict=True):
                         xv = _splat(builder, builder.load(builder.gep(quad, [group]), align=1), ivec)
                         acc[g % _WAYS] = _dots(builder, instruction, acc[g % _WAYS], wv, xv)
-                for b, acc, total in zip(lines, sums, totals, strict=True):
+                for row_scales, acc, total in zip(scales, sums, totals, strict=True):
                     whole = acc[0]
                     for part in acc[1:]:
                         whole = builder.add(whole, part)
-                    scale = _splat(
-                        builder, builder.load(builder.gep(_row_pointer(builder, xs, b), [block])), fvec
-                    )
+                    scale = _splat(builder, builder.load(builder.gep(row_scales, [block])), fvec)
                     product = builder.fmul(builder.sitofp(whole, fvec), scale, flags=("contract",))
                     builder.store(builder.fadd(builder.load(total), product, flags=("contract",)), total)
             out_array = context.make_array(signature.args[5])(context, builder, out)
