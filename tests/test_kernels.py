@@ -390,6 +390,24 @@ def test_the_kernels_exp_is_float32_exact_to_a_few_units_in_the_last_place() -> 
     assert (np.abs(np.float32(-5.0) / (np.float32(1.0) + big)) <= 5e-37).all()
 
 
+@numba.njit
+def _weights(z: np.ndarray) -> np.ndarray:
+    out = np.empty_like(z)
+    for i in range(z.size):
+        out[i] = kernels._exp_weight(z[i])
+    return out
+
+
+def test_the_draws_exp_is_float64_exact_to_a_few_units_in_the_last_place() -> None:
+    """`_exp_weight` (the draw's weights, z <= 0): within 2 float64 ulps of NumPy's exp from -708 to 0,
+    tiny and large magnitudes alike, exactly 1 at 0; 0 below -708 (where 2^k leaves the normal numbers)."""
+    z = np.concatenate([np.linspace(-708.0, 0.0, 400_001), -np.geomspace(1e-300, 700.0, 10_001), [0.0, -0.0]])
+    exact = np.exp(z)
+    assert (np.abs(_weights(z) - exact) / np.spacing(exact)).max() <= 2
+    assert _weights(np.array([0.0]))[0] == 1.0
+    assert (_weights(np.array([-708.01, -745.0, -1e300, -np.inf])) == 0).all()
+
+
 def test_the_compiled_draw_picks_what_a_cumulative_sum_and_a_search_pick() -> None:
     """`kernels.draw`: for each row, the first token whose running sum of exp(z - max z) passes u times
     the total, as a NumPy cumsum and searchsorted(side="right") give, for uniforms across [0, 1), every

@@ -106,6 +106,8 @@ PREFETCH, PREFETCH_L2 = 2048, 16384
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
 _EMPTY_BYTES = np.zeros(0, dtype=np.uint8)
+# 1/12!, 1/11!, ... 1/1!, 1/0!: `_exp_weight`'s Taylor series after its 1/13!, highest power first
+_TAYLOR = tuple(1.0 / math.factorial(n) for n in range(12, -1, -1))
 # `model_args`' table of where a step's tensors lie: the model's slots (the token and position embeddings,
 # the U-net skips' weights, the final norm's weight and bias, the head's weight, scales and bias), then
 # `_LAYER` for each block (its norms' weights and biases, QK-norm's two weights, the value embeddings,
@@ -187,6 +189,17 @@ if numba is not None:
             return builder.bitcast(v, context.get_value_type(types.float32))
 
         return types.float32(bits), codegen
+
+    @intrinsic
+    def _double_from_bits(typingctx: Any, bits: Any) -> Any:
+        """The float64 whose IEEE-754 bits are the 64-bit integer `bits` (`_float_from_bits`' twin)."""
+        if not (isinstance(bits, types.Integer) and bits.bitwidth == 64):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], ir.DoubleType())
+
+        return types.float64(bits), codegen
 
     @intrinsic
     def _widen(typingctx: Any, v: Any) -> Any:
@@ -838,22 +851,43 @@ if numba is not None:
                     )
         return h
 
+    @njit(cache=_CACHE, inline="always")
+    def _exp_weight(z: Any) -> Any:
+        """exp of a float64 z <= 0 in float64 arithmetic that LLVM vectorises (`_exp`'s way, where numba
+        calls libm's exp once per element): z = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, Cephes',
+        so k ln2 is exact), e^r by its Taylor series to r^13 (the next term under 5e-18), 2^k put into the
+        exponent bits: within 2 units in the last place of the exact value. Below -708, where 2^k would
+        leave float64's normal numbers, it is 0: a weight under 1e-307 of the largest one's."""
+        under = z < -708.0
+        z = max(z, -708.0)
+        k = np.floor(z * 1.4426950408889634 + 0.5)
+        r = (z - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6
+        p = 1.6059043836821613e-10  # 1/13!, then each 1/n! down to 1
+        for c in _TAYLOR:
+            p = p * r + c
+        y = p * _double_from_bits((np.int64(k) + np.int64(1023)) << np.int64(52))
+        return 0.0 if under else y
+
     @njit(cache=_CACHE)
     def _draw(logits: Any, temperature: float, u: Any, out: Any) -> None:
         """out[r] = the token drawn for row r of logits (B, V) at `temperature` by the uniform u[r] in [0, 1),
         as `numpy.sample_next` draws without top-k or top-p: the first token whose running sum of the
         weights exp(z), z = (logits - max logits) / temperature in float64 (shifted first: a tiny temperature
-        gives 0 and -inf, never NaN), passes u times their total. In order, without fast-math: each sum is the
-        same sum a NumPy cumsum makes."""
+        gives 0 and -inf, never NaN), passes u times their total. The weights first, a loop LLVM vectorises
+        (`_exp_weight`), then their running sum in order, without fast-math: each sum is the one a NumPy
+        cumsum makes of them."""
         rows, vocab = logits.shape
         cdf = np.empty(vocab, dtype=np.float64)
         for r in range(rows):
-            top = -np.inf
+            most = np.float32(-np.inf)
             for v in range(vocab):
-                top = max(top, np.float64(logits[r, v]))
+                most = max(most, logits[r, v])
+            top = np.float64(most)
+            for v in range(vocab):
+                cdf[v] = _exp_weight((np.float64(logits[r, v]) - top) / temperature)
             total = 0.0
             for v in range(vocab):
-                total += np.exp((np.float64(logits[r, v]) - top) / temperature)
+                total += cdf[v]
                 cdf[v] = total
             target = u[r] * total
             lo, hi = 0, vocab  # the first v with cdf[v] > target: a zero weight's empty step is never it
