@@ -1,11 +1,12 @@
 """minigpt against llama.cpp: batch-1 decoding of the same weights, in the same dtype, on the same threads.
 
-Not part of CI: it needs llama.cpp's binaries (`../shared/tools/llama.cpp/bin` here; a build for this CPU,
-`GGML_NATIVE=ON`, is the fairer opponent) and a GGUF of a minigpt run. Both sides run as whole commands,
-as a user runs them, round robin, `--repeats` times, with the same prompt, length and seed, on each thread
-count (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for minigpt, -t for llama.cpp; `auto`: each its own
-choice). Compared: tokens/s over the generation (prompt, decoding and sampling, start-up and loading left
-out: llama.cpp's own timings, and `minigpt generate --json`'s), and the whole command's wall time.
+Not part of CI: it needs llama.cpp's binaries (`--bin DIR`, or the environment's LLAMA_CPP_BIN;
+`../shared/tools/llama.cpp/bin` here is a generic build, one for this CPU, `GGML_NATIVE=ON`, is the fairer
+opponent) and a GGUF of a minigpt run. Both sides run as whole commands, as a user runs them, round robin,
+`--repeats` times, with the same prompt, length and seed, on each thread count (OMP_NUM_THREADS and
+OPENBLAS_NUM_THREADS for minigpt, -t for llama.cpp; `auto`: each its own choice). Compared: tokens/s over
+the generation (prompt, decoding and sampling, start-up and loading left out: llama.cpp's own timings, and
+`minigpt generate --json`'s), and the whole command's wall time.
 float32 races the f32 GGUF; int8 (`--quantize int8`) races the q8_0 one where `--dtypes` names it.
 
 Each round also measures the memory bound on each thread count (bench/bandwidth.py: a read-only stream
@@ -296,7 +297,12 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--shape", default="6x6x384", help="the model's layers x heads x width (default 6x6x384)")
     ap.add_argument("--block", type=int, default=256, help="the model's block size (default 256)")
     ap.add_argument("--dtypes", default="f32", help="GGUF dtypes raced (--work): f32, q8_0 (int8) or both")
-    ap.add_argument("--bin", type=Path, help="llama.cpp's bin directory (holding llama-completion)")
+    ap.add_argument(
+        "--bin",
+        type=Path,
+        default=os.environ.get("LLAMA_CPP_BIN") or None,
+        help="llama.cpp's bin directory holding llama-completion (default: $LLAMA_CPP_BIN)",
+    )
     ap.add_argument("--gguf", type=Path, help="the f32 GGUF of --run's weights")
     ap.add_argument("--run", type=Path, help="the minigpt run directory")
     ap.add_argument("--tokens", type=int, default=200, help="new tokens per run (default 200)")
@@ -317,9 +323,9 @@ def main() -> None:
     elif args.bin and args.gguf and args.run:
         run, ggufs = args.run, {"f32": args.gguf}
     else:
-        raise SystemExit("give --bin with --work, or --bin, --gguf and --run (or --make-run)")
+        raise SystemExit("give --work, or --gguf and --run (or --make-run), with --bin or LLAMA_CPP_BIN")
     if not args.bin:
-        raise SystemExit("give --bin: llama.cpp's bin directory")
+        raise SystemExit("give --bin (or set LLAMA_CPP_BIN): llama.cpp's bin directory")
     binary = args.bin / "llama-completion"
     counts = [None if t == "auto" else int(t) for t in args.threads.split(",")]
     load_before = load_line()
