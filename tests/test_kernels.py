@@ -4,6 +4,7 @@ against the array path and the float64 reference, its threads, and the engine wi
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numba
 import numpy as np
@@ -339,12 +340,21 @@ def test_a_prefill_through_the_kernels_computes_what_numpy_computes(name: str, q
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-@numba.njit
-def _exps(x: np.ndarray) -> np.ndarray:
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = kernels._exp(x[i])
-    return out
+def _elementwise(f: Any) -> Any:
+    """A compiled loop of the compiled scalar function f over an array, f called directly (so compiled
+    into the loop as the kernels' loops compile it, not through a function pointer)."""
+
+    @numba.njit
+    def each(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = f(x[i])
+        return out
+
+    return each
+
+
+_exps = _elementwise(kernels._exp)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -390,12 +400,7 @@ def test_the_kernels_exp_is_float32_exact_to_a_few_units_in_the_last_place() -> 
     assert (np.abs(np.float32(-5.0) / (np.float32(1.0) + big)) <= 5e-37).all()
 
 
-@numba.njit
-def _weights(z: np.ndarray) -> np.ndarray:
-    out = np.empty_like(z)
-    for i in range(z.size):
-        out[i] = kernels._exp_weight(z[i])
-    return out
+_weights = _elementwise(kernels._exp_weight)
 
 
 def test_the_draws_exp_is_float64_exact_to_a_few_units_in_the_last_place() -> None:
