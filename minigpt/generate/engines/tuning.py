@@ -53,12 +53,14 @@ __all__ = [
     "BLAS_ENV",
     "ThreadTuner",
     "blas_tuner",
+    "measuring_blocked",
     "cores",
     "env_threads",
     "best_times",
     "model_key",
     "pick_layout",
     "remembered",
+    "remembered_times",
     "thread_candidates",
 ]
 
@@ -105,11 +107,22 @@ def remembered(
     measure: Callable[[], Mapping[str, float]],
     measurements: int = 3,
 ) -> str:
-    """The fastest of `choices` for `key` (with this machine added): each of the first `measurements`
-    calls runs `measure()` (every choice's best time) and keeps every choice's best time over all of
-    them in the cache file; later calls read the answer. A measurement taken while other work held the
-    machine is slower, never faster, so the bests converge on a quiet moment's. A missing, damaged or
-    unwritable cache only means measuring again."""
+    """The fastest of `choices` for `key` (with this machine added), from `remembered_times`."""
+    best = remembered_times(key, choices, measure, measurements)
+    return min(choices, key=lambda c: best[c])
+
+
+def remembered_times(
+    key: Mapping[str, object],
+    choices: Sequence[str],
+    measure: Callable[[], Mapping[str, float]],
+    measurements: int = 3,
+) -> dict[str, float]:
+    """Each of `choices`' best time for `key` (with this machine added): each of the first `measurements`
+    calls runs `measure()` (every choice's time) and keeps every choice's best time over all of them in
+    the cache file; later calls read them. A measurement taken while other work held the machine is
+    slower, never faster, so the bests converge on a quiet moment's. A missing, damaged or unwritable
+    cache only means measuring again."""
     path = cache_file()
     name = json.dumps({"machine": machine(), **key}, sort_keys=True)
     stored: dict[str, Any] = {}
@@ -134,7 +147,7 @@ def remembered(
         with contextlib.suppress(OSError, MinigptError):
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, {**stored, name: {"best": best, "count": count + 1}})
-    return min(choices, key=lambda c: best[c])
+    return best
 
 
 def model_key(config: GPTConfig) -> list[object]:
@@ -179,6 +192,22 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
+MEASURE_ENV = "MINIGPT_MEASURE"  # "off": training measures nothing (runs that must match across machines)
+
+
+def measuring_blocked(share: float = 0.5) -> str | None:
+    """Why training should not measure now (None: it may): MINIGPT_MEASURE=off, or a load average over
+    `share` of the cores, where a measurement would time other work more than its own choices."""
+    if os.environ.get(MEASURE_ENV, "").lower() == "off":
+        return f"{MEASURE_ENV}=off"
+    if not hasattr(os, "getloadavg"):
+        return None
+    load, available = os.getloadavg()[0], cores()
+    if load > share * available:
+        return f"the machine is busy (load {load:.1f} on {available} cores); measured at a quieter start"
+    return None
+
+
 def thread_candidates(available: int) -> list[int]:
     """1, 2, 4, ... up to the available cores, and the core count itself."""
     counts, n = [], 1
@@ -202,15 +231,21 @@ class _Trial:
 
     A candidate whose fastest step is more than PRUNE times the fastest of all leaves the trial at once:
     on a busy machine a count that loses loses by several times, and three such steps would cost more
-    than the trial can win.
+    than the trial can win. With a `margin` above 1 the count already chosen stays unless another's median
+    beats its own by that factor (noise alone does not switch); with a `slowdown`, a chosen count whose
+    last SLOW_STEPS steps each took that many times its median in the trial is tried again at once, not
+    at the next look (other work has taken a core).
     """
 
     PRUNE = 1.5
+    SLOW_STEPS = 3
 
     def __init__(self, candidates: Sequence[int], first_look: int) -> None:
         self.candidates = candidates
         self.times: dict[int, list[float]] = {n: [] for n in candidates}
         self.chosen: int | None = None
+        self.pace = math.inf  # the chosen count's median step in its trial
+        self.slow = 0  # steps in a row slower than `slowdown` times the pace
         self.since = 0  # steps since the count was chosen
         self.look = first_look  # steps until the next trial: doubles after each, up to `every`
 
@@ -225,19 +260,25 @@ class _Trial:
         # round robin: every candidate sees the same moments of load
         return min(self.times, key=lambda n: len(self.times[n]))
 
-    def record(self, threads: int, seconds: float, trials: int, every: int) -> None:
+    def record(self, threads: int, seconds: float, tuner: ThreadTuner) -> None:
         if not self.trying:
             self.since += 1
-            if self.since >= min(self.look, every):  # time to look again
+            slowed = tuner.slowdown is not None and seconds > tuner.slowdown * self.pace
+            self.slow = self.slow + 1 if slowed else 0
+            if self.since >= min(self.look, tuner.every) or self.slow >= self.SLOW_STEPS:  # look again
                 self.times, self.look = {n: [] for n in self.candidates}, 2 * self.look
             return
         self.times[threads].append(seconds)
         if all(self.times.values()):
             best = min(min(t) for t in self.times.values())
             self.times = {n: t for n, t in self.times.items() if min(t) <= self.PRUNE * best}
-        if len(self.times) == 1 or all(len(t) >= trials for t in self.times.values()):
-            self.chosen = min(self.times, key=lambda n: statistics.median(self.times[n]))
-            self.times, self.since = {}, 0
+        if len(self.times) == 1 or all(len(t) >= tuner.trials for t in self.times.values()):
+            medians = {n: statistics.median(t) for n, t in self.times.items()}
+            fastest = min(medians, key=lambda n: medians[n])
+            kept = self.chosen in medians and medians[fastest] * tuner.margin >= medians[self.chosen]
+            self.chosen = self.chosen if kept else fastest
+            self.pace = medians[self.chosen]
+            self.times, self.since, self.slow = {}, 0, 0
 
 
 class ThreadTuner:
@@ -257,6 +298,8 @@ class ThreadTuner:
         trials: int = 3,
         every: int = 500,
         first_look: int = 25,
+        margin: float = 1.0,
+        slowdown: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not candidates:
@@ -265,6 +308,8 @@ class ThreadTuner:
         self.trials = trials
         self.every = every
         self.first_look = first_look
+        self.margin = margin  # and slowdown: see _Trial
+        self.slowdown = slowdown
         self._get, self._set = get_threads, set_threads
         self._clock = clock
         self._by_key: dict[Hashable, _Trial] = {}
@@ -312,7 +357,7 @@ class _Step:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self.trial is not None and kind is None:
             seconds = (self.tuner._clock() - self.start) / self.work
-            self.trial.record(self.threads, seconds, self.tuner.trials, self.tuner.every)
+            self.trial.record(self.threads, seconds, self.tuner)
 
 
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
