@@ -17,6 +17,9 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 
 # keep tests reproducible and light on the 2-core machines
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# training measures nothing on the machine (its dtype and OpenMP spin would follow the speed of the moment):
+# tests of that logic fake the timings (tests/test_train_tuning.py)
+os.environ.setdefault("MINIGPT_MEASURE", "off")
 
 # The same examples on every run and machine, so a failure CI finds reproduces anywhere (print_blob adds
 # the @reproduce_failure line); HYPOTHESIS_PROFILE=default explores new random examples instead.

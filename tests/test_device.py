@@ -1,4 +1,4 @@
-"""The dtype 'auto' picks: bf16 autocast on the CPU only where the CPU multiplies bf16 natively."""
+"""The dtype 'auto' picks, and the check for a CPU that multiplies bf16 natively."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ import pytest
 import torch
 
 from minigpt.common import device
-from minigpt.common.device import CPU_BF16_MIN_WIDTH, resolve_dtype
+from minigpt.common.device import resolve_dtype
+from minigpt.errors import UsageError
 
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_trains_wide_models_in_bf16_only_on_cpus_with_bf16_instructions(
-    monkeypatch, native: bool
-) -> None:
-    monkeypatch.setattr(device, "cpu_has_bf16", lambda: native)
-    wide = torch.bfloat16 if native else torch.float32  # emulated bf16 ran 50-500x slower than float32
-    assert resolve_dtype("auto", CPU, training_width=CPU_BF16_MIN_WIDTH) == wide
-    assert resolve_dtype("auto", CPU, training_width=CPU_BF16_MIN_WIDTH - 64) == torch.float32
-    assert resolve_dtype("auto", CPU) == torch.float32  # generation and evaluation
-    assert resolve_dtype("bfloat16", CPU, training_width=64) == torch.bfloat16  # asked for: given
+def test_auto_is_float32_on_the_cpu_given_dtypes_stand() -> None:
+    """No rule picks bf16 on the CPU: training measures it (tests/test_train_tuning.py)."""
+    assert resolve_dtype("auto", CPU) == torch.float32
+    assert resolve_dtype("bfloat16", CPU) == torch.bfloat16  # asked for: given
+    with pytest.raises(UsageError, match="float16 is not supported on the CPU"):
+        resolve_dtype("float16", CPU)
 
 
 def test_the_bf16_check_agrees_with_the_kernels_cpu_flags() -> None:

@@ -283,8 +283,11 @@ def train(
     `minigpt train --init-from checkpoints/input chat.jsonl --lora-rank 8`, then `minigpt chat RUN`.
     Several GPUs: `minigpt train input.txt --nproc 4`, or `torchrun --nproc_per_node 4 -m minigpt train ...`.
     """
-    _quiet_openmp()
+    from minigpt.train import spin
+
     launch = _launch(given)
+    cfg = TrainConfig(**given.of(TrainConfig))
+    spin.choose(cfg, launch.processes)  # before torch loads OpenMP, which reads it once
     with startup.loading():  # torch's import: no collector passes over it (minigpt.common.startup)
         from minigpt.cli.training_display import TrainingDisplay
         from minigpt.train.loop import check_launch, command_arguments, plan_run
@@ -292,7 +295,6 @@ def train(
 
     resumed = launch.resume is not None
     changed = given.flags(skip=(*BUDGET_SETTINGS, *LaunchConfig.WITH_RESUME)) if resumed else []
-    cfg = TrainConfig(**given.of(TrainConfig))
     run_args = command_arguments(files, cfg, given.of(DataConfig), launch, changed)
     if launch.processes > 1:
         from minigpt.train.distributed import launch_local

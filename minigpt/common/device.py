@@ -13,11 +13,6 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# On a CPU with bf16 instructions (AVX-512 BF16 or AMX) bf16 autocast trains faster than float32 from about
-# this width on, where the matrix products outweigh the casts around them (attention over few keys stays in
-# float32: minigpt.model.fused_attention.CPU_HALF_ATTENTION_MAX_KEYS). Without the instructions bf16 is
-# emulated, far slower than float32, so the CPU never chooses it there. bench/bench_cpu_bf16.py measures both.
-CPU_BF16_MIN_WIDTH = 128
 
 
 def _mps_available() -> bool:
@@ -54,20 +49,17 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (x86's AVX-512 BF16 or AMX tiles); torch's own checks."""
+    """Whether this CPU multiplies bf16 natively (x86's AVX-512 BF16 or AMX tiles); torch's own checks.
+    Whether it is also faster than float32 is measured (minigpt.train.tuning)."""
     import torch
 
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
-def resolve_dtype(name: str, device: torch.device, training_width: int | None = None) -> torch.dtype:
-    """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs; on the CPU float32, except
-    for training models at least CPU_BF16_MIN_WIDTH wide on a CPU with bf16 instructions, where bf16
-    autocast is faster.
-
-    Generation stays float32 on the CPU, where bf16 decodes more slowly.
-    """
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on GPUs that support it, float16 on other GPUs, float32 on the CPU (where
+    generation decodes faster in float32, and training measures its own: minigpt.train.tuning)."""
     import torch
 
     name = name.lower()
@@ -76,10 +68,7 @@ def resolve_dtype(name: str, device: torch.device, training_width: int | None = 
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "mps":
-            return torch.float16
-        wide = training_width is not None and training_width >= CPU_BF16_MIN_WIDTH
-        return torch.bfloat16 if wide and cpu_has_bf16() else torch.float32
+        return torch.float16 if device.type == "mps" else torch.float32
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise MinigptError("--dtype bfloat16: this GPU does not support it; use --dtype float16 or float32")

@@ -158,9 +158,9 @@ class TrainConfig:
         False, "NorMuon: Muon's update row by row over the root of its running mean square.", panel=OPT
     )
     muon_dtype: str = setting(
-        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs and where the run trains in bf16 (a "
-        "CPU with bf16 instructions), float32 elsewhere (CPUs without them multiply bf16 matrices many times "
-        "slower).", panel=OPT, choices=MUON_DTYPES,
+        "auto", "The dtype of Muon's iterations: auto is bfloat16 on GPUs; on the CPU the faster of float32 and "
+        "bfloat16 for this run's shapes, timed once on this machine (bfloat16 only where the CPU may have bf16 "
+        "instructions).", panel=OPT, choices=MUON_DTYPES,
     )  # fmt: skip
     zero_init: bool = setting(
         False, "Start every block's output projections (and an untied head) at zero.", panel=OPT
@@ -205,8 +205,14 @@ class TrainConfig:
     device: str = setting("auto", "auto, cpu, cuda or mps.", panel=RUN)
     dtype: str = setting(
         "auto", "auto, float32, bfloat16 or float16 (autocast). auto: bfloat16 on GPUs that have it (else "
-        "float16); on the CPU bfloat16 from 128 wide where the CPU has bf16 instructions, else float32.",
+        "float16); on the CPU the faster of float32 and bfloat16 autocast for this run's shapes, timed once on "
+        "this machine and kept in its tuning cache (bfloat16 only where the CPU may have bf16 instructions).",
         panel=RUN,
+    )  # fmt: skip
+    threads: int | None = setting(
+        None, "CPU threads (also fixed by OMP_NUM_THREADS). Default: timed on the run's own steps, and "
+        "timed again as it goes, so that cores other work takes are given up.", panel=RUN,
+        shown="measured", min=1,
     )  # fmt: skip
     compile: bool = setting(False, "torch.compile the model.", panel=RUN)
 
@@ -224,7 +230,7 @@ class TrainConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_iters", "max_tokens"):
+        for name in ("max_iters", "max_tokens", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")

@@ -28,6 +28,7 @@ from minigpt.train.distributed import DistContext
 from minigpt.train.reporters import ProgressReporter, QuietReporter, TrainingEnd
 from minigpt.train.run import SamplerFactory, TrainingRun, check_launch, plan_run, set_up
 from minigpt.train.step import evaluate, train_step
+from minigpt.train.tuning import STEP_KEY
 
 __all__ = ["TrainConfig", "TrainResult", "TrainState", "check_launch", "parse_duration", "plan_run", "train"]
 
@@ -136,7 +137,7 @@ def run_loop(
         )
         while reason is None:
             step_started = run.budget.clock()
-            loss, lr = take_step(run, abandon)
+            loss, lr = _step_on_threads(run, reporter, abandon, timed=state.step > first_step)
             if loss is None:
                 interrupted = signals.requested is not None
                 reason = (
@@ -159,6 +160,26 @@ def run_loop(
                 evaluate_and_save(run, reporter)
         evaluate_and_save(run, reporter, final=True, stopping=interrupted)
     return reason, interrupted
+
+
+def _step_on_threads(
+    run: TrainingRun, reporter: ProgressReporter, abandon: Callable[[], bool] | None, timed: bool
+) -> tuple[float | None, float]:
+    """take_step on the thread count the run's tuner picks (on the CPU), timed for it unless the step is
+    a command's first (its one-off costs would count against that count); a new choice is logged."""
+    tuner = run.threads
+    if tuner is None or not timed:
+        return take_step(run, abandon)
+    before = tuner.chosen(STEP_KEY)
+    with tuner.step(STEP_KEY):
+        result = take_step(run, abandon)
+    after = tuner.chosen(STEP_KEY)
+    if after != before and after is not None:
+        reporter.log(
+            f"threads: {after} from step {run.state.step + 1:,}"
+            + (f" (was {before}: steps timed on each count)" if before is not None else "")
+        )
+    return result
 
 
 def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tuple[float | None, float]:

@@ -7,10 +7,10 @@ or Polar Express (Amsel et al. 2025), a new quintic each iteration, the one that
 singular values are known to lie in closest to 1 in the worst case. NorMuon (Li et al. 2025) then divides each
 row (neuron) of the update by the root of its running mean square, so no neuron's update dominates.
 
-The iterations run in bf16 on GPUs and, in training, wherever the run computes in bf16 (a CPU with bf16
-instructions: `minigpt.train.optimizers.muon_dtype`), else in float32: without those instructions a CPU
-emulates bf16 matrix products, many times slower than float32's; `--muon-dtype` picks. Matrices
-of one shape are orthogonalised together, one batched product per iteration.
+The iterations run in bf16 on GPUs; on the CPU in whichever of float32 and bf16 a training run measured
+faster on its machine (`minigpt.train.tuning`: a CPU without bf16 instructions emulates bf16 matrix
+products, many times slower, so there it stays float32); `--muon-dtype` picks. Matrices of one shape are
+orthogonalised together, one batched product per iteration.
 """
 
 from __future__ import annotations

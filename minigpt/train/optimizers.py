@@ -61,8 +61,7 @@ def make_optimizer(
 ) -> Optimizers:
     """AdamW with decay on weight matrices (and the tied token embedding), not on wpe, biases or norms, and
     an untied LM head at cfg.head_lr; with cfg.optimizer "muon", the blocks' weight matrices go to Muon
-    (minigpt.train.muon) at cfg.muon_lr instead, its iterations in bf16 where the run computes in bf16
-    (`compute_dtype`) and --muon-dtype is auto."""
+    (minigpt.train.muon) at cfg.muon_lr instead, its iterations in `muon_dtype`'s dtype."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     muon = [p for n, p in named if cfg.optimizer == "muon" and is_hidden_matrix(n, p.dim())]
     taken = {id(p) for p in muon}
@@ -94,8 +93,7 @@ def make_optimizer(
 
 
 def muon_dtype(setting: str, compute_dtype: torch.dtype | None) -> str:
-    """--muon-dtype as Muon takes it: auto is bfloat16 for a run that computes in bf16 (on a CPU, bf16
-    autocast is chosen only where the CPU has bf16 instructions, and there Muon's iterations are faster in
-    bf16 and train as well at equal steps), else Muon's own
-    auto (bf16 on GPUs, float32 elsewhere)."""
+    """--muon-dtype as Muon takes it: auto is bfloat16 for a run that computes in bf16, else Muon's own auto
+    (bf16 on GPUs, float32 elsewhere). A CPU run's auto has been replaced by the faster dtype measured for it
+    by then (minigpt.train.tuning)."""
     return "bfloat16" if setting == "auto" and compute_dtype == torch.bfloat16 else setting

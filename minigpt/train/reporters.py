@@ -42,6 +42,7 @@ class TrainingStart:
     data_status: Callable[[], str | None] | None = None
     data: str | None = None  # what the data is, where tokens say too little (conversations)
     fine_tune: str | None = None  # what a LoRA run trains
+    machine: str | None = None  # the CPU settings measured on this machine (minigpt.train.tuning), in words
 
 
 @dataclass(frozen=True)
@@ -169,12 +170,13 @@ def header_text(info: TrainingStart) -> str:
     data = info.data or f"{info.train_tokens:,} train{so_far} / {info.val_tokens:,} val tokens"
     rows = "conversations of up to " if info.data else ""
     fine_tune = f"fine-tuning: {info.fine_tune}\n" if info.fine_tune else ""
+    machine = f"on this machine: {info.machine}\n" if info.machine else ""
     return (
         f"model: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, block {m.block_size}, "
         f"{info.n_params:,} parameters; tokenizer: {info.tokenizer}\n{fine_tune}"
         f"data: {data}; device: {info.device}{procs}, "
         f"{info.dtype}; batch {info.batch_size} × {info.grad_accum} × {rows}{m.block_size}\n"
-        f"budget: {info.budget}\nwriting to {info.out}"
+        f"{machine}budget: {info.budget}\nwriting to {info.out}"
     )
 
 

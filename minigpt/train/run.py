@@ -34,6 +34,7 @@ from minigpt.data.dataset import (
     prepare_tokenizer,
 )
 from minigpt.errors import MinigptError, UsageError
+from minigpt.generate.engines.tuning import ThreadTuner, machine
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.model.init import zero_output_projections
@@ -41,6 +42,7 @@ from minigpt.model.memory import FLOAT32, Allocating, allocating, check_fits, st
 from minigpt.model.params import count_params
 from minigpt.runs.folder import DEFAULT_ROOT, AdapterLink, RunDir
 from minigpt.tokenizer.base import Tokenizer
+from minigpt.train import spin
 from minigpt.train.budget import EXIT_SECONDS, STEP_FORWARDS, Budget, EvalCost
 from minigpt.train.checkpoint import Trainables, TrainState, load_checkpoint
 from minigpt.train.config import BUDGET_SETTINGS, TrainConfig
@@ -50,6 +52,7 @@ from minigpt.train.finetune import describe as describe_lora
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.reporters import ProgressReporter, TrainingStart
 from minigpt.train.step import Runtime, eval_cost, split_windows
+from minigpt.train.tuning import choose_precision, describe_threads, step_threads
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
@@ -247,8 +250,9 @@ class TrainingRun:
     step_forward: torch.nn.Module  # the model as training steps call it: `forward`, compiled with --compile
     state: TrainState
     budget: Budget
-    settings: dict[str, Any]  # config.json's train, data and metrics sections
+    settings: dict[str, Any]  # config.json's train, data, metrics and machine sections
     history: list[dict[str, Any]]  # every metrics record of the run, earlier commands' included
+    threads: ThreadTuner | None = None  # the CPU's: steps timed on each thread count (minigpt.train.tuning)
 
     @property
     def model_config(self) -> GPTConfig:
@@ -303,12 +307,14 @@ def _set_up_with(
     make_sampler: SamplerFactory,
 ) -> TrainingRun:
     model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
+    threads = step_threads(cfg.threads) if runtime.device.type == "cpu" else None
+    cfg, runtime, choices = _machine_choices(cfg, runtime, model, threads)
     sampler = _make_batch_sampler(cfg, dist, dataset, model.config.block_size, make_sampler)
     parts = Trainables(model, make_optimizer(model, cfg, runtime.dtype), sampler)
     rundir = RunDir(plan.out)
     state, cfg = _starting_state(plan, dist, reporter, cfg, rundir, parts)
     _check_same_text(plan, dataset)
-    settings = _run_settings(plan, cfg, dataset)
+    settings = {**_run_settings(plan, cfg, dataset), "machine": choices}
     if dist.is_master and not plan.resume:
         if plan.overwrite:
             rundir.clear()
@@ -321,11 +327,33 @@ def _set_up_with(
     budget = Budget.of(cfg, state, clock)
     budget.start(started, state.elapsed)
     run = TrainingRun(
-        cfg, rundir, runtime, dataset, parts, forward, step_forward, state, budget, settings, history
+        cfg, rundir, runtime, dataset, parts, forward, step_forward, state, budget, settings, history, threads
     )
     _reserve_time(run)
     reporter.start(_training_start(run, plan))
     return run
+
+
+def _machine_choices(
+    cfg: TrainConfig, runtime: Runtime, model: GPT, threads: ThreadTuner | None
+) -> tuple[TrainConfig, Runtime, dict[str, Any]]:
+    """On the CPU, the settings this machine decides (minigpt.train.tuning): the autocast dtype and Muon's,
+    filled into the run's settings (so a resume keeps them), and config.json's record of every choice,
+    the OpenMP spin the command line set before torch loaded included."""
+    if threads is None:
+        return cfg, runtime, {}
+    precision = choose_precision(cfg, model, runtime, threads)
+    cfg = replace(cfg, dtype=precision.dtype, muon_dtype=precision.muon_dtype or cfg.muon_dtype)
+    runtime = replace(runtime, dtype=getattr(torch, precision.dtype))
+    record = {
+        "cpu": machine(),
+        "torch": torch.__version__,
+        "precision": precision.record(),
+        "threads": describe_threads(threads),
+        "openmp_spin": spin.describe(),
+        "summary": f"{precision.describe()}; {describe_threads(threads)}; {spin.describe()}",
+    }
+    return cfg, runtime, record
 
 
 def _make_batch_sampler(
@@ -390,7 +418,7 @@ def _prepare(
     cfg = plan.cfg.with_recipe(device.type)
     torch.manual_seed(cfg.seed)
     planned = plan.shape or cfg.model_config(1)
-    runtime = Runtime(device, resolve_dtype(cfg.dtype, device, training_width=planned.n_embd), dist)
+    runtime = Runtime(device, resolve_dtype(cfg.dtype, device), dist)  # the CPU's 'auto': measured later
     progress = dist.is_master and reporter.data_progress
     chat = conversation_files(plan.data.paths)
     if chat is not None:  # fine-tuning on conversations: one process per machine tokenizes them
@@ -498,4 +526,5 @@ def _training_start(run: TrainingRun, plan: RunPlan) -> TrainingStart:
         elapsed=run.state.elapsed,
         data=dataset.summary if isinstance(dataset, ConversationData) else None,
         fine_tune=describe_lora(plan.lora, run.model_config, total) if plan.lora is not None else None,
+        machine=run.settings.get("machine", {}).get("summary"),
     )
