@@ -7,9 +7,11 @@ tokens/s = 300 steps x 12 x 64 / (t350 - t50), so start-up, tokenizing, the fina
 and every per-step cost counts (logging, metrics, progress, syncs, batches). minigpt runs with its defaults
 (a log line and metrics record every 10 steps, one final evaluation and save, none mid-way at 350 steps);
 the plain loop evaluates and saves nothing. Both use minigpt's GPT module with GPT-2's architecture, fused AdamW with decay on the
-weight matrices, the same warmup and wsd schedule and clipping at 1.0. `minigpt train` shortens OpenMP's
-spin-wait for itself (GOMP_SPINCOUNT), so the plain loop also runs with that setting: the row that isolates
-the trainer's own per-step work. Repeats are interleaved; medians.
+weight matrices, the same warmup and wsd schedule and clipping at 1.0. `minigpt train` sets OpenMP's
+spin-wait for itself (GOMP_SPINCOUNT: whichever it measured faster on this machine, else 10000), so the
+plain loop also runs with 10000: with that choice, the row that isolates the trainer's own per-step work.
+Repeats are interleaved; medians. bench/bench_cpu_choices.py compares the trainer with every measured
+choice against the plain loop, at two shapes.
 Needs ../shared/data/tinyshakespeare.txt.
 """
 
@@ -24,17 +26,20 @@ import tempfile
 import time
 from pathlib import Path
 
+START = time.time()  # as near the process's start as this script gets
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
 BATCH = 12
 SHORT, LONG = 50, 350
 ROWS = ("plain", "plain, short spin", "minigpt")
-SPIN = "10000"  # GOMP_SPINCOUNT, as `minigpt train` sets it unless the environment does
+SPIN = "10000"  # GOMP_SPINCOUNT, as `minigpt train` sets it unless it measured otherwise
 
 
-def plain_loop(steps: int) -> None:
-    """The textbook loop, run in this process: random windows (NumPy), forward, backward, clip, AdamW."""
+def plain_loop(steps: int, shape: dict[str, int] = SHAPE, batch: int = BATCH, seconds: float = 0.0) -> None:
+    """The textbook loop, run in this process: random windows (NumPy), forward, backward, clip, AdamW; on
+    torch's default threads and OpenMP settings. With `seconds`, as many steps as fit in that much wall time
+    from the process's start (as `minigpt train --max-time` counts), at most `steps`."""
     import numpy as np
     import torch
 
@@ -48,19 +53,20 @@ def plain_loop(steps: int) -> None:
     data = np.array([lut[c] for c in text], dtype=np.int64)
     train = data[: len(data) - round(len(data) * 0.1)]
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(vocab_size=len(chars), **SHAPE))
+    model = GPT(GPTConfig(vocab_size=len(chars), **shape))
     matrices = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wpe" not in n]
     others = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "wpe" not in n)]
     groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=8e-3, betas=(0.9, 0.99), fused=True)
     rng = np.random.default_rng(1337)
-    T, warmup = SHAPE["block_size"], min(100, steps // 10)
-    for step in range(steps):
-        p = step / steps
-        lr = 8e-3 * (step + 1) / warmup if step < warmup else 8e-3 * min(1.0, (1 - p) / 0.5)
+    T, warmup = shape["block_size"], min(100, steps // 10)
+    done = 0
+    while done < steps and not (seconds and time.time() - START > seconds):
+        p = done / steps
+        lr = 8e-3 * (done + 1) / warmup if done < warmup else 8e-3 * min(1.0, (1 - p) / 0.5)
         for group in opt.param_groups:
             group["lr"] = lr
-        ix = rng.integers(0, len(train) - T - 1, BATCH)
+        ix = rng.integers(0, len(train) - T - 1, batch)
         x = torch.from_numpy(np.stack([train[i : i + T] for i in ix]))
         y = torch.from_numpy(np.stack([train[i + 1 : i + 1 + T] for i in ix]))
         _, loss = model(x, y)
@@ -68,7 +74,8 @@ def plain_loop(steps: int) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    print(f"plain loop: {steps} steps, last loss {loss.item():.4f}", file=sys.stderr)
+        done += 1
+    print(f"plain loop: {done} steps, last loss {loss.item():.4f}", file=sys.stderr)
 
 
 def timed(kind: str, steps: int, tmp: Path) -> float:
@@ -103,9 +110,14 @@ def main() -> None:
         "--rows", default=";".join(ROWS), help=f"which of {'; '.join(ROWS)} (separated by semicolons)"
     )
     parser.add_argument("--plain-loop", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)  # the plain loop's: layers,heads,width,block
+    parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_loop is not None:
-        plain_loop(args.plain_loop)
+        layers, heads, width, block = map(int, args.shape.split(",")) if args.shape else SHAPE.values()
+        shape = dict(n_layer=layers, n_head=heads, n_embd=width, block_size=block)
+        plain_loop(args.plain_loop, shape, args.batch, args.seconds)
         return
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")

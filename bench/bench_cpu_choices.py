@@ -1,0 +1,249 @@
+"""What `minigpt train` measures on this machine, and what each choice buys, in one table: your machine's.
+
+    python bench/bench_cpu_choices.py                # the choices, and the trainer against a plain loop
+    python bench/bench_cpu_choices.py --busy 75s     # the same programs with one core taken by another
+
+Choices: one short `minigpt train` per shape, in a fresh cache, makes every measurement a first run on a
+machine makes (the autocast dtype and Muon's, the OpenMP spin) and they are printed with their timings; the
+later commands read them from that cache, as a user's second run does. A machine busier than half its
+cores measures nothing (minigpt keeps float32 and spin 10000 then): run this on a quiet machine.
+
+Ratios: whole commands timed from outside, each at two step counts, so that start-up, tokenizing and the
+final evaluation cancel: tokens/s = (long - short steps) x batch x block / (t_long - t_short). The plain
+PyTorch loop (bench_overhead.py's: minigpt's GPT module with GPT-2's architecture, fused AdamW, float32,
+torch's default threads and OpenMP settings, no evaluation) against `minigpt train` with the same
+architecture and optimizer (and --eval-iters 2), first with the choices it measured, then with each forced
+the other way: the other autocast dtype (--dtype), the other spin (GOMP_SPINCOUNT). Rows and repeats
+interleaved, medians, the load average beside each figure.
+
+--busy T: `taskset -c 0 python -c "while True: pass"` holds one core while each program trains for T of
+wall time (`--max-time T`; the plain loop stops there): minigpt's CPU recipe, the same with its threads
+fixed at every core (as before they were measured), nanoGPT's shakespeare_char CPU recipe through minigpt,
+and the plain loop at nanoGPT's shape. Each runs quiet and busy, interleaved; the table gives their steps
+and the share of the quiet steps each keeps. Linux only (taskset). Needs ../shared/data/tinyshakespeare.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERHEAD = Path(__file__).resolve().parent / "bench_overhead.py"
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+# (layers, heads, width, block), batch, (short, long) step counts
+SHAPES = {
+    "4x4x128, block 64, batch 12": ((4, 4, 128, 64), 12, (50, 350)),
+    "6x6x384, block 256, batch 8": ((6, 6, 384, 256), 8, (5, 25)),
+}
+SPINS = ("10000", "300000")  # minigpt.train.spin's candidates
+NANOGPT = (
+    "--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --arch gpt2 --optimizer adamw --lr 1e-3 "
+    "--min-lr 1e-4 --warmup 100 --schedule cosine --beta1 0.9 --eval-every 250 --eval-iters 20 --dtype float32"
+).split()
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def command(args: list[str], env: dict[str, str]) -> tuple[float, str, float]:
+    """Run one whole command: its wall seconds, its stderr and the load average as it started."""
+    before = load()
+    started = time.perf_counter()
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)}\n{proc.stderr[-3000:]}")
+    return wall, proc.stderr, before
+
+
+def environment(cache: Path, spin: str | None = None) -> dict[str, str]:
+    """The commands' environment: a shared cache, no thread count or measuring switch of ours, and the
+    OpenMP spin unset (minigpt chooses its own; the plain loop keeps libgomp's) unless `spin` forces one."""
+    drop = ("GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MINIGPT_MEASURE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env |= {"MINIGPT_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    if spin is not None:
+        env["GOMP_SPINCOUNT"] = spin
+    return env
+
+
+def minigpt_train(out: Path, flags: list[str]) -> list[str]:
+    return [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--tokenizer", "char", "--device", "cpu",
+            "--out", str(out), "--overwrite", *flags]  # fmt: skip
+
+
+def shape_flags(shape: tuple[int, ...], batch: int) -> list[str]:
+    layers, heads, width, block = shape
+    return ["--n-layer", str(layers), "--n-head", str(heads), "--n-embd", str(width), "--block-size",
+            str(block), "--batch-size", str(batch), "--arch", "gpt2", "--optimizer", "adamw", "--eval-iters", "2"]  # fmt: skip
+
+
+def plain_loop(shape: tuple[int, ...], batch: int, steps: int, seconds: float = 0.0) -> list[str]:
+    return [sys.executable, str(OVERHEAD), "--plain-loop", str(steps), "--shape", ",".join(map(str, shape)),
+            "--batch", str(batch), "--seconds", str(seconds)]  # fmt: skip
+
+
+def measured_choices(tmp: Path) -> dict[str, dict[str, Any]]:
+    """One short run per shape in the fresh cache: what minigpt measured and said about it."""
+    found = {}
+    for name, (shape, batch, _) in SHAPES.items():
+        out = tmp / "choices"
+        _, log, before = command(
+            minigpt_train(out, [*shape_flags(shape, batch), "--max-iters", "3"]), environment(tmp / "cache")
+        )
+        machine = json.loads((out / "config.json").read_text())["machine"]
+        found[name] = {**machine, "load": before}
+        print(f"{name}: {machine['summary']} (load {before:.1f})", file=sys.stderr, flush=True)
+    return found
+
+
+def rows_of(choice: dict[str, Any]) -> dict[str, tuple[list[str], str | None]]:
+    """A shape's minigpt rows: their extra flags and forced spin (None: minigpt's choice)."""
+    dtype = choice["precision"]["dtype"]
+    spin = choice["openmp_spin"].split()[2] if choice["openmp_spin"].split()[2] in SPINS else SPINS[0]
+    other_dtype = "float32" if dtype == "bfloat16" else "bfloat16"
+    other_spin = SPINS[1 - SPINS.index(spin)]
+    return {
+        f"minigpt, as chosen ({dtype}, spin {spin})": ([], None),
+        f"minigpt, --dtype {other_dtype}": (["--dtype", other_dtype], None),
+        f"minigpt, GOMP_SPINCOUNT={other_spin}": ([], other_spin),
+    }
+
+
+def threads_kept(log: str) -> str:
+    """The last thread count a run's log says it chose."""
+    counts = re.findall(r"^threads: (\d+) from step", log, flags=re.MULTILINE)
+    return counts[-1] if counts else "-"
+
+
+def ratios(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int) -> list[str]:
+    lines = ["| shape | program | tokens/s | each repeat (load) | vs the plain loop | threads kept |",
+             "|---|---|---:|---|---:|---:|"]  # fmt: skip
+    for name, (shape, batch, (short, long)) in SHAPES.items():
+        runs = {"plain PyTorch loop, float32": ([], None), **rows_of(choices[name])}
+        rates: dict[str, list[tuple[float, float]]] = {row: [] for row in runs}
+        threads: dict[str, str] = {}
+        tokens = (long - short) * batch * shape[3]
+        for _ in range(repeats):
+            for row, (flags, spin) in runs.items():
+                times, loads = [], []
+                for steps in (short, long):
+                    if row.startswith("plain"):
+                        args = plain_loop(shape, batch, steps)
+                    else:
+                        args = minigpt_train(
+                            tmp / "run", [*shape_flags(shape, batch), "--max-iters", str(steps), *flags]
+                        )
+                    wall, log, before = command(args, environment(tmp / "cache", spin))
+                    times.append(wall)
+                    loads.append(before)
+                    threads[row] = threads_kept(log)
+                rates[row].append((tokens / (times[1] - times[0]), max(loads)))
+                print(
+                    f"{name}, {row}: {rates[row][-1][0]:,.0f} tokens/s, load {max(loads):.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        base = statistics.median(r for r, _ in rates["plain PyTorch loop, float32"])
+        for row, got in rates.items():
+            med = statistics.median(r for r, _ in got)
+            each = ", ".join(f"{rate:,.0f} ({at:.1f})" for rate, at in got)
+            lines.append(f"| {name} | {row} | {med:,.0f} | {each} | {med / base:.2f}x | {threads[row]} |")
+    return lines
+
+
+def done_steps(log: str) -> int:
+    """The steps a minigpt run or the plain loop reports having taken."""
+    found = re.findall(r"after ([\d,]+) steps|plain loop: (\d+) steps", log)
+    return int((found[-1][0] or found[-1][1]).replace(",", ""))
+
+
+def busy(tmp: Path, seconds: float, repeats: int) -> list[str]:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    budget = ["--max-time", f"{seconds:g}s"]
+    programs = {
+        "minigpt, the CPU recipe": minigpt_train(tmp / "run", budget),
+        f"minigpt, the CPU recipe on --threads {cores}": minigpt_train(
+            tmp / "run", [*budget, "--threads", str(cores)]
+        ),
+        "minigpt, nanoGPT's recipe": minigpt_train(tmp / "run", [*budget, *NANOGPT, "--max-iters", "100000"]),
+        "plain PyTorch loop, nanoGPT's shape": plain_loop((4, 4, 128, 64), 12, 10**9, seconds),
+    }
+    steps: dict[str, dict[str, list[int]]] = {p: {"quiet": [], "busy": []} for p in programs}
+    for _ in range(repeats):
+        for program, args in programs.items():
+            for condition in ("quiet", "busy"):
+                rival = None
+                if condition == "busy":
+                    rival = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+                    time.sleep(1.0)  # the rival holds its core before the run starts
+                try:
+                    _, log, before = command(args, environment(tmp / "cache"))
+                finally:
+                    if rival is not None:
+                        rival.kill()
+                        rival.wait()
+                steps[program][condition].append(done_steps(log))
+                print(f"{program}, {condition}: {steps[program][condition][-1]:,} steps, load {before:.1f}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    lines = [
+        f"| --max-time {seconds:g}s | quiet steps | busy steps (one core taken) | kept |",
+        "|---|---:|---:|---:|",
+    ]
+    for program, got in steps.items():
+        quiet, taken = statistics.median(got["quiet"]), statistics.median(got["busy"])
+        lines.append(f"| {program} | {quiet:,.0f} | {taken:,.0f} | {taken / quiet:.0%} |")
+    return lines
+
+
+def cpu_name() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+        found = re.search(r"^model name\s*:\s*(.+)$", info, flags=re.MULTILINE)
+        return found.group(1).strip() if found else platform.processor()
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every row (median)")
+    parser.add_argument(
+        "--busy", metavar="SECONDS", help="time budget of the one-core-taken comparison (75s)"
+    )
+    args = parser.parse_args()
+    if not SHAKESPEARE.is_file():
+        raise SystemExit(f"needs {SHAKESPEARE}")
+    import torch  # only for its version, printed with the table
+
+    print(f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}; load before: {load():.1f}\n")
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        if args.busy:
+            print("\n".join(busy(tmp, float(args.busy.rstrip("s")), args.repeats)))
+            return
+        choices = measured_choices(tmp)
+        print("| shape | what `minigpt train` chose on this machine (load while measuring) |\n|---|---|")
+        for name, choice in choices.items():
+            print(f"| {name} | {choice['summary']} ({choice['load']:.1f}) |")
+        print(f"\nwhole commands, medians of {args.repeats} interleaved repeats\n")
+        print("\n".join(ratios(tmp, choices, args.repeats)))
+    print(f"\nload after: {load():.1f}")
+
+
+if __name__ == "__main__":
+    main()
