@@ -95,8 +95,20 @@ def plain_loop(shape: tuple[int, ...], batch: int, steps: int, seconds: float = 
             "--batch", str(batch), "--seconds", str(seconds)]  # fmt: skip
 
 
+def settled(cores: int, wait: float = 120.0) -> None:
+    """Wait (up to `wait` seconds) for the load average to fall under half the cores, where minigpt
+    measures: a benchmark just before leaves the one-minute average high for a while."""
+    waited = 0.0
+    while load() >= cores / 2 and waited < wait:
+        time.sleep(5.0)
+        waited += 5.0
+    if load() >= cores / 2:
+        print(f"the load is {load():.1f} on {cores} cores: minigpt will not measure", file=sys.stderr)
+
+
 def measured_choices(tmp: Path) -> dict[str, dict[str, Any]]:
     """One short run per shape in the fresh cache: what minigpt measured and said about it."""
+    settled(os.cpu_count() or 1)
     found = {}
     for name, (shape, batch, _) in SHAPES.items():
         out = tmp / "choices"

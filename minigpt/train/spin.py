@@ -32,6 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from minigpt.generate.engines.tuning import (
+    TORCH_ENV,
     cache_file,
     cores,
     env_threads,
@@ -49,7 +50,6 @@ SHARE = 0.1  # of a time budget, when that is less
 TURN = 3  # steps a probe takes per turn
 TURNS = 4  # turns each, the first one untimed (one-off costs)
 VOCAB = 96  # the probes' vocabulary: the text's is not read yet (a printable character set's size)
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 chosen: dict[str, str] = {}  # this process's choice: "value" and "how", once `choose` has run
 
@@ -105,7 +105,7 @@ def _ratio(best: dict[str, float]) -> str:
 
 def _why_not(cfg: TrainConfig, processes: int) -> str | None:
     """Why these runs' spin is not worth measuring (None: it is)."""
-    threads = (cfg.threads if cfg.threads is not None else env_threads(THREAD_ENV)) or cores()
+    threads = (cfg.threads if cfg.threads is not None else env_threads(TORCH_ENV)) or cores()
     if not sys.platform.startswith("linux"):
         return "no GNU OpenMP off Linux"
     if processes > 1 or "WORLD_SIZE" in os.environ:

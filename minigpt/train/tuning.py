@@ -40,6 +40,7 @@ import torch
 from minigpt.common.device import cpu_has_bf16
 from minigpt.data.dataset import BatchSampler
 from minigpt.generate.engines.tuning import (
+    TORCH_ENV,
     ThreadTuner,
     cache_file,
     cores,
@@ -61,11 +62,11 @@ RECHECK_EVERY = 200  # steps between looks at the other thread counts, at most
 SLOWDOWN = 1.4  # the kept count's steps this many times slower than when chosen: look again at once
 MARGIN = 1.08  # another count replaces the kept one only when this many times faster
 STEP_KEY = "train"  # the tuner's key for training steps
-TORCH_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class Unmeasured(Exception):
-    """The time bound ran out before every candidate had a timed step."""
+    """No measurement could be made: measuring is blocked (a busy machine, MINIGPT_MEASURE=off), or the
+    time bound ran out before every candidate had a timed step."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ def step_threads(threads: int | None = None, clock: Callable[[], float] = time.p
     """A tuner over torch's CPU threads for training steps: `threads` fixed, else OMP_NUM_THREADS's (or
     MKL_NUM_THREADS's), else timed among 1, 2, 4, ... the cores and the cores but one (a core other work
     holds then costs its share), re-checked as the run goes."""
-    fixed = threads or env_threads(TORCH_THREAD_ENV)
+    fixed = threads or env_threads(TORCH_ENV)
     n = cores()
     counts = [fixed] if fixed else sorted({*thread_candidates(n), max(1, n - 1)})
     return ThreadTuner(

@@ -10,6 +10,7 @@ import torch
 from minigpt.errors import UsageError
 from minigpt.generate.config import KV_CACHES
 from minigpt.generate.engines.tuning import (
+    TORCH_ENV,
     ThreadTuner,
     best_times,
     cores,
@@ -197,6 +198,6 @@ def _transposed(t: torch.Tensor) -> torch.Tensor:
 def torch_tuner(threads: int | None = None) -> ThreadTuner:
     """A tuner over torch's CPU threads: `threads` fixed, else OMP_NUM_THREADS's (or MKL_NUM_THREADS's),
     else chosen by timing among `thread_candidates(cores())`."""
-    fixed = threads or env_threads(("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+    fixed = threads or env_threads(TORCH_ENV)
     candidates = [fixed] if fixed else thread_candidates(cores())
     return ThreadTuner(torch.get_num_threads, torch.set_num_threads, candidates)

@@ -51,6 +51,7 @@ W = TypeVar("W")
 
 __all__ = [
     "BLAS_ENV",
+    "TORCH_ENV",
     "ThreadTuner",
     "blas_tuner",
     "measuring_blocked",
@@ -361,6 +362,7 @@ class _Step:
 
 
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
+TORCH_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what fixes torch's CPU threads
 
 
 def blas_tuner(
