@@ -182,31 +182,42 @@ def done_steps(log: str) -> int:
     return int((found[-1][0] or found[-1][1]).replace(",", ""))
 
 
-def busy(tmp: Path, seconds: float, repeats: int) -> list[str]:
+def busy_programs(tmp: Path, seconds: float) -> dict[str, list[str]]:
+    """The --busy comparison's programs: each minigpt run's flags without its budget, or the plain loop's
+    whole command (the quiet machine's measured choices are made by short runs of the minigpt ones first)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    budget = ["--max-time", f"{seconds:g}s"]
-    programs = {
-        "minigpt, the CPU recipe": minigpt_train(tmp / "run", budget),
-        f"minigpt, the CPU recipe on --threads {cores}": minigpt_train(
-            tmp / "run", [*budget, "--threads", str(cores)]
-        ),
-        "minigpt, nanoGPT's recipe": minigpt_train(tmp / "run", [*budget, *NANOGPT, "--max-iters", "100000"]),
+    return {
+        "minigpt, the CPU recipe": [],
+        f"minigpt, the CPU recipe on --threads {cores}": ["--threads", str(cores)],
+        "minigpt, nanoGPT's recipe": NANOGPT,
         "plain PyTorch loop, nanoGPT's shape": plain_loop((4, 4, 128, 64), 12, 10**9, seconds),
     }
+
+
+def taking_a_core(args: list[str], env: dict[str, str]) -> tuple[float, str, float]:
+    """`command` while `taskset -c 0 python -c "while True: pass"` holds the first core."""
+    rival = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+    time.sleep(1.0)  # the rival holds its core before the run starts
+    try:
+        return command(args, env)
+    finally:
+        rival.kill()
+        rival.wait()
+
+
+def busy(tmp: Path, seconds: float, repeats: int) -> list[str]:
+    programs = busy_programs(tmp, seconds)
+    settled(os.cpu_count() or 1)
+    for flags in programs.values():
+        if flags[:1] != [sys.executable]:
+            command(minigpt_train(tmp / "run", [*flags, "--max-iters", "2"]), environment(tmp / "cache"))
     steps: dict[str, dict[str, list[int]]] = {p: {"quiet": [], "busy": []} for p in programs}
     for _ in range(repeats):
-        for program, args in programs.items():
-            for condition in ("quiet", "busy"):
-                rival = None
-                if condition == "busy":
-                    rival = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
-                    time.sleep(1.0)  # the rival holds its core before the run starts
-                try:
-                    _, log, before = command(args, environment(tmp / "cache"))
-                finally:
-                    if rival is not None:
-                        rival.kill()
-                        rival.wait()
+        for program, flags in programs.items():
+            timed = ["--max-time", f"{seconds:g}s", "--max-iters", "1000000"]
+            args = flags if flags[:1] == [sys.executable] else minigpt_train(tmp / "run", [*flags, *timed])
+            for condition, run in (("quiet", command), ("busy", taking_a_core)):
+                _, log, before = run(args, environment(tmp / "cache"))
                 steps[program][condition].append(done_steps(log))
                 print(f"{program}, {condition}: {steps[program][condition][-1]:,} steps, load {before:.1f}",
                       file=sys.stderr, flush=True)  # fmt: skip
@@ -216,7 +227,8 @@ def busy(tmp: Path, seconds: float, repeats: int) -> list[str]:
     ]
     for program, got in steps.items():
         quiet, taken = statistics.median(got["quiet"]), statistics.median(got["busy"])
-        lines.append(f"| {program} | {quiet:,.0f} | {taken:,.0f} | {taken / quiet:.0%} |")
+        kept = f"{taken / quiet:.0%}" if quiet else "-"
+        lines.append(f"| {program} | {quiet:,.0f} | {taken:,.0f} | {kept} |")
     return lines
 
 

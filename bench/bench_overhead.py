@@ -60,7 +60,7 @@ def plain_loop(steps: int, shape: dict[str, int] = SHAPE, batch: int = BATCH, se
     opt = torch.optim.AdamW(groups, lr=8e-3, betas=(0.9, 0.99), fused=True)
     rng = np.random.default_rng(1337)
     T, warmup = shape["block_size"], min(100, steps // 10)
-    done = 0
+    done, loss = 0, torch.tensor(float("nan"))
     while done < steps and not (seconds and time.time() - START > seconds):
         p = done / steps
         lr = 8e-3 * (done + 1) / warmup if done < warmup else 8e-3 * min(1.0, (1 - p) / 0.5)
