@@ -218,6 +218,20 @@ def test_a_count_only_slightly_faster_does_not_replace_the_kept_one(monkeypatch:
     assert tuner.chosen(tuning.STEP_KEY) == 2
 
 
+def test_a_busy_machine_measures_nothing_unless_measuring_is_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "cores", lambda: 2)
+    monkeypatch.setattr(cache.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    monkeypatch.delenv(cache.MEASURE_ENV, raising=False)
+    assert cache.measuring_blocked() is None
+    monkeypatch.setenv(cache.MEASURE_ENV, "OFF")
+    assert cache.measuring_blocked() == "MINIGPT_MEASURE=off"
+    monkeypatch.setattr(cache.os, "getloadavg", lambda: (2.8, 2.8, 2.8))
+    monkeypatch.delenv(cache.MEASURE_ENV)
+    assert "busy (load 2.8 on 2 cores)" in (cache.measuring_blocked() or "")
+    monkeypatch.setenv(cache.MEASURE_ENV, "on")  # the load is the user's own, or a smoke test's
+    assert cache.measuring_blocked() is None
+
+
 def test_thread_counts_come_from_the_option_the_environment_or_the_cores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

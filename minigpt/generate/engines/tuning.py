@@ -193,15 +193,19 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-MEASURE_ENV = "MINIGPT_MEASURE"  # "off": training measures nothing (runs that must match across machines)
+# "off": training measures nothing (runs that must match across machines); "on": it measures however busy
+# the machine is (the load is the user's own, or a smoke test must see the measuring path)
+MEASURE_ENV = "MINIGPT_MEASURE"
 
 
 def measuring_blocked(share: float = 0.5) -> str | None:
     """Why training should not measure now (None: it may): MINIGPT_MEASURE=off, or a load average over
-    `share` of the cores, where a measurement would time other work more than its own choices."""
-    if os.environ.get(MEASURE_ENV, "").lower() == "off":
+    `share` of the cores, where a measurement would time other work more than its own choices, unless
+    MINIGPT_MEASURE=on."""
+    setting = os.environ.get(MEASURE_ENV, "").lower()
+    if setting == "off":
         return f"{MEASURE_ENV}=off"
-    if not hasattr(os, "getloadavg"):
+    if setting == "on" or not hasattr(os, "getloadavg"):
         return None
     load, available = os.getloadavg()[0], cores()
     if load > share * available:
