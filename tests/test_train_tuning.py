@@ -153,6 +153,34 @@ def test_measuring_times_a_copy_and_leaves_the_run_as_it_was(measuring: None) ->
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
 
 
+def test_a_wide_models_second_long_steps_are_timed_in_each_dtype_within_the_bound(
+    measuring: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose float32 step takes 1.5 s and bf16's 1 s (plus one-off costs on each first call): the
+    measurement's own bound, with no time budget and with a 75 s one, times both and picks bf16."""
+    clock = FakeClock(0.0)
+    cost = {"float32": 1.5, "bfloat16": 1.0}
+
+    def copy_steps(cfg, model, runtime, options):  # noqa: ANN001, ANN202
+        first = set(options)
+
+        def step(option: tuple[str, None]) -> Callable[[], None]:
+            def go() -> None:
+                clock.now += cost[option[0]] + (0.5 if option in first else 0.0)
+                first.discard(option)
+
+            return go
+
+        return {o: step(o) for o in options}
+
+    monkeypatch.setattr(tuning, "_copy_steps", copy_steps)
+    cfg, model = tiny(optimizer="adamw")
+    for budget in (None, 75.0):
+        bound = tuning.measure_seconds(budget)
+        times = tuning.measure_steps(cfg, model, CPU, tuning.candidates(cfg), bound, clock)
+        assert times == {"float32": 1.5, "bfloat16": 1.0}
+
+
 def test_interleaved_warms_up_goes_round_robin_prunes_and_stops_at_the_deadline() -> None:
     clock = FakeClock(0.0)
     order: list[str] = []

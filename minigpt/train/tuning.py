@@ -54,8 +54,10 @@ from minigpt.train.config import TrainConfig
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.step import Runtime, train_step
 
-MEASURE_SECONDS = 5.0  # the precision measurement's bound
-MEASURE_SHARE = 0.08  # of a time budget, when that is less
+# the precision measurement's bound: room for a warm-up and a timed step of float32 and of bf16 where a step
+# takes over a second (the wider models, where bf16 buys most); small models stop after ROUNDS rounds
+MEASURE_SECONDS = 10.0
+MEASURE_SHARE = 0.1  # of a time budget, when that is less
 ROUNDS = 3  # timed steps of each candidate, at most
 PRUNE = 1.5  # a candidate this many times slower than the fastest after one timed step is dropped
 RECHECK_EVERY = 200  # steps between looks at the other thread counts, at most
