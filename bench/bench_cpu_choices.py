@@ -5,16 +5,19 @@
 
 Choices: one short `minigpt train` per shape, in a fresh cache, makes every measurement a first run on a
 machine makes (the autocast dtype and Muon's, the OpenMP spin) and they are printed with their timings; the
-later commands read them from that cache, as a user's second run does. A machine busier than half its
-cores measures nothing (minigpt keeps float32 and spin 10000 then): run this on a quiet machine.
+later commands read them from that cache, as a user's second run does. Those short runs measure however
+busy the machine is (MINIGPT_MEASURE=on: a load average still high from an earlier benchmark would
+otherwise stop them), after waiting up to two minutes for the load to settle: run this on a quiet machine.
 
 Ratios: whole commands timed from outside, each at two step counts, so that start-up, tokenizing and the
 final evaluation cancel: tokens/s = (long - short steps) x batch x block / (t_long - t_short). The plain
-PyTorch loop (bench_overhead.py's: minigpt's GPT module with GPT-2's architecture, fused AdamW, float32,
-torch's default threads and OpenMP settings, no evaluation) against `minigpt train` with the same
-architecture and optimizer (and --eval-iters 2), first with the choices it measured, then with each forced
-the other way: the other autocast dtype (--dtype), the other spin (GOMP_SPINCOUNT). Rows and repeats
-interleaved, medians, the load average beside each figure.
+PyTorch loop (bench_overhead.py's: GPT-2 written as a user writes it, nn.Linear, scaled_dot_product_attention
+and cross_entropy, fused AdamW, float32, torch's default threads and OpenMP settings, no evaluation) is the
+base; the same loop over minigpt's GPT module shows what the trainer itself costs apart from its model; then
+`minigpt train` with the same architecture and optimizer (and --eval-iters 2), first with the choices it
+measured, then with each forced the other way: the other autocast dtype (--dtype), the other spin
+(GOMP_SPINCOUNT). Rows and repeats interleaved, medians, the load average beside each figure. --scale 0.2
+takes a fifth of the steps: a quick, rough look.
 
 --busy T: `taskset -c 0 python -c "while True: pass"` holds one core while each program trains for T of
 wall time (`--max-time T`; the plain loop stops there): minigpt's CPU recipe, the same with its threads
@@ -68,14 +71,17 @@ def command(args: list[str], env: dict[str, str]) -> tuple[float, str, float]:
     return wall, proc.stderr, before
 
 
-def environment(cache: Path, spin: str | None = None) -> dict[str, str]:
-    """The commands' environment: a shared cache, no thread count or measuring switch of ours, and the
-    OpenMP spin unset (minigpt chooses its own; the plain loop keeps libgomp's) unless `spin` forces one."""
+def environment(cache: Path, spin: str | None = None, measure: bool = False) -> dict[str, str]:
+    """The commands' environment: a shared cache, no thread count of ours, measuring as minigpt decides
+    unless `measure` forces it, and the OpenMP spin unset (minigpt chooses its own; the plain loop keeps
+    libgomp's) unless `spin` forces one."""
     drop = ("GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MINIGPT_MEASURE")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env |= {"MINIGPT_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     if spin is not None:
         env["GOMP_SPINCOUNT"] = spin
+    if measure:
+        env["MINIGPT_MEASURE"] = "on"
     return env
 
 
@@ -90,9 +96,17 @@ def shape_flags(shape: tuple[int, ...], batch: int) -> list[str]:
             str(block), "--batch-size", str(batch), "--arch", "gpt2", "--optimizer", "adamw", "--eval-iters", "2"]  # fmt: skip
 
 
-def plain_loop(shape: tuple[int, ...], batch: int, steps: int, seconds: float = 0.0) -> list[str]:
+PLAIN = "plain PyTorch loop, textbook GPT-2, float32"  # the ratios' base
+PLAIN_MODULE = (
+    "plain loop, minigpt's GPT module, float32"  # the trainer's own overhead, apart from the model's
+)
+
+
+def plain_loop(
+    shape: tuple[int, ...], batch: int, steps: int, seconds: float = 0.0, textbook: bool = True
+) -> list[str]:
     return [sys.executable, str(OVERHEAD), "--plain-loop", str(steps), "--shape", ",".join(map(str, shape)),
-            "--batch", str(batch), "--seconds", str(seconds)]  # fmt: skip
+            "--batch", str(batch), "--seconds", str(seconds), *["--textbook"] * textbook]  # fmt: skip
 
 
 def settled(cores: int, wait: float = 120.0) -> None:
@@ -103,7 +117,10 @@ def settled(cores: int, wait: float = 120.0) -> None:
         time.sleep(5.0)
         waited += 5.0
     if load() >= cores / 2:
-        print(f"the load is {load():.1f} on {cores} cores: minigpt will not measure", file=sys.stderr)
+        print(
+            f"the load is {load():.1f} on {cores} cores: the measurements time other work too",
+            file=sys.stderr,
+        )
 
 
 def measured_choices(tmp: Path) -> dict[str, dict[str, Any]]:
@@ -113,7 +130,8 @@ def measured_choices(tmp: Path) -> dict[str, dict[str, Any]]:
     for name, (shape, batch, _) in SHAPES.items():
         out = tmp / "choices"
         _, log, before = command(
-            minigpt_train(out, [*shape_flags(shape, batch), "--max-iters", "3"]), environment(tmp / "cache")
+            minigpt_train(out, [*shape_flags(shape, batch), "--max-iters", "3"]),
+            environment(tmp / "cache", measure=True),
         )
         machine = json.loads((out / "config.json").read_text())["machine"]
         found[name] = {**machine, "load": before}
@@ -140,11 +158,12 @@ def threads_kept(log: str) -> str:
     return counts[-1] if counts else "-"
 
 
-def ratios(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int) -> list[str]:
+def ratios(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int, scale: float = 1.0) -> list[str]:
     lines = ["| shape | program | tokens/s | each repeat (load) | vs the plain loop | threads kept |",
              "|---|---|---:|---|---:|---:|"]  # fmt: skip
-    for name, (shape, batch, (short, long)) in SHAPES.items():
-        runs = {"plain PyTorch loop, float32": ([], None), **rows_of(choices[name])}
+    for name, (shape, batch, counts) in SHAPES.items():
+        short, long = (max(2, round(scale * n)) for n in counts)
+        runs = {PLAIN: ([], None), PLAIN_MODULE: ([], None), **rows_of(choices[name])}
         rates: dict[str, list[tuple[float, float]]] = {row: [] for row in runs}
         threads: dict[str, str] = {}
         tokens = (long - short) * batch * shape[3]
@@ -153,7 +172,7 @@ def ratios(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int) -> list[
                 times, loads = [], []
                 for steps in (short, long):
                     if row.startswith("plain"):
-                        args = plain_loop(shape, batch, steps)
+                        args = plain_loop(shape, batch, steps, textbook=row == PLAIN)
                     else:
                         args = minigpt_train(
                             tmp / "run", [*shape_flags(shape, batch), "--max-iters", str(steps), *flags]
@@ -168,7 +187,7 @@ def ratios(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int) -> list[
                     file=sys.stderr,
                     flush=True,
                 )
-        base = statistics.median(r for r, _ in rates["plain PyTorch loop, float32"])
+        base = statistics.median(r for r, _ in rates[PLAIN])
         for row, got in rates.items():
             med = statistics.median(r for r, _ in got)
             each = ", ".join(f"{rate:,.0f} ({at:.1f})" for rate, at in got)
@@ -210,7 +229,8 @@ def busy(tmp: Path, seconds: float, repeats: int) -> list[str]:
     settled(os.cpu_count() or 1)
     for flags in programs.values():
         if flags[:1] != [sys.executable]:
-            command(minigpt_train(tmp / "run", [*flags, "--max-iters", "2"]), environment(tmp / "cache"))
+            run = minigpt_train(tmp / "run", [*flags, "--max-iters", "2"])
+            command(run, environment(tmp / "cache", measure=True))
     steps: dict[str, dict[str, list[int]]] = {p: {"quiet": [], "busy": []} for p in programs}
     for _ in range(repeats):
         for program, flags in programs.items():
@@ -249,6 +269,9 @@ def main() -> None:
     parser.add_argument(
         "--busy", metavar="SECONDS", help="time budget of the one-core-taken comparison (75s)"
     )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="the ratios' step counts times this (0.2: quick)"
+    )
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
@@ -265,7 +288,7 @@ def main() -> None:
         for name, choice in choices.items():
             print(f"| {name} | {choice['summary']} ({choice['load']:.1f}) |")
         print(f"\nwhole commands, medians of {args.repeats} interleaved repeats\n")
-        print("\n".join(ratios(tmp, choices, args.repeats)))
+        print("\n".join(ratios(tmp, choices, args.repeats, args.scale)))
     print(f"\nload after: {load():.1f}")
 
 

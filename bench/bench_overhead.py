@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 START = time.time()  # as near the process's start as this script gets
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +37,63 @@ ROWS = ("plain", "plain, short spin", "minigpt")
 SPIN = "10000"  # GOMP_SPINCOUNT, as `minigpt train` sets it unless it measured otherwise
 
 
-def plain_loop(steps: int, shape: dict[str, int] = SHAPE, batch: int = BATCH, seconds: float = 0.0) -> None:
+def textbook_gpt(vocab: int, n_layer: int, n_head: int, n_embd: int, block_size: int) -> Any:
+    """GPT-2 as a user writes it from the paper or nanoGPT: nn.Linear and nn.LayerNorm, torch's
+    scaled_dot_product_attention and cross_entropy, the head tied to the token embedding. For speed only:
+    its initialisation is torch's defaults, with normal(0, 0.02) embeddings."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.c_attn, self.c_proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+            self.mlp = nn.Sequential(
+                nn.Linear(n_embd, 4 * n_embd), nn.GELU(approximate="tanh"), nn.Linear(4 * n_embd, n_embd)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            B, T, C = x.shape
+            q, k, v = (
+                t.view(B, T, n_head, C // n_head).transpose(1, 2)
+                for t in self.c_attn(self.ln_1(x)).split(C, 2)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+            x = x + self.c_proj(y)
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block_size, n_embd)
+            nn.init.normal_(self.wte.weight, std=0.02)
+            nn.init.normal_(self.wpe.weight, std=0.02)
+            self.h = nn.ModuleList(Block() for _ in range(n_layer))
+            self.ln_f = nn.LayerNorm(n_embd)
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+            for block in self.h:
+                x = block(x)
+            logits = self.ln_f(x) @ self.wte.weight.T
+            return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return GPT()
+
+
+def plain_loop(
+    steps: int,
+    shape: dict[str, int] = SHAPE,
+    batch: int = BATCH,
+    seconds: float = 0.0,
+    textbook: bool = False,
+) -> None:
     """The textbook loop, run in this process: random windows (NumPy), forward, backward, clip, AdamW; on
-    torch's default threads and OpenMP settings. With `seconds`, as many steps as fit in that much wall time
-    from the process's start (as `minigpt train --max-time` counts), at most `steps`."""
+    torch's default threads and OpenMP settings; minigpt's GPT module, or with `textbook` a GPT-2 written
+    as a user would (`textbook_gpt`). With `seconds`, as many steps as fit in that much wall time from the
+    process's start (as `minigpt train --max-time` counts), at most `steps`."""
     import numpy as np
     import torch
 
@@ -53,7 +107,7 @@ def plain_loop(steps: int, shape: dict[str, int] = SHAPE, batch: int = BATCH, se
     data = np.array([lut[c] for c in text], dtype=np.int64)
     train = data[: len(data) - round(len(data) * 0.1)]
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(vocab_size=len(chars), **shape))
+    model = textbook_gpt(len(chars), **shape) if textbook else GPT(GPTConfig(vocab_size=len(chars), **shape))
     matrices = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wpe" not in n]
     others = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "wpe" not in n)]
     groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
@@ -113,11 +167,12 @@ def main() -> None:
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # the plain loop's: layers,heads,width,block
     parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--textbook", action="store_true", help=argparse.SUPPRESS)  # the plain loop's model
     args = parser.parse_args()
     if args.plain_loop is not None:
         layers, heads, width, block = map(int, args.shape.split(",")) if args.shape else SHAPE.values()
         shape = dict(n_layer=layers, n_head=heads, n_embd=width, block_size=block)
-        plain_loop(args.plain_loop, shape, args.batch, args.seconds)
+        plain_loop(args.plain_loop, shape, args.batch, args.seconds, args.textbook)
         return
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")

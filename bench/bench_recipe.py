@@ -84,12 +84,13 @@ TUNING = Path(tempfile.gettempdir()) / f"minigpt-bench-recipe-{os.getpid()}" / "
 def measure_once(rows: dict[str, list[str]], tokenizer: str) -> None:
     """What `minigpt train` measures on a machine's first run (its dtype, Muon's and OpenMP's spin), made
     once per row into TUNING, which every timed run then starts from, as a user's later runs do; each row's
-    choice is printed."""
+    choice is printed. It measures however busy the machine is (a load average still high from an earlier
+    benchmark would otherwise leave every timed run on the fallback): start this on a quiet machine."""
     atexit.register(shutil.rmtree, TUNING.parent, True)
     for row, flags in rows.items():
         cmd = [sys.executable, "-m", "minigpt", "train", str(SHAKESPEARE), "--out", str(TUNING.parent / "run"),
                "--overwrite", "--tokenizer", tokenizer, "--max-iters", "2", "--eval-iters", "1", *flags]  # fmt: skip
-        env = {**os.environ, "MINIGPT_CACHE_DIR": str(TUNING.parent)}
+        env = {**os.environ, "MINIGPT_CACHE_DIR": str(TUNING.parent), "MINIGPT_MEASURE": "on"}
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)}\n{proc.stderr[-2000:]}")
