@@ -333,6 +333,20 @@ def test_two_real_probes_take_turns_and_time_their_steps(
     assert set(times) == set(spin.SPINS) and all(t > 0 for t in times.values())
 
 
+def test_a_probe_lets_its_spin_run_out_before_the_other_takes_its_turn(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A probe reports its turn only after sleeping SETTLE: reported at once, its threads would still be
+    spinning on the cores during the other probe's first steps, and the longer spin would time faster."""
+    events: list[str] = []
+    monkeypatch.setattr(tuning, "probe_step", lambda cfg, vocab: lambda: events.append("step"))
+    monkeypatch.setattr(spin.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    monkeypatch.setattr(spin.sys, "stdin", io.StringIO("2\n1\n"))
+    spin.probe(json.dumps({"train": TrainConfig(preset="tiny").to_dict(), "vocab_size": 8}))
+    assert events == ["step", "step", f"sleep {spin.SETTLE}", "step", f"sleep {spin.SETTLE}"]
+    assert len(capsys.readouterr().out.splitlines()) == 3  # ready, then one line a turn
+
+
 def test_a_run_measures_records_and_trains_as_if_given_the_choice(
     measuring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

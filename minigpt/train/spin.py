@@ -50,6 +50,9 @@ SHARE = 0.1  # of a time budget, when that is less
 TURN = 3  # steps a probe takes per turn
 TURNS = 4  # turns each, the first one untimed (one-off costs)
 VOCAB = 96  # the probes' vocabulary: the text's is not read yet (a printable character set's size)
+# a probe waits this long after its turn before it reports: its threads' spin runs out first, instead of
+# spinning on the cores while the other probe takes its turn (which made the long spin look faster)
+SETTLE = 0.1
 
 chosen: dict[str, str] = {}  # this process's choice: "value" and "how", once `choose` has run
 
@@ -200,6 +203,7 @@ def probe(spec: str) -> None:
             start = time.perf_counter()
             step()
             seconds.append(time.perf_counter() - start)
+        time.sleep(SETTLE)
         print(json.dumps(seconds), flush=True)
 
 
