@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,7 @@ MAX_RECORD_BYTES = 16 << 20  # one conversation per line; a longer line is damag
 MAX_MESSAGES = 10_000
 PAD_MULTIPLE = 16  # batch widths: a multiple of this, and of an eighth of their power of two (`padded_width`)
 _FIX = "fix the record or pass --skip-bad-records to skip bad ones"
+R = TypeVar("R")
 
 
 class BadRecord(MinigptError):
@@ -98,14 +99,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 def parse_record(line: bytes, training: bool = True) -> list[Message]:
     """The messages of one JSONL line, or a BadRecord saying what is wrong with it. `training`: the record
     must hold an answer to learn from (otherwise it is a conversation to answer, with or without one)."""
-    try:
-        record = parse_json(line.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise BadRecord("not UTF-8", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except JsonError as e:
-        raise BadRecord("not JSON", f"not a JSON record ({str(e)[:80]})") from None
-    if not isinstance(record, dict):
-        raise BadRecord("not JSON", "not a JSON object")
+    record = json_record(line)
     if "messages" in record:
         return _messages(record["messages"], training)
     if "prompt" in record or "completion" in record:
@@ -114,6 +108,19 @@ def parse_record(line: bytes, training: bool = True) -> list[Message]:
             return [prompt]
         return [prompt, Message("assistant", _content(record.get("completion"), "completion"))]
     raise BadRecord("no conversation", 'has neither "messages" nor "prompt" and "completion"')
+
+
+def json_record(line: bytes) -> dict[str, Any]:
+    """The JSON object on one line, or a BadRecord."""
+    try:
+        record = parse_json(line.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise BadRecord("not UTF-8", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except JsonError as e:
+        raise BadRecord("not JSON", f"not a JSON record ({str(e)[:80]})") from None
+    if not isinstance(record, dict):
+        raise BadRecord("not JSON", "not a JSON object")
+    return record
 
 
 def _content(value: Any, what: str) -> str:
@@ -185,20 +192,24 @@ def read_conversations(
 ) -> Iterator[tuple[list[int], list[bool]]]:
     """Each good record of a JSONL file rendered: (ids, targets), at most block_size + 1 ids. A bad record
     is a MinigptError naming file and line, or, with `skipped`, counted there and left out."""
+    return read_records(path, lambda line: render(template, parse_record(line), block_size), skipped)
+
+
+def read_records(path: Path, parse: Callable[[bytes], R], skipped: Skipped | None) -> Iterator[R]:
+    """Each good line of a JSONL file as `parse` reads it (a BadRecord for a bad one), with the errors and
+    skipping of read_conversations."""
     for number, line in _lines(path):
         where = f"{path}:{number}"
         try:
-            messages = parse_record(line)
-            ids, targets = _render(template, messages, block_size)
+            yield parse(line)
         except BadRecord as e:
             if skipped is None:
                 raise MinigptError(f"{where}: {e}; {_FIX}") from None
             skipped.add(where, e)
-            continue
-        yield ids, targets
 
 
-def _render(template: ChatTemplate, messages: list[Message], block_size: int) -> tuple[list[int], list[bool]]:
+def render(template: ChatTemplate, messages: list[Message], block_size: int) -> tuple[list[int], list[bool]]:
+    """The messages' (ids, targets), or a BadRecord for characters the tokenizer lacks or a context overrun."""
     try:
         ids, targets = template.render(messages)
     except MinigptError as e:  # a char tokenizer meeting a character it never saw
@@ -326,6 +337,7 @@ class ConversationData:
     inputs: tuple[dict[str, Any], ...] = ()
     skipped: Skipped = field(default_factory=Skipped)
 
+    sampler_class: ClassVar[type[BatchSampler]] = ConversationSampler  # what draws its training batches
     # conversations are tokenized before training starts: nothing runs beside it (the Dataset interface)
     complete = True
     tokenized_at_start = True
@@ -344,8 +356,39 @@ class ConversationData:
         )
 
 
-def _predicted_bytes(split: ConversationSplit, lengths: np.ndarray) -> int:
+def predicted_bytes(split: ConversationSplit, lengths: np.ndarray) -> int:
     return int(lengths[split.ids[split.targets]].sum())
+
+
+def read_splits(
+    config: DataConfig,
+    files: Sequence[Path],
+    read: Callable[[Path, Skipped | None], Iterable[R]],
+    what: str,
+    note: Callable[[str], None],
+) -> tuple[list[R], list[R], tuple[dict[str, Any], ...], Skipped]:
+    """The good records `read` gives of the files and of config.val_file (else the last val_fraction of
+    them validate), the input files' records and what was skipped: `what` the records are, for errors."""
+    val_files = conversation_files([config.val_file]) if config.val_file is not None else []
+    if config.val_file is not None and not val_files:
+        raise UsageError(f"--val-file {config.val_file} is not conversation JSONL, unlike the training data")
+    sources = [stamp_source(f, "utf-8") for f in [*files, *(val_files or [])]]
+    skipped = Skipped() if config.skip_bad_records else None
+    train = [c for f in files for c in read(f, skipped)]
+    if val_files:
+        val = [c for f in val_files for c in read(f, skipped)]
+    else:
+        n_val = max(1, round(len(train) * config.val_fraction))
+        train, val = train[:-n_val], train[-n_val:]
+    if skipped is not None and skipped.total:
+        note(skipped.describe())
+    if not train or not val:
+        raise MinigptError(
+            f"{files[0]}: {len(train) + len(val)} good {what}(s): too few for a training and a "
+            f"validation split (each needs one); give more, or a --val-file"
+        )
+    inputs = tuple(_input_record(s, "val" if i >= len(files) else "train") for i, s in enumerate(sources))
+    return train, val, inputs, skipped or Skipped()
 
 
 def prepare_conversations(
@@ -357,34 +400,20 @@ def prepare_conversations(
 ) -> ConversationData:
     """Read, check and render the conversation files (and config.val_file, if given) with the chat template:
     `tokenizer` (a fine-tuned run's base, given the chat tokens it lacks) or one learned from the messages."""
-    val_files = conversation_files([config.val_file]) if config.val_file is not None else []
-    if config.val_file is not None and not val_files:
-        raise UsageError(f"--val-file {config.val_file} is not conversation JSONL, unlike the training data")
-    sources = [stamp_source(f, "utf-8") for f in [*files, *(val_files or [])]]
     if tokenizer is None:
         tokenizer = _learn_tokenizer(config, files)
     tokenizer = with_chat_tokens(tokenizer, tokenizer.vocab_size)
     template = ChatTemplate(tokenizer)
-    skipped = Skipped() if config.skip_bad_records else None
-    train = [c for f in files for c in read_conversations(f, template, block_size, skipped)]
-    if val_files:
-        val = [c for f in val_files for c in read_conversations(f, template, block_size, skipped)]
-    else:
-        n_val = max(1, round(len(train) * config.val_fraction))
-        train, val = train[:-n_val], train[-n_val:]
-    if skipped is not None and skipped.total:
-        note(skipped.describe())
-    if not train or not val:
-        raise MinigptError(
-            f"{files[0]}: {len(train) + len(val)} good conversation(s): too few for a training and a "
-            f"validation split (each needs one); give more, or a --val-file"
-        )
+
+    def read(path: Path, skipped: Skipped | None) -> Iterator[tuple[list[int], list[bool]]]:
+        return read_conversations(path, template, block_size, skipped)
+
+    train, val, inputs, skipped = read_splits(config, files, read, "conversation", note)
     lengths = tokenizer.text_byte_lengths()
     train_split, val_split = ConversationSplit.of(train), ConversationSplit.of(val)
     data = ConversationData(
-        tokenizer, train_split, val_split, _predicted_bytes(val_split, lengths), _predicted_bytes(train_split, lengths),
-        tuple(_input_record(s, "val" if i >= len(files) else "train") for i, s in enumerate(sources)),
-        skipped or Skipped(),
+        tokenizer, train_split, val_split, predicted_bytes(val_split, lengths),
+        predicted_bytes(train_split, lengths), inputs, skipped,
     )  # fmt: skip
     note(f"conversations: {data.summary}")
     return data
