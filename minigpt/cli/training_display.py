@@ -18,9 +18,11 @@ from minigpt.train.reporters import (
     LineReporter,
     TrainingEnd,
     TrainingStart,
+    eval_figures,
     eval_line,
     fmt_duration,
     fmt_loss,
+    step_figures,
 )
 
 BAR_WIDTH = 30  # the bar and its figures fit 80 columns
@@ -64,6 +66,17 @@ def line_chart(series: dict[str, list[tuple[float, float]]], width: int = 64, he
     legend = "   ".join(f"{marks[i % len(marks)]} {name}" for i, name in enumerate(series))
     out.append(" " * (label_w + 2) + legend + "\n")
     return out
+
+
+def curves(history: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """The run's curves against the step: RL's reward (each logged step's, and the validation's), else the
+    step and validation losses."""
+    figure = "reward" if any("reward" in r for r in history) else "loss"
+    train = [(r["step"], r[figure]) for r in history if r.get("kind") == "train" and figure in r]
+    val = [
+        (r["step"], r[f"val_{figure}"]) for r in history if r.get("kind") == "eval" and f"val_{figure}" in r
+    ]
+    return {f"step {figure}": train, f"val {figure}": val}
 
 
 class TrainingDisplay(LineReporter):
@@ -124,10 +137,13 @@ class TrainingDisplay(LineReporter):
             Text(f"{100 * min(self._progress, 1):5.1f}%  step {s.get('step', 0):,}", no_wrap=True),
         )
         eta = "stopping" if self._stopping else f"ETA {fmt_duration(self.pace.eta())}"
+        last = f"val loss {fmt_loss(e.get('val_loss'))}  train loss {fmt_loss(e.get('train_loss'))}"
+        if "val_reward" in e or "val_accuracy" in e:  # RL's or DPO's figures
+            last = eval_figures(e).replace(" | ", "  ")
         lines = [
             f"elapsed {fmt_duration(elapsed)}  {eta}  budget: {self._budget}",
-            f"step loss {fmt_loss(s.get('loss'))}  lr {lr}  {self.pace.rate()}",
-            f"val loss {fmt_loss(e.get('val_loss'))}  train loss {fmt_loss(e.get('train_loss'))}  best val {best}",
+            f"step loss {fmt_loss(s.get('loss'))}{step_figures(s).replace(' | ', '  ')}  lr {lr}  {self.pace.rate()}",
+            f"{last}  best val {best}",
         ]
         corpus = self._data_status() if self._data_status is not None else None
         if corpus:
@@ -180,9 +196,7 @@ class TrainingDisplay(LineReporter):
 
     def finish(self, summary: TrainingEnd) -> None:
         self.close()
-        train_pts = [(r["step"], r["loss"]) for r in summary.history if r.get("kind") == "train"]
-        val_pts = [(r["step"], r["val_loss"]) for r in summary.history if r.get("kind") == "eval"]
-        chart = line_chart({"step loss": train_pts, "val loss": val_pts})
+        chart = line_chart(curves(summary.history))
         if chart.plain:
             self.console.print(chart)
         super().finish(summary)

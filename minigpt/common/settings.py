@@ -27,7 +27,8 @@ BUDGET = "Budget (the first reached stops)"
 EVAL = "Evaluation and logging"
 RUN = "Run"
 FINETUNE = "Fine-tuning (with --init-from)"
-PANELS = (MODEL, ARCH, DATA, OPT, FINETUNE, BUDGET, EVAL, RUN)
+FEEDBACK = "Learning from feedback (preference pairs, tasks)"
+PANELS = (MODEL, ARCH, DATA, OPT, FINETUNE, FEEDBACK, BUDGET, EVAL, RUN)
 
 _SETTING = "minigpt.setting"
 _NESTED = "minigpt.nested"

@@ -50,11 +50,13 @@ class TrainState:
 
 @dataclass
 class Trainables:
-    """What a step changes and a checkpoint must capture: weights, optimizer moments, batch position."""
+    """What a step changes and a checkpoint must capture: weights, optimizer moments, batch position, and
+    what the objective keeps of the starting model (`reference`: restored in place)."""
 
     model: GPT
     optimizer: Optimizers
     sampler: BatchSampler
+    reference: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in model_tensors(self.model).items()}
@@ -63,6 +65,8 @@ class Trainables:
                 out[f"optim/{name}/{key}"] = value
         for key, value in self.sampler.state_dict().items():
             out[f"sampler/{key}"] = value
+        for key, value in self.reference.items():
+            out[f"reference/{key}"] = value
         out["rng/torch"] = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             out["rng/cuda"] = torch.cuda.get_rng_state()
@@ -79,12 +83,27 @@ class Trainables:
                 param = params.get(name)
                 slots = self.optimizer.slots(param) if param is not None else {}
                 _check_moment(key, value, param, slot, slots, source)
-            elif not key.startswith(("model/", "sampler/", "rng/")):
+            elif not key.startswith(("model/", "sampler/", "rng/", "reference/")):
                 raise MinigptError(f"{source}: unexpected tensor {key!r}; is this a minigpt training state?")
+        self._check_reference(tensors, source)
         rng = tensors.get("rng/torch")
         like = torch.get_rng_state()
         if rng is None or rng.dtype != like.dtype or rng.shape != like.shape:
             raise MinigptError(f"{source}: the saved random number generator state is missing or damaged")
+
+    def _check_reference(self, tensors: dict[str, torch.Tensor], source: Any) -> None:
+        """The saved reference must be exactly the tensors this run's objective keeps."""
+        saved = {k.removeprefix("reference/"): v for k, v in tensors.items() if k.startswith("reference/")}
+        wrong = sorted(set(saved) ^ set(self.reference)) or sorted(
+            k
+            for k, v in saved.items()
+            if v.shape != self.reference[k].shape or v.dtype != self.reference[k].dtype
+        )
+        if wrong:
+            raise MinigptError(
+                f"{source}: the starting model's tensor {wrong[0]!r} the run keeps is missing, unexpected or "
+                f"misshapen; the file is damaged or from another run"
+            )
 
     def restore(self, tensors: dict[str, torch.Tensor], source: Any) -> None:
         """Put back everything tensors() captured (`source` names the file in errors)."""
@@ -100,6 +119,9 @@ class Trainables:
         self.sampler.load_state_dict(
             {k.removeprefix("sampler/"): v for k, v in tensors.items() if k.startswith("sampler/")}
         )
+        with torch.no_grad():
+            for key, value in self.reference.items():
+                value.copy_(tensors[f"reference/{key}"])
         torch.set_rng_state(tensors["rng/torch"])
         if "rng/cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng/cuda"])

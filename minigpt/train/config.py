@@ -12,6 +12,7 @@ from minigpt.common.settings import (
     ARCH,
     BUDGET,
     EVAL,
+    FEEDBACK,
     FINETUNE,
     MODEL,
     OPT,
@@ -22,6 +23,7 @@ from minigpt.common.settings import (
     setting,
 )
 from minigpt.errors import UsageError
+from minigpt.feedback.rewards import EXACT, REWARD_CHOICES
 from minigpt.model.config import ARCHS, GPTConfig
 from minigpt.model.lora import DEFAULT_TARGETS, TARGET_CHOICES
 from minigpt.model.presets import GPT2_VOCAB, PRESETS, model_config
@@ -177,6 +179,26 @@ class TrainConfig:
         DEFAULT_TARGETS, f"Layers of every block to adapt, and the embedding, head, norms or biases to train "
         f"whole, comma-separated: {TARGET_CHOICES}.", panel=FINETUNE,
     )  # fmt: skip
+    # learning from feedback (with init_from): DPO on preference pairs, RL with a reward on tasks
+    dpo_beta: float = setting(
+        0.1, "DPO's beta (preference pairs): how far a preference may move the model from where it started "
+        "(higher: less far).", panel=FEEDBACK,
+    )  # fmt: skip
+    reward: str | None = setting(
+        None, f"How RL scores the sampled answers to tasks: {REWARD_CHOICES} (your Python, run in this "
+        "process). Given, the files are read as tasks.", panel=FEEDBACK, shown=EXACT,
+    )  # fmt: skip
+    group_size: int = setting(
+        8, "Answers RL samples to each task, each weighed against its group's mean reward.", panel=FEEDBACK
+    )
+    answer_tokens: int = setting(32, "The longest answer RL samples, in tokens.", panel=FEEDBACK)
+    temperature: float = setting(1.0, "The temperature RL samples answers at.", panel=FEEDBACK)
+    kl_coef: float = setting(
+        0.04, "Weight of RL's KL term to the starting model (k3 estimator; 0: none).", panel=FEEDBACK
+    )
+    reward_timeout: float = setting(
+        10.0, "Seconds a module:function reward may take on one answer.", panel=FEEDBACK
+    )
     # budget: the first one reached stops the run
     max_iters: int | None = setting(
         None, "Stop at this optimizer step (counted over the whole run).", panel=BUDGET,
@@ -262,6 +284,16 @@ class TrainConfig:
             raise UsageError(f"lora_rank must be from 1 to 4096, got {self.lora_rank}")
         if self.lora_alpha is not None and not 0 < self.lora_alpha < 1e6:
             raise UsageError(f"lora_alpha must be a positive number, got {self.lora_alpha}")
+        self._check_feedback()
+
+    def _check_feedback(self) -> None:
+        if not self.dpo_beta > 0 or not self.temperature > 0 or not self.reward_timeout > 0:
+            raise UsageError("dpo_beta, temperature and reward_timeout must be positive")
+        if self.group_size < 2 or self.answer_tokens < 1 or self.kl_coef < 0:
+            raise UsageError(
+                "group_size must be at least 2 (answers are weighed against each other), answer_tokens at "
+                "least 1 and kl_coef not negative"
+            )
 
     def _check_model(self) -> None:
         """The model's settings are GPTConfig's own fields of their types; once the preset is known (given,

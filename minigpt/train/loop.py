@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from minigpt.chat.data import ConversationData
-from minigpt.data.dataset import BatchSampler, DataConfig, Dataset, bits_per_byte
+from minigpt.data.dataset import BatchSampler, DataConfig, Dataset
 from minigpt.errors import Interrupted, MinigptError
 from minigpt.model.memory import labelled
 from minigpt.runs.folder import RunDir
@@ -27,7 +27,7 @@ from minigpt.train.config import DEFAULT_MAX_ITERS, LaunchConfig, TrainConfig, p
 from minigpt.train.distributed import DistContext
 from minigpt.train.reporters import ProgressReporter, QuietReporter, TrainingEnd
 from minigpt.train.run import SamplerFactory, TrainingRun, check_launch, plan_run, set_up
-from minigpt.train.step import evaluate, train_step
+from minigpt.train.step import train_step
 from minigpt.train.tuning import STEP_KEY
 
 __all__ = ["TrainConfig", "TrainResult", "TrainState", "check_launch", "parse_duration", "plan_run", "train"]
@@ -210,6 +210,7 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
             grad_accum=cfg.grad_accum,
             grad_clip=cfg.grad_clip,
             abandon=abandon,
+            loss_of=run.objective.loss,
         )
     if loss is None:
         return None, lr
@@ -294,7 +295,9 @@ def _evaluate(run: TrainingRun, iters: int, reporter: ProgressReporter) -> tuple
         reporter.phase(what, min(done, total), total)
 
     tick(0)
-    losses = evaluate(run.forward, run.model_config, dataset, cfg.batch_size, iters, run.runtime, tick)
+    losses = run.objective.evaluate(
+        run.forward, run.model_config, dataset, cfg.batch_size, iters, run.runtime, tick
+    )
     improved = state.record_eval(losses)
     record = {"step": state.step, "tokens": state.tokens, "elapsed": round(state.elapsed, 3), **losses}
     if iters != cfg.eval_iters:
@@ -307,14 +310,12 @@ def _evaluate(run: TrainingRun, iters: int, reporter: ProgressReporter) -> tuple
 
 def _keep_metrics(run: TrainingRun, last: dict[str, Any]) -> None:
     """config.json's metrics: the best validation so far (none before an evaluation) and where the run is."""
-    state, dataset = run.state, run.dataset
+    state = run.state
     best = math.isfinite(state.best_val_loss)
     run.settings["metrics"] = {
         "best_val_loss": state.best_val_loss if best else None,
         "best_step": state.best_step if best else None,
-        "best_val_bpb": bits_per_byte(state.best_val_loss, len(dataset.val), dataset.val_bytes)
-        if best
-        else None,
+        "best_val_bpb": run.objective.best_bpb(state.best_val_loss) if best else None,
         "warmup_steps": state.warmup_steps if state.warmup_steps >= 0 else None,
         "last": last,
     }
@@ -340,6 +341,7 @@ def _log_step(run: TrainingRun, reporter: ProgressReporter, loss: float, lr: flo
         "elapsed": round(state.elapsed, 3),
         "loss": loss,
         "lr": lr,
+        **run.objective.stats(),
     }
     run.history.append({"kind": "train", **record})
     if run.runtime.dist.is_master:
@@ -348,7 +350,7 @@ def _log_step(run: TrainingRun, reporter: ProgressReporter, loss: float, lr: flo
 
 
 def _training_end(run: TrainingRun, reason: str, interrupted: bool, command_seconds: float) -> TrainingEnd:
-    state, val = run.state, run.dataset.val
+    state = run.state
     elapsed = run.budget.elapsed()
     return TrainingEnd(
         out=run.rundir.path,
@@ -358,7 +360,8 @@ def _training_end(run: TrainingRun, reason: str, interrupted: bool, command_seco
         elapsed=elapsed,
         command_seconds=command_seconds,
         overrun=run.budget.overrun(elapsed),
-        best_val_bpb=bits_per_byte(state.best_val_loss, len(val), run.dataset.val_bytes),
+        best_val_bpb=run.objective.best_bpb(state.best_val_loss),
+        best=run.objective.describe_best(state.best_val_loss),
         history=run.history,
         chat=isinstance(run.dataset, ConversationData),
         prompt=_try_prompt(run.dataset),

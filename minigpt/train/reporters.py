@@ -56,10 +56,11 @@ class TrainingEnd:
     elapsed: float  # the run's seconds over every command that trained it
     command_seconds: float  # this command's
     overrun: float  # seconds past the time budget (0: kept to it, or none)
-    best_val_bpb: float
+    best_val_bpb: float | None
     history: list[dict[str, Any]]
     chat: bool = False  # trained on conversations: `minigpt chat` is the command to try it with
     prompt: str = ""  # what `minigpt generate` can start from (minigpt.runs.usage.example_prompt)
+    best: str | None = None  # the best evaluation in words, where a loss and bits per byte do not say it
 
 
 class ProgressReporter(Protocol):
@@ -180,13 +181,33 @@ def header_text(info: TrainingStart) -> str:
     )
 
 
+def eval_figures(record: dict[str, Any]) -> str:
+    """An evaluation's figures: RL's validation reward, DPO's preference accuracy and margin, or the
+    language model's losses."""
+    if "val_reward" in record:
+        return f"val reward {fmt_loss(record['val_reward'])}"
+    if "val_accuracy" in record:
+        return (
+            f"val pref acc {100 * record['val_accuracy']:.1f}% | margin {fmt_loss(record['val_margin'], 3)} | "
+            f"val loss {fmt_loss(record['val_loss'])} | train loss {fmt_loss(record['train_loss'])}"
+        )
+    return (
+        f"val loss {fmt_loss(record['val_loss'])} | val bpb {fmt_loss(record['val_bpb'], 3)} | "
+        f"ppl {record['val_ppl']:.2f} | train loss {fmt_loss(record['train_loss'])}"
+    )
+
+
 def eval_line(record: dict[str, Any], improved: bool) -> str:
     mark = " (best, saved)" if improved else ""
-    return (
-        f"eval  {record['step']:>6,} | val loss {fmt_loss(record['val_loss'])} | "
-        f"val bpb {fmt_loss(record['val_bpb'], 3)} | ppl {record['val_ppl']:.2f} | "
-        f"train loss {fmt_loss(record['train_loss'])}{mark}"
-    )
+    return f"eval  {record['step']:>6,} | {eval_figures(record)}{mark}"
+
+
+def step_figures(record: dict[str, Any]) -> str:
+    """A step's figures beside its loss: RL's mean reward, its spread and the KL to the starting model."""
+    if "reward" not in record:
+        return ""
+    kl = f" | kl {record['kl']:.4f}" if "kl" in record else ""
+    return f" | reward {record['reward']:.3f} ± {record['reward_std']:.3f}{kl}"
 
 
 def done_text(summary: TrainingEnd) -> str:
@@ -194,11 +215,11 @@ def done_text(summary: TrainingEnd) -> str:
     took = fmt_duration(summary.elapsed)
     if abs(summary.elapsed - summary.command_seconds) > 1:
         took += f" ({fmt_duration(summary.command_seconds)} in this command)"
+    words = (
+        summary.best or f"best val loss {fmt_loss(s.best_val_loss)} (bpb {fmt_loss(summary.best_val_bpb, 3)})"
+    )
     best = (
-        f"best val loss {fmt_loss(s.best_val_loss)} (bpb {fmt_loss(summary.best_val_bpb, 3)}) at step "
-        f"{s.best_step:,}"
-        if s.best_step >= 0
-        else "not evaluated (no time was left for it)"
+        f"{words} at step {s.best_step:,}" if s.best_step >= 0 else "not evaluated (no time was left for it)"
     )
     lines = [
         f"{'interrupted' if summary.interrupted else 'done'}: {summary.reason} after {s.step:,} steps, "
@@ -242,8 +263,9 @@ class LineReporter(QuietReporter):
     def step(self, record: dict[str, Any], progress: float) -> None:
         self.pace.update(record["tokens"], progress)
         self.log(
-            f"step {record['step']:>6,} | loss {fmt_loss(record['loss'])} | lr {record['lr']:.2e} | "
-            f"{self.pace.rate()} | {fmt_duration(record['elapsed'])} elapsed, ETA {fmt_duration(self.pace.eta())}"
+            f"step {record['step']:>6,} | loss {fmt_loss(record['loss'])} | lr {record['lr']:.2e}"
+            f"{step_figures(record)} | {self.pace.rate()} | {fmt_duration(record['elapsed'])} elapsed, "
+            f"ETA {fmt_duration(self.pace.eta())}"
         )
 
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:

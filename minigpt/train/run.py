@@ -13,13 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.chat.data import (
-    ConversationData,
-    ConversationSampler,
-    ConversationSplit,
-    conversation_files,
-    prepare_conversations,
-)
+from minigpt.chat.data import ConversationData, conversation_files
 from minigpt.common.device import resolve_device, resolve_dtype
 from minigpt.common.settings import options_of
 from minigpt.corpus.ingest import Share
@@ -34,6 +28,7 @@ from minigpt.data.dataset import (
     prepare_tokenizer,
 )
 from minigpt.errors import MinigptError, UsageError
+from minigpt.feedback.records import CONVERSATIONS
 from minigpt.generate.engines.tuning import ThreadTuner, machine
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
@@ -49,9 +44,17 @@ from minigpt.train.config import BUDGET_SETTINGS, TrainConfig
 from minigpt.train.distributed import DistContext
 from minigpt.train.finetune import adapter_settings, full_model, lora_model, plan_fine_tune
 from minigpt.train.finetune import describe as describe_lora
+from minigpt.train.objective import (
+    NextToken,
+    Objective,
+    data_kind,
+    make_objective,
+    planned_memory,
+    prepare_jsonl,
+)
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.reporters import ProgressReporter, TrainingStart
-from minigpt.train.step import Runtime, eval_cost, split_windows
+from minigpt.train.step import Runtime
 from minigpt.train.tuning import choose_precision, describe_threads, step_threads
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
@@ -79,6 +82,7 @@ class RunPlan:
     saved_inputs: list[Any] | None = None  # a resumed run's recorded input files (path, stamp)
     allow_data_change: bool = False  # resume even if the text is not what the run trained on
     lora: AdapterLink | None = None  # a LoRA run's adapter: its settings and frozen base
+    kind: str | None = None  # what a new run's JSONL files hold (None: text, or a resume)
 
 
 def plan_run(
@@ -103,10 +107,12 @@ def plan_run(
         raise UsageError("give a budget: max_iters, max_time or max_tokens")
     out = out if out is not None else DEFAULT_ROOT / _default_name(data)
     RunDir(out).guard_new(overwrite)
+    chat = conversation_files(data.paths)
+    kind = data_kind(cfg, chat, init_from)
     if init_from is None:
         if cfg.lora_rank is not None:
             raise UsageError("LoRA trains adapters on a trained run: name it with --init-from RUN")
-        return RunPlan(cfg, data, out, overwrite=overwrite)
+        return RunPlan(cfg, data, out, overwrite=overwrite, kind=kind)
     # the shape is the source run's (with rows for the chat tokens conversations need); dropout is a
     # training choice, so cfg's applies
     shaped = [name for name in ("preset", "arch") if getattr(cfg, name) is not None]
@@ -115,9 +121,8 @@ def plan_run(
         flags = {o.name: o.flag for o in options_of(TrainConfig)}
         drop = ", ".join(flags[name] for name in shaped)
         raise UsageError(f"--init-from takes the model's shape from that run: drop {drop}")
-    chat = conversation_files(data.paths) is not None
-    tokenizer, shape, lora = plan_fine_tune(init_from, cfg, chat)
-    return RunPlan(cfg, data, out, False, init_from, overwrite, tokenizer, shape, lora=lora)
+    tokenizer, shape, lora = plan_fine_tune(init_from, cfg, chat is not None)
+    return RunPlan(cfg, data, out, False, init_from, overwrite, tokenizer, shape, lora=lora, kind=kind)
 
 
 def _plan_resume(
@@ -193,6 +198,8 @@ def check_launch(nproc: int, plan: RunPlan) -> None:
     """What `train --nproc N` can check before starting N processes: input files and one GPU per process
     (plan_run has checked the settings and the run directory)."""
     collect_files([*plan.data.paths, *([plan.data.val_file] if plan.data.val_file else [])])
+    if plan.kind is not None and plan.kind != CONVERSATIONS:
+        raise UsageError(f"learning from {plan.kind} runs in one process: drop --nproc")
     device = plan.cfg.device
     if device == "mps":
         raise UsageError("several processes need CUDA GPUs or the CPU; device mps trains in one process")
@@ -252,6 +259,7 @@ class TrainingRun:
     budget: Budget
     settings: dict[str, Any]  # config.json's train, data, metrics and machine sections
     history: list[dict[str, Any]]  # every metrics record of the run, earlier commands' included
+    objective: Objective  # what it trains for: the next token, preferences or a reward
     threads: ThreadTuner | None = None  # the CPU's: steps timed on each thread count (minigpt.train.tuning)
 
     @property
@@ -261,18 +269,15 @@ class TrainingRun:
     @functools.cached_property
     def step_allocation(self) -> Allocating:
         """What a training step allocates, for the one-line error if it runs out of memory."""
-        cfg, shape = self.cfg, self.model_config
-        what = f"a training step on {cfg.batch_size:,} x {shape.block_size:,} tokens (activations, gradients)"
-        return Allocating(what, training_bytes(shape, cfg.batch_size))
+        shape = self.model_config
+        rows, extra = planned_memory(self.cfg, shape, self.dataset, self.parts.model.lora)
+        what = f"a training step on {rows:,} x {shape.block_size:,} tokens (activations, gradients)"
+        return Allocating(what, training_bytes(shape, rows) + extra)
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens a step reads: a window of block_size per sequence, or a conversation of the training
-        split's mean length (so counts stay exact on resume)."""
-        cfg, train = self.cfg, self.dataset.train
-        row = self.model_config.block_size
-        if isinstance(train, ConversationSplit):
-            row = max(1, round((train.tokens - train.conversations) / train.conversations))
+        """Tokens a step reads: a row (window, conversation, pair, task) each as the objective counts it."""
+        cfg, row = self.cfg, self.objective.row_tokens(self.model_config.block_size)
         return cfg.batch_size * cfg.grad_accum * row * self.runtime.dist.world_size
 
 
@@ -306,11 +311,14 @@ def _set_up_with(
     clock: Callable[[], float],
     make_sampler: SamplerFactory,
 ) -> TrainingRun:
-    model = _build_model(plan, cfg, dataset.tokenizer, runtime.device)
+    model = _build_model(plan, cfg, dataset, runtime.device)
     threads = step_threads(cfg.threads) if runtime.device.type == "cpu" else None
     cfg, runtime, choices = _machine_choices(cfg, runtime, model, threads)
+    objective = make_objective(cfg, dataset, model, runtime, fresh=not plan.resume)
+    if dist.enabled and not isinstance(objective, NextToken):
+        raise UsageError("learning from preference pairs or tasks runs in one process: drop --nproc")
     sampler = _make_batch_sampler(cfg, dist, dataset, model.config.block_size, make_sampler)
-    parts = Trainables(model, make_optimizer(model, cfg, runtime.dtype), sampler)
+    parts = Trainables(model, make_optimizer(model, cfg, runtime.dtype), sampler, objective.reference)
     rundir = RunDir(plan.out)
     state, cfg = _starting_state(plan, dist, reporter, cfg, rundir, parts)
     _check_same_text(plan, dataset)
@@ -327,7 +335,19 @@ def _set_up_with(
     budget = Budget.of(cfg, state, clock)
     budget.start(started, state.elapsed)
     run = TrainingRun(
-        cfg, rundir, runtime, dataset, parts, forward, step_forward, state, budget, settings, history, threads
+        cfg,
+        rundir,
+        runtime,
+        dataset,
+        parts,
+        forward,
+        step_forward,
+        state,
+        budget,
+        settings,
+        history,
+        objective,
+        threads,
     )
     _reserve_time(run)
     reporter.start(_training_start(run, plan))
@@ -359,11 +379,12 @@ def _machine_choices(
 def _make_batch_sampler(
     cfg: TrainConfig, dist: DistContext, dataset: Dataset, block_size: int, make_sampler: SamplerFactory
 ) -> BatchSampler:
-    """This rank's sampler of training batches: `make_sampler`'s windows of text, or whole conversations."""
+    """This rank's sampler of training batches: `make_sampler`'s windows of text, or whole conversations
+    (pairs, tasks)."""
     if isinstance(dataset, ConversationData):
         if cfg.seq_ramp:
             raise UsageError("--seq-ramp grows windows of text; conversations train whole: drop --seq-ramp")
-        make_sampler = ConversationSampler
+        make_sampler = dataset.sampler_class
     sampler = make_sampler(
         dataset.train,
         block_size,
@@ -424,7 +445,7 @@ def _prepare(
     if chat is not None:  # fine-tuning on conversations: one process per machine tokenizes them
         note = reporter.log if progress else (lambda message: None)
         with dist.master_first():
-            data = prepare_conversations(plan.data, chat, planned.block_size, plan.tokenizer, note)
+            data = prepare_jsonl(plan.data, chat, cfg, planned.block_size, plan.tokenizer, note)
         return cfg, runtime, data  # type: ignore[return-value]
     # each process of a machine tokenizes its share of the files into the shared store, beside training
     share = Share(dist.local_rank, dist.local_world_size)
@@ -447,16 +468,21 @@ def _check_same_text(plan: RunPlan, dataset: Dataset) -> None:
         )
 
 
-def _build_model(plan: RunPlan, cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device) -> GPT:
+def _build_model(
+    plan: RunPlan, cfg: TrainConfig, dataset: Dataset | ConversationData, device: torch.device
+) -> GPT:
     """A fresh model of the planned shape, with `init_from`'s weights when fine-tuning (LoRA: the base's,
-    frozen, with adapters); first, the memory it and a micro-batch will need, against what the machine has."""
+    frozen, with adapters); first, the memory it, a micro-batch and the objective will need, against what
+    the machine has."""
+    tokenizer = dataset.tokenizer
     shape = plan.shape or cfg.model_config(tokenizer.vocab_size)
     if tokenizer.vocab_size > shape.vocab_size:
         raise MinigptError("tokenizer is larger than the model's vocabulary")
     smaller = "pick a smaller model (--preset, --n-layer, --n-embd)"
     if device.type == "cpu":
         fix = "lower batch_size, block_size or the model's size"
-        check_fits(training_bytes(shape, cfg.batch_size), f"training with batch_size {cfg.batch_size:,}", fix)
+        rows, extra = planned_memory(cfg, shape, dataset, plan.lora.lora if plan.lora is not None else None)
+        check_fits(training_bytes(shape, rows) + extra, f"training with batch_size {cfg.batch_size:,}", fix)
     else:  # the estimate's activations are the CPU's (attention's T x T scores kept); a GPU's fused attention
         # keeps none, so only the float32 state is checked first and the allocator's error names the rest
         what = "the model's state (weights, gradients, AdamW's moments)"
@@ -483,13 +509,13 @@ def _reserve_time(run: TrainingRun) -> None:
     batch = cfg.batch_size * cfg.grad_accum
     budget.step_windows = batch
     if budget.max_time is not None:
-        budget.eval_cost = eval_cost(
+        budget.eval_cost = run.objective.eval_cost(
             run.forward, run.model_config, run.dataset, cfg.batch_size, run.runtime, budget.clock
         )
         budget.save_seconds = 16 * count_params(run.model_config).exact_total / SAVE_BYTES_PER_SECOND
         budget.keep_reserve()
     else:  # untimed: the evaluation's size only, for the one a signal cuts short (Budget.eval_iters_now)
-        windows = split_windows(run.model_config, run.dataset, run.runtime)
+        windows = run.objective.split_windows(run.model_config, run.dataset, run.runtime)
         budget.eval_cost = EvalCost(0.0, cfg.batch_size, windows)
     _, (run.state.elapsed, *shared) = run.runtime.dist.agree_stop(False, budget.elapsed(), *budget.shared())
     budget.adopt(shared)

@@ -19,6 +19,8 @@ from minigpt.train.budget import EvalCost
 from minigpt.train.distributed import DistContext
 from minigpt.train.optimizers import Optimizers
 
+# one micro-batch's loss: (the model as steps call it, a batch from the sampler, the device)
+MicroLoss = Callable[[torch.nn.Module, Any, torch.device], torch.Tensor]
 EVAL_CHUNK = 256  # windows per evaluation forward pass, at most
 EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (128 MB in float32)
 
@@ -35,6 +37,13 @@ class Runtime:
         return autocast_context(self.device, self.dtype)
 
 
+def next_token_loss(model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
+    """The mean cross-entropy of a batch (x, y) of windows or conversations: the language model's loss."""
+    x, y = batch
+    _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+    return loss
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: Optimizers,
@@ -45,8 +54,10 @@ def train_step(
     grad_accum: int = 1,
     grad_clip: float = 0.0,
     abandon: Callable[[], bool] | None = None,
+    loss_of: MicroLoss = next_token_loss,
 ) -> float | None:
-    """One optimizer step at learning rate `lr` over `grad_accum` micro-batches from `sampler`.
+    """One optimizer step at learning rate `lr` over `grad_accum` micro-batches from `sampler`, each one's
+    loss `loss_of(model, batch, device)`.
 
     Returns the loss, averaged over the micro-batches and the ranks (so every rank sees a NaN on any).
     A loss that is not finite is returned without stepping: the weights stay as they were. `abandon`, asked
@@ -56,11 +67,9 @@ def train_step(
     optimizer.set_lr(lr)
     loss_sum = torch.zeros((), device=runtime.device)
     for micro in range(grad_accum):
-        x, y = sampler.next_batch()
-        x, y = x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)
+        batch = sampler.next_batch()
         with runtime.dist.no_sync(model, last=micro == grad_accum - 1), runtime.autocast():
-            _, loss = model(x, y)
-            loss = loss / grad_accum
+            loss = loss_of(model, batch, runtime.device) / grad_accum
         loss.backward()
         loss_sum += loss.detach()
         if abandon is not None and micro + 1 < grad_accum and abandon():
@@ -180,11 +189,16 @@ def eval_cost(
         def one_pass() -> None:
             split_loss(model, config, sample, batch_size, len(sample), runtime)
 
+    seconds = second_pass_seconds(one_pass, clock)
+    return EvalCost(seconds / max(1, measured), batch_size, split_windows(config, dataset, runtime))
+
+
+def second_pass_seconds(one_pass: Callable[[], object], clock: Callable[[], float]) -> float:
+    """The time of the second of two calls of `one_pass` (see eval_cost)."""
     one_pass()
     start = clock()
     one_pass()
-    seconds = clock() - start
-    return EvalCost(seconds / max(1, measured), batch_size, split_windows(config, dataset, runtime))
+    return clock() - start
 
 
 def split_windows(

@@ -1,0 +1,1 @@
+"""Learning from feedback: preference tuning (DPO) and reinforcement learning with verifiable rewards (GRPO)."""
