@@ -344,7 +344,8 @@ def eval_cmd(
     files: Annotated[
         list[Path],
         typer.Argument(
-            help="Text file(s) or folders of .txt files to score, or conversation JSONL (answers only)."
+            help="Text file(s) or folders of .txt files to score, conversation JSONL (answers only), or tasks "
+            "JSONL (answers generated and scored)."
         ),
     ],
     given: Given = NO_OPTIONS,
@@ -353,18 +354,29 @@ def eval_cmd(
     """Loss, perplexity and bits-per-byte of a trained model on text, or on conversations' answers.
 
     Any text file, or the assistant's answers in conversation JSONL (windows are then conversations).
+    Tasks (JSONL of {"prompt", "answer"}, what `train --reward` learns from): the mean reward of greedy
+    answers (exact match by default), and pass@k with `--samples k`.
     """
     _quiet_openmp()
     from minigpt.analysis.evaluate import evaluate_run
-    from minigpt.cli.views import eval_view, print_json, show
+    from minigpt.cli.views import eval_view, print_json, show, task_eval_view
     from minigpt.corpus.progress import Progress
+    from minigpt.feedback.task_eval import evaluate_tasks, holds_tasks
 
     cfg, run_on = EvalConfig(**given.of(EvalConfig)), EngineConfig(**given.of(EngineConfig))
+    title = f"{run} on {', '.join(str(f) for f in files)}"
+    if holds_tasks(files, cfg):
+        score = evaluate_tasks(run, files, cfg, run_on.device, run_on.quantize)
+        if as_json:
+            print_json({"model": str(run), "files": [str(f) for f in files], **score.to_dict()})
+        else:
+            show(task_eval_view(score, title))
+        return
     result = evaluate_run(run, files, cfg, run_on.device, run_on.quantize, Progress(True))
     if as_json:
         print_json({"model": str(run), "files": [str(f) for f in files], **result.to_dict()})
         return
-    show(eval_view(result, f"{run} on {', '.join(str(f) for f in files)}"))
+    show(eval_view(result, title))
 
 
 @app.command()

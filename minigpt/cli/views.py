@@ -19,6 +19,7 @@ from minigpt.runs.folder import RunDir
 if TYPE_CHECKING:
     from minigpt.analysis.evaluate import EvalResult
     from minigpt.convert.config import ConvertResult
+    from minigpt.feedback.task_eval import TaskScore
     from minigpt.model.config import GPTConfig
     from minigpt.runs.summary import RunSummary
 
@@ -184,6 +185,18 @@ def eval_view(result: EvalResult, title: str) -> Table:
         f"{result.tokens:,}",
         f"{result.bytes:,}",
     )
+    return table
+
+
+def task_eval_view(score: TaskScore, title: str) -> Table:
+    table = _table(title)
+    columns = ["tasks", "reward", "greedy (mean reward)"] + (
+        [f"pass@{score.samples}"] if score.pass_at_k is not None else []
+    )
+    for name in columns:
+        _column(table, name, "right")
+    cells = [f"{score.tasks:,}", score.reward, f"{score.greedy:.4f}"]
+    table.add_row(*cells, *([f"{score.pass_at_k:.4f}"] if score.pass_at_k is not None else []))
     return table
 
 
