@@ -484,7 +484,7 @@ def test_memory_counts_rl_reference_and_cache(base_run: Path) -> None:
     from minigpt.model.lora import trainable_count
     from minigpt.model.memory import kv_cache_bytes
     from minigpt.model.params import count_params
-    from minigpt.train.objective import planned_memory
+    from minigpt.feedback.plan import planned_memory
 
     tokenizer, shape, link = plan_fine_tune(base_run, TrainConfig(lora_rank=2), chat=True)
     fake = TaskData(tokenizer, TaskSplit([]), TaskSplit([]), 0, 0, (), Skipped())

@@ -18,7 +18,6 @@ of a second model; its memory is the table.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +42,8 @@ from minigpt.feedback.logprobs import answer_logprobs
 from minigpt.feedback.records import Pair, parse_pair
 from minigpt.model.config import GPTConfig
 from minigpt.tokenizer.base import Tokenizer
-from minigpt.train.budget import EvalCost
-from minigpt.train.step import Runtime, second_pass_seconds
+from minigpt.train.objective import Objective
+from minigpt.train.step import Runtime
 
 
 class PreferenceSplit(ConversationSplit):
@@ -120,10 +119,11 @@ def ranked_right(margin: torch.Tensor) -> torch.Tensor:
     return (margin > 0).double() + 0.5 * (margin == 0).double()
 
 
-class DirectPreference:
+class DirectPreference(Objective):
     """DPO as a run's objective: each micro-batch's loss, evaluations on fixed pairs of both splits."""
 
     def __init__(self, beta: float, data: PreferenceData) -> None:
+        super().__init__()
         self.beta = beta
         self.data = data
         # the reference's log-probabilities: what a checkpoint keeps (saved beside the weights)
@@ -179,15 +179,8 @@ class DirectPreference:
         losses, margin = dpo_loss(policy, reference, self.beta)
         return PairScore(losses.mean().item(), ranked_right(margin).mean().item(), margin.mean().item())
 
-    def evaluate(
-        self,
-        model: torch.nn.Module,
-        config: GPTConfig,
-        dataset: Any,
-        batch_size: int,
-        eval_iters: int,
-        runtime: Runtime,
-        tick: Callable[[int], None] | None = None,
+    def scores(
+        self, model: torch.nn.Module, batch_size: int, eval_iters: int, runtime: Runtime
     ) -> dict[str, float]:
         """The DPO loss on validation and training pairs, and the validation pairs' accuracy and margin."""
         val = self.score(model, self.data.val, batch_size, eval_iters, runtime)
@@ -199,20 +192,6 @@ class DirectPreference:
             "val_margin": val.margin,
         }
 
-    def eval_cost(
-        self,
-        model: torch.nn.Module,
-        config: GPTConfig,
-        dataset: Any,
-        batch_size: int,
-        runtime: Runtime,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> EvalCost:
-        """What evaluate() costs, from a timed pass over a batch of validation pairs (see step.eval_cost)."""
-        measured = min(batch_size, self.data.val.pairs)
-        seconds = second_pass_seconds(lambda: self.score(model, self.data.val, batch_size, 1, runtime), clock)
-        return EvalCost(seconds / max(1, measured), batch_size, self.split_windows(config, dataset, runtime))
-
     def split_windows(self, config: GPTConfig, dataset: Any, runtime: Runtime) -> tuple[int, ...]:
         return self.data.val.pairs, self.data.train.pairs
 
@@ -220,9 +199,6 @@ class DirectPreference:
         """Tokens a pair reads: both rows, at the training split's mean length."""
         train = self.data.train
         return max(1, round(2 * (train.tokens - train.conversations) / train.conversations))
-
-    def best_bpb(self, loss: float) -> float | None:
-        return None
 
     def describe_best(self, loss: float) -> str:
         return f"best val DPO loss {loss:.4f}"

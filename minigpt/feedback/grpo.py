@@ -25,7 +25,6 @@ uninterrupted one sampled.
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +47,8 @@ from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.model.weights import ModelWeights, weights_by_name
 from minigpt.tokenizer.base import Tokenizer
-from minigpt.train.budget import EvalCost
-from minigpt.train.step import Runtime, second_pass_seconds
+from minigpt.train.objective import Objective
+from minigpt.train.step import Runtime
 
 ADVANTAGE_EPS = 1e-4
 
@@ -181,12 +180,13 @@ class Settings:
     kl_coef: float
 
 
-class GroupRelative:
+class GroupRelative(Objective):
     """GRPO as a run's objective: each micro-batch samples, scores and weighs answers; evaluations score
     greedy answers to fixed validation tasks."""
 
     def __init__(self, settings: Settings, data: TaskData, model: GPT) -> None:
         assert data.reward is not None, "prepare_tasks gives tasks their reward"
+        super().__init__()
         self.settings, self.data, self.model, self.reward = settings, data, model, data.reward
         self.template = ChatTemplate(data.tokenizer)
         # the starting model, for the KL term: what a checkpoint keeps beside the weights
@@ -250,15 +250,8 @@ class GroupRelative:
         spread = {"reward": rewards.mean().item(), "reward_std": rewards.std(unbiased=False).item()}
         return {**spread, "kl": kl} if self.reference else spread
 
-    def evaluate(
-        self,
-        model: torch.nn.Module,
-        config: GPTConfig,
-        dataset: Any,
-        batch_size: int,
-        eval_iters: int,
-        runtime: Runtime,
-        tick: Callable[[int], None] | None = None,
+    def scores(
+        self, model: torch.nn.Module, batch_size: int, eval_iters: int, runtime: Runtime
     ) -> dict[str, float]:
         """The mean reward of greedy answers to eval_iters x batch_size evenly spaced validation tasks; its
         negative is the run's validation loss (the best checkpoint is the best rewarded)."""
@@ -268,22 +261,6 @@ class GroupRelative:
         reward = self.rewards(tasks, groups).mean().item()
         return {"val_loss": -reward, "val_reward": reward}
 
-    def eval_cost(
-        self,
-        model: torch.nn.Module,
-        config: GPTConfig,
-        dataset: Any,
-        batch_size: int,
-        runtime: Runtime,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> EvalCost:
-        """What evaluate() costs, from timed greedy answers to a batch of validation tasks."""
-        measured = min(batch_size, len(self.data.val))
-        seconds = second_pass_seconds(
-            lambda: self.evaluate(model, config, dataset, batch_size, 1, runtime), clock
-        )
-        return EvalCost(seconds / max(1, measured), batch_size, self.split_windows(config, dataset, runtime))
-
     def split_windows(self, config: GPTConfig, dataset: Any, runtime: Runtime) -> tuple[int, ...]:
         return (len(self.data.val),)
 
@@ -291,9 +268,6 @@ class GroupRelative:
         """Tokens a task reads at most: its group's answers, each after the prompt (at the mean length)."""
         train = self.data.train
         return self.settings.group_size * (round(train.tokens / len(train)) + self.settings.answer_tokens)
-
-    def best_bpb(self, loss: float) -> float | None:
-        return None
 
     def describe_best(self, loss: float) -> str:
         return f"best val reward {-loss:.4f}"

@@ -28,6 +28,7 @@ from minigpt.data.dataset import (
     prepare_tokenizer,
 )
 from minigpt.errors import MinigptError, UsageError
+from minigpt.feedback.plan import data_kind, make_objective, planned_memory, prepare_jsonl
 from minigpt.feedback.records import CONVERSATIONS
 from minigpt.generate.engines.tuning import ThreadTuner, machine
 from minigpt.model.config import GPTConfig
@@ -44,14 +45,7 @@ from minigpt.train.config import BUDGET_SETTINGS, TrainConfig
 from minigpt.train.distributed import DistContext
 from minigpt.train.finetune import adapter_settings, full_model, lora_model, plan_fine_tune
 from minigpt.train.finetune import describe as describe_lora
-from minigpt.train.objective import (
-    NextToken,
-    Objective,
-    data_kind,
-    make_objective,
-    planned_memory,
-    prepare_jsonl,
-)
+from minigpt.train.objective import NextToken, Objective
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.reporters import ProgressReporter, TrainingStart
 from minigpt.train.step import Runtime
