@@ -518,3 +518,5 @@ def test_rl_without_a_kl_term_keeps_no_reference(base_run: Path, tmp_path: Path)
     assert not any(k.startswith("reference/") for k in state)
     step = [r for r in result.metrics if r["kind"] == "train"][-1]
     assert "reward" in step and "kl" not in step
+    card = (tmp_path / "rl" / RunDir.CARD).read_text()
+    assert "best val reward" in card and "nats per token" not in card

@@ -120,6 +120,8 @@ def _validation(data: dict[str, Any]) -> str:
         return "—"
     step = metrics.get("best_step")
     at = f" at step {step:,}" if isinstance(step, int) else ""
+    if isinstance(metrics.get("best"), str):  # a DPO or RL run: its own measure, in words
+        return f"{metrics['best'][:200]}{at}"
     return f"{_number(loss, '.4f')} nats per token, {_number(bpb, '.3f')} bits per byte (best{at})"
 
 

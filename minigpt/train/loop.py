@@ -319,6 +319,9 @@ def _keep_metrics(run: TrainingRun, last: dict[str, Any]) -> None:
         "warmup_steps": state.warmup_steps if state.warmup_steps >= 0 else None,
         "last": last,
     }
+    words = run.objective.describe_best(state.best_val_loss) if best else None
+    if words is not None:  # what the validation loss is, where it is not the next token's (DPO's, RL's)
+        run.settings["metrics"]["best"] = words
 
 
 def _sync_clock(run: TrainingRun, stop_requested: bool, step_seconds: float, timed: bool) -> bool:
