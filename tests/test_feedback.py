@@ -24,8 +24,18 @@ from minigpt.data.dataset import DataConfig
 from minigpt.errors import MinigptError, UsageError
 from minigpt.feedback.answers import Answer, answer, call_seed
 from minigpt.feedback.dpo import DirectPreference, PreferenceSplit, dpo_loss, prepare_preferences
-from minigpt.feedback.grpo import answer_batch, group_advantages, k3_kl, policy_loss, reference_tree
+from minigpt.feedback.grpo import (
+    TaskData,
+    TaskSplit,
+    answer_batch,
+    group_advantages,
+    k3_kl,
+    policy_loss,
+    prepare_tasks,
+    reference_tree,
+)
 from minigpt.feedback.logprobs import answer_logprobs
+from minigpt.feedback.plan import planned_memory
 from minigpt.feedback.records import PREFERENCES, TASKS, files_kind, parse_pair, parse_task
 from minigpt.feedback.rewards import make_reward
 from minigpt.generate.decode import Sampling, generate_uncached
@@ -34,6 +44,9 @@ from minigpt.generate.engines.torch_engine import TorchEngine
 from minigpt.generate.load import load_engine
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
+from minigpt.model.lora import trainable_count
+from minigpt.model.memory import kv_cache_bytes
+from minigpt.model.params import count_params
 from minigpt.runs.folder import RunDir
 from minigpt.train.finetune import plan_fine_tune
 from minigpt.train.loop import TrainConfig, train
@@ -142,6 +155,19 @@ HOSTILE_PAIRS = [
     ({"prompt": "1+1=" * 20, "chosen": "2", "rejected": "3"}, "more than the model's context of 32"),
     ({"prompt": "1+1=", "chosen": "2é", "rejected": "3"}, "never saw"),
     ({"prompt": "1+1=", "chosen": [], "rejected": "3"}, "not a non-empty list"),
+    ('{"prompt": "1+1=", "chosen": "2", "rejected": "3", "n": ' + "9" * 5000 + "}", "5,000 digits"),
+    (
+        {"prompt": [{"type": "text", "text": None}], "chosen": "2", "rejected": "3"},
+        "prompt: content part 1 has text None",
+    ),
+    (
+        {
+            "prompt": "1+1=",
+            "rejected": "3",
+            "chosen": [{"role": "assistant", "content": [{"type": "text", "text": {"a": 1}}]}],
+        },
+        "content part 1 has text {'a': 1}",
+    ),  # fmt: skip
 ]
 
 
@@ -172,6 +198,29 @@ HOSTILE_TASKS = [
 def test_a_bad_task_is_a_bad_record(record: object, why: str, template: ChatTemplate) -> None:
     with pytest.raises(MinigptError, match=why):
         parse_task(json.dumps(record).encode(), template, 32, 8, need_answer=True)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first line", "later line"])
+def test_strict_json_in_tasks_files_a_bad_number_or_part_is_one_line_or_skipped(
+    first: bool, template: ChatTemplate, tmp_path: Path
+) -> None:
+    """A 5000-digit number or a null text part is the record's one-line error (even as the file's first
+    record, which must not make a file of tasks read as conversations), and --skip-bad-records skips it."""
+    huge = '{"prompt": "1+1=", "answer": ' + "9" * 5000 + "}"
+    null_part = {"prompt": [{"type": "text", "text": None}], "answer": "2"}
+    bad = [huge, null_part]
+    records = [*bad, *tasks(8)] if first else [*tasks(8), *bad]
+    path = write_jsonl(tmp_path / "tasks.jsonl", records)
+    reward = make_reward("exact", 1.0)
+    with pytest.raises(MinigptError, match=rf"tasks.jsonl:{1 if first else 9}: .*5,000 digits") as e:
+        prepare_tasks(data(path, tmp_path), [path], 32, template.tokenizer, 8, reward)
+    assert "\n" not in str(e.value)
+    assert files_kind([path]) == TASKS
+    notes: list[str] = []
+    kept = prepare_tasks(
+        data(path, tmp_path, skip_bad_records=True), [path], 32, template.tokenizer, 8, reward, notes.append
+    )
+    assert len(kept.train) + len(kept.val) == 8 and "skipped 2 bad record(s)" in notes[0]
 
 
 def test_a_task_takes_a_number_as_its_answer_and_its_prompt_opens_the_answer(template: ChatTemplate) -> None:
@@ -480,12 +529,6 @@ def test_rl_through_the_cli_with_a_python_reward_and_eval_of_the_tasks(
 
 
 def test_memory_counts_rl_reference_and_cache(base_run: Path) -> None:
-    from minigpt.feedback.grpo import TaskData, TaskSplit
-    from minigpt.model.lora import trainable_count
-    from minigpt.model.memory import kv_cache_bytes
-    from minigpt.model.params import count_params
-    from minigpt.feedback.plan import planned_memory
-
     tokenizer, shape, link = plan_fine_tune(base_run, TrainConfig(lora_rank=2), chat=True)
     fake = TaskData(tokenizer, TaskSplit([]), TaskSplit([]), 0, 0, (), Skipped())
     cfg = TrainConfig(batch_size=3, group_size=5)

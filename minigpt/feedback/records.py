@@ -19,13 +19,13 @@ exactly as for conversations.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from minigpt.chat.data import BadRecord, _content, _lines, _messages, json_record, render
 from minigpt.chat.template import ChatTemplate, Message
+from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.errors import UsageError
 
 CONVERSATIONS, PREFERENCES, TASKS = "conversations", "preference pairs", "tasks"
@@ -51,11 +51,13 @@ def files_kind(files: list[Path], reward: bool = False) -> str:
 
 
 def _first_kind(path: Path, reward: bool) -> str:
+    """The kind of the file's first record that reads as JSON: a bad one before it is the reader's to name
+    (or skip), and must not turn a file of pairs or tasks into conversations."""
     for _, line in _lines(path):
         try:
-            return kind_of(json.loads(line), reward)
-        except (ValueError, RecursionError):
-            break  # the reader names the problem with its line
+            return kind_of(parse_json(line.decode("utf-8-sig")), reward)
+        except (JsonError, UnicodeDecodeError):
+            continue
     return TASKS if reward else CONVERSATIONS
 
 
