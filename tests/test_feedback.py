@@ -563,3 +563,44 @@ def test_rl_without_a_kl_term_keeps_no_reference(base_run: Path, tmp_path: Path)
     assert "reward" in step and "kl" not in step
     card = (tmp_path / "rl" / RunDir.CARD).read_text()
     assert "best val reward" in card and "nats per token" not in card
+
+
+@pytest.mark.slow
+def test_a_lora_rl_run_merges_and_exports_like_any_run(base_run: Path, tmp_path: Path, runner) -> None:
+    """An RL run with LoRA: `convert to-hf` (transformers gives its logits and the chat template),
+    `convert to-gguf` (the template), `convert merge` to a plain run that `generate` and `eval` read."""
+    from minigpt.cli.main import app
+
+    transformers = pytest.importorskip("transformers")
+    gguf = pytest.importorskip("gguf")
+    work = write_jsonl(tmp_path / "tasks.jsonl", tasks(16))
+    cfg = TrainConfig(**{**FAST, "max_iters": 2, "group_size": 2, "answer_tokens": 4, "lora_rank": 2})
+    train(cfg, data(work, tmp_path), out=tmp_path / "rl", init_from=base_run)
+    run = tmp_path / "rl"
+    model, tokenizer, _ = RunDir(run).load_model()  # the base with the adapter merged
+    ids = ChatTemplate(tokenizer).prompt([Message("user", "12+34=")])
+
+    assert runner.invoke(app, ["convert", "to-hf", str(run), str(tmp_path / "hf")]).exit_code == 0
+    with torch.no_grad():
+        want, _ = model(torch.tensor([ids]))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+        got = hf(torch.tensor([ids])).logits[:, -1]
+    assert torch.allclose(got, want.reshape(got.shape), atol=1e-4, rtol=0)
+    assert "chat_template" in json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+
+    out = runner.invoke(app, ["convert", "to-gguf", str(run), str(tmp_path / "rl.gguf")])
+    assert out.exit_code == 0, out.output
+    reader = gguf.GGUFReader(tmp_path / "rl.gguf")
+    assert reader.fields["tokenizer.chat_template"].contents() == ChatTemplate.jinja()
+
+    merged = tmp_path / "merged"
+    out = runner.invoke(app, ["convert", "merge", str(run), "--out", str(merged)])
+    assert out.exit_code == 0, out.output
+    plain, _, _ = RunDir(merged).load_model()
+    for (name, a), (_, b) in zip(model.state_dict().items(), plain.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    out = runner.invoke(app, ["generate", "12+", "--model", str(merged), "-n", "4", "-t", "0"])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(app, ["eval", str(merged), str(work), "--answer-tokens", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["tasks"] == 16
