@@ -170,8 +170,8 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="seconds a run and little data: the tables print"
     )
-    parser.add_argument("--pretrain", default="4m", help="the base's training budget")
-    parser.add_argument("--sft-budget", default="1m", help="the SFT model's budget (short: room to improve)")
+    parser.add_argument("--pretrain", default="10m", help="the base's training budget")
+    parser.add_argument("--sft-budget", default="2m", help="the SFT model's budget (short: room to improve)")
     parser.add_argument("--rl", default="10m", help="each RL run's budget")
     parser.add_argument("--dpo", default="5m", help="the DPO run's budget")
     parser.add_argument("--sft", type=Path, help="reuse this SFT run (and skip the base and SFT)")
@@ -202,6 +202,9 @@ def main() -> None:
         train(["--init-from", str(base), str(files["sft.jsonl"]), "--max-time", args.sft_budget,
                "--out", str(sft)], work, "SFT")  # fmt: skip
     rows.append(("SFT (the start)", sft, None))
+    start = exact_match(sft, files["val.jsonl"], work, samples=1)["greedy"]
+    # exact-match RL learns only from groups where some sampled answer is right
+    print(f"SFT exact match on the validation problems: {100 * start:.1f}%", flush=True)
     rl = f"{RL_FLAGS} {args.rl_flags}"
     runs = {
         "rl": ("RL, every weight", rl, files["tasks.jsonl"], files["val.jsonl"], args.rl),
