@@ -1,8 +1,11 @@
 """Learning from feedback on a task with a checkable answer: two- and three-digit addition, answered by a
-small char model. A base pretrained on sums and fine-tuned briefly on them as conversations (the SFT model)
-is then trained with RL (GRPO, the exact-match reward) in full and with LoRA, and with DPO on generated
-preference pairs (the right sum against a wrong one); each is scored by the exact match of its greedy
-answers to held-out problems, through `minigpt eval RUN test.jsonl`.
+small char model, the sum written from its last digit (`83+931` is answered `4101`): the order in which the
+digits can be worked out, carries included, which a small transformer learns in minutes where the usual
+order takes it far longer (Lee et al., "Teaching Arithmetic to Small Transformers", 2023); `--answers
+forward` writes sums as usual. A base pretrained on sums and fine-tuned briefly on them as conversations
+(the SFT model) is then trained with RL (GRPO, the exact-match reward) in full and with LoRA, and with DPO
+on generated preference pairs (the right sum against a wrong one); each is scored by the exact match of its
+greedy answers to held-out problems, through `minigpt eval RUN test.jsonl`.
 
     python bench/bench_feedback.py                                   # the measurement: one command
     python bench/bench_feedback.py --quick --keep /tmp/fb            # short budgets, to try a recipe
@@ -57,7 +60,12 @@ def wrong_sum(a: int, b: int, rng: random.Random) -> int:
             return int("".join(digits[:i] + [d] + digits[i + 1 :]))
 
 
-def make_data(work: Path, seed: int, sizes: dict[str, int]) -> dict[str, Path]:
+def written(n: int, reverse: bool) -> str:
+    """A sum as the model writes it: its digits from the last (the one it can work out first) or as usual."""
+    return str(n)[::-1] if reverse else str(n)
+
+
+def make_data(work: Path, seed: int, sizes: dict[str, int], reverse: bool) -> dict[str, Path]:
     """The benchmark's files: pretraining text, SFT conversations, RL tasks and DPO pairs from training
     problems; validation and held-out tasks (and the held-out pairs) from problems in none of them."""
     rng = random.Random(seed)
@@ -75,14 +83,17 @@ def make_data(work: Path, seed: int, sizes: dict[str, int]) -> dict[str, Path]:
         return out
 
     def task(a: int, b: int) -> dict:
-        return {"prompt": f"{a}+{b}", "answer": str(a + b)}
+        return {"prompt": f"{a}+{b}", "answer": written(a + b, reverse)}
 
     def pair(a: int, b: int) -> dict:
-        return {"prompt": f"{a}+{b}", "chosen": str(a + b), "rejected": str(wrong_sum(a, b, rng))}
+        right, wrong = written(a + b, reverse), written(wrong_sum(a, b, rng), reverse)
+        return {"prompt": f"{a}+{b}", "chosen": right, "rejected": wrong}
 
     files = {
-        "sums.txt": "".join(f"{a}+{b}={a + b}\n" for a, b in fresh(sizes["text"])),
-        "sft.jsonl": [{"prompt": f"{a}+{b}", "completion": str(a + b)} for a, b in fresh(sizes["sft"])],
+        "sums.txt": "".join(f"{a}+{b}={written(a + b, reverse)}\n" for a, b in fresh(sizes["text"])),
+        "sft.jsonl": [
+            {"prompt": f"{a}+{b}", "completion": written(a + b, reverse)} for a, b in fresh(sizes["sft"])
+        ],
         "tasks.jsonl": [task(a, b) for a, b in fresh(sizes["tasks"])],
         "prefs.jsonl": [pair(a, b) for a, b in fresh(sizes["pairs"])],
         "val.jsonl": [task(a, b) for a, b in val],
@@ -170,6 +181,10 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="seconds a run and little data: the tables print"
     )
+    parser.add_argument(
+        "--answers", choices=("reversed", "forward"), default="reversed",
+        help="sums written from their last digit (learned in minutes) or as usual (far slower to learn)",
+    )  # fmt: skip
     parser.add_argument("--pretrain", default="10m", help="the base's training budget")
     parser.add_argument("--sft-budget", default="2m", help="the SFT model's budget (short: room to improve)")
     parser.add_argument("--rl", default="10m", help="each RL run's budget")
@@ -192,7 +207,7 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-feedback-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"{cpu_model()}; load at the start {load()}; working in {work}", flush=True)
-    files = make_data(work, args.seed, sizes)
+    files = make_data(work, args.seed, sizes, reverse=args.answers == "reversed")
     rows = []
     sft = args.sft or work / "sft"
     if args.sft is None:
