@@ -13,10 +13,12 @@ greedy answers to held-out problems, through `minigpt eval RUN test.jsonl`.
     python bench/bench_feedback.py --sft /tmp/fb/sft --only rl --rl 3m --rl-flags "--lr 1e-3"
 
 Every step is a whole `minigpt` command, timed from outside, with the load average before and after:
-`minigpt train sums.txt --tokenizer char --block-size 64 --n-layer 4 --max-time PRETRAIN` (the base),
-`minigpt train --init-from BASE sft.jsonl --max-time SFT` (the SFT model), then from it
+`minigpt train sums.txt --tokenizer char --block-size 64 --n-layer 4 --max-iters PRETRAIN` (the base),
+`minigpt train --init-from BASE sft.jsonl --max-iters SFT` (the SFT model), then from it
 `minigpt train --init-from SFT tasks.jsonl --val-file val.jsonl --max-time RL` (+ `--lora-rank 8`) and
-`minigpt train --init-from SFT prefs.jsonl --val-file heldout-prefs.jsonl --max-time DPO`. The held-out
+`minigpt train --init-from SFT prefs.jsonl --val-file heldout-prefs.jsonl --max-time DPO`. The start
+model is trained for a number of steps, so it is the same whatever the machine and its load; what learns
+from feedback gets wall time, as a user gives it. The held-out
 problems (500) and the validation ones (200) are in no training set. The DPO run's validation pairs are the
 held-out problems' pairs, so its log's preference accuracy is the held-out one; the bench also gives the
 share of those pairs whose right sum the model finds likelier than the wrong one (log π(chosen) > log
@@ -140,6 +142,11 @@ def likelier(run: Path, pairs: Path) -> float:
     return right / total
 
 
+def budget_flags(given: str) -> list[str]:
+    """A step count (the start model is then the same on any machine and load) or a --max-time."""
+    return ["--max-iters", given] if given.isdigit() else ["--max-time", given]
+
+
 def train(args: list[str], work: Path, what: str) -> dict:
     before = load()
     result = command(["train", *args, "--overwrite"], work)
@@ -185,8 +192,12 @@ def main() -> None:
         "--answers", choices=("reversed", "forward"), default="reversed",
         help="sums written from their last digit (learned in minutes) or as usual (far slower to learn)",
     )  # fmt: skip
-    parser.add_argument("--pretrain", default="10m", help="the base's training budget")
-    parser.add_argument("--sft-budget", default="2m", help="the SFT model's budget (short: room to improve)")
+    parser.add_argument("--pretrain", default="1150", help="the base's budget: steps, or a time (10m)")
+    parser.add_argument(
+        "--sft-budget",
+        default="700",
+        help="the SFT model's budget: steps, or a time (short: room to improve)",
+    )
     parser.add_argument("--rl", default="10m", help="each RL run's budget")
     parser.add_argument("--dpo", default="5m", help="the DPO run's budget")
     parser.add_argument("--sft", type=Path, help="reuse this SFT run (and skip the base and SFT)")
@@ -199,9 +210,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = {"text": 60_000, "sft": 20_000, "tasks": 20_000, "pairs": 5_000, "test": TEST, "val": VAL}
     if args.quick:
-        args.pretrain, args.sft_budget, args.rl, args.dpo = "90s", "30s", "2m", "1m"
+        args.pretrain, args.sft_budget, args.rl, args.dpo = "1150", "700", "2m", "1m"
     if args.smoke:
-        args.pretrain, args.sft_budget, args.rl, args.dpo = "20s", "10s", "20s", "30s"
+        args.pretrain, args.sft_budget, args.rl, args.dpo = "100", "50", "20s", "30s"
         sizes = {"text": 5_000, "sft": 1_000, "tasks": 1_000, "pairs": 300, "test": 40, "val": 32}
         args.rl_flags, args.dpo_flags = f"{args.rl_flags} --eval-every 4", f"{args.dpo_flags} --eval-every 4"
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-feedback-"))
@@ -213,8 +224,8 @@ def main() -> None:
     if args.sft is None:
         base = work / "base"
         train([str(files["sums.txt"]), "--tokenizer", "char", "--block-size", "64", "--n-layer", "4",
-               "--max-time", args.pretrain, "--out", str(base)], work, "pretrained the base")  # fmt: skip
-        train(["--init-from", str(base), str(files["sft.jsonl"]), "--max-time", args.sft_budget,
+               *budget_flags(args.pretrain), "--out", str(base)], work, "pretrained the base")  # fmt: skip
+        train(["--init-from", str(base), str(files["sft.jsonl"]), *budget_flags(args.sft_budget),
                "--out", str(sft)], work, "SFT")  # fmt: skip
     rows.append(("SFT (the start)", sft, None))
     start = exact_match(sft, files["val.jsonl"], work, samples=1)["greedy"]
