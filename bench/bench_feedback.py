@@ -192,7 +192,7 @@ def main() -> None:
         "--answers", choices=("reversed", "forward"), default="reversed",
         help="sums written from their last digit (learned in minutes) or as usual (far slower to learn)",
     )  # fmt: skip
-    parser.add_argument("--pretrain", default="1150", help="the base's budget: steps, or a time (10m)")
+    parser.add_argument("--pretrain", default="1250", help="the base's budget: steps, or a time (10m)")
     parser.add_argument(
         "--sft-budget",
         default="700",
@@ -210,7 +210,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = {"text": 60_000, "sft": 20_000, "tasks": 20_000, "pairs": 5_000, "test": TEST, "val": VAL}
     if args.quick:
-        args.pretrain, args.sft_budget, args.rl, args.dpo = "1150", "700", "2m", "1m"
+        args.pretrain, args.sft_budget, args.rl, args.dpo = "1250", "700", "2m", "1m"
     if args.smoke:
         args.pretrain, args.sft_budget, args.rl, args.dpo = "100", "50", "20s", "30s"
         sizes = {"text": 5_000, "sft": 1_000, "tasks": 1_000, "pairs": 300, "test": 40, "val": 32}
