@@ -61,8 +61,9 @@ def test_a_corpus_tokenized_during_start_up_is_counted_whole_in_the_header(
 
     def reserve_once_tokenized(run):  # noqa: ANN001, ANN202
         gate.set()
-        while not run.dataset.ingest.done_all():  # waits for the worker; asserts nothing on time
-            time.sleep(0.01)
+        ingest = run.dataset.ingest
+        with ingest._cond:  # the worker notifies as it finishes each part
+            ingest._cond.wait_for(ingest.done_all)
         return real_reserve(run)
 
     monkeypatch.setattr(encode, "_close", held_close)
