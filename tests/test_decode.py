@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -195,6 +196,35 @@ def test_num_samples_share_one_prefill(backend: str) -> None:
     got = list(decode(engine, prompt, n, num_samples=4, sampling=sampling))
     assert got == want and len(got) == n and len(got[0]) == 4
     assert len({tuple(row) for row in rows(got)}) > 1  # the rows really are different samples
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_the_cache_holds_the_positions_a_generation_reaches_and_decodes_alike(backend: str, pos: str) -> None:
+    """decode's cache holds prompt + new tokens' positions where they fit in the block (a batch's cache at
+    a long block is no longer all allocated and zeroed before its first token), the block where they do
+    not; the tokens are the uncached loop's either way."""
+    config = dataclasses.replace(TINY, pos=pos)
+    engine = ENGINES[backend](tiny_model(4, config))
+    made: list[list[int]] = []
+    new_cache = engine.new_cache
+
+    def spy(batch: int, capacity: int | None = None) -> Any:
+        cache = new_cache(batch, capacity)
+        made.append(list(cache.capacity))
+        return cache
+
+    engine.new_cache = spy  # type: ignore[method-assign]
+    prompt = [[2, 7, 1]]
+    for n, capacity in (
+        (5, 8),
+        (TINY.block_size - 3, TINY.block_size),
+        (2 * TINY.block_size, TINY.block_size),
+    ):
+        made.clear()
+        options = dict(num_samples=3, sampling=Sampling(temperature=1.0, seed=n))
+        assert list(decode(engine, prompt, n, **options)) == generate_uncached(engine, prompt, n, **options)
+        assert made == [[capacity] * TINY.n_layer], (n, made)
 
 
 def test_a_gpt_subclass_decodes_the_same() -> None:

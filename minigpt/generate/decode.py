@@ -75,8 +75,9 @@ class Engine(Protocol):
         """CPU threads the latest step ran on (minigpt.generate.engines.tuning chooses them)."""
         ...
 
-    def new_cache(self, batch: int) -> KVCache[Any]:
-        """An empty KV cache of `batch` rows."""
+    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache[Any]:
+        """An empty KV cache of `batch` rows, each layer holding at most `capacity` positions (None: as
+        many as it attends to)."""
         ...
 
     def forward(
@@ -208,7 +209,9 @@ def decode(
     with allocating(
         f"the KV cache and activations of {len(windows.rows):,} rows", fix="lower -s/--num-samples"
     ):
-        cache = engine.new_cache(len(windows.rows))
+        # as many positions as this generation reaches, not block_size: a batch's cache at GPT-2's block is
+        # 38 MB a row, and zeroing all of it cost a batch of 8 half a second before its first token
+        cache = engine.new_cache(len(windows.rows), len(windows.prompts[0]) + max_new_tokens)
         logits = engine.forward(windows.prompts, cache)
         for step in range(max_new_tokens):
             tokens = engine.sample(logits, sampling.temperature, sampling.top_k, sampling.top_p, rng)

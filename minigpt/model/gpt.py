@@ -322,9 +322,10 @@ class GPT(nn.Module):
             return weights_by_name(self.config, tensors)
         return adapted_weights(self.config, tensors, self.lora)
 
-    def new_cache(self, batch: int, dtype: torch.dtype | None = None) -> Cache:
-        """An empty KV cache of `batch` rows in `dtype` (None: the model's) on the model's device."""
-        return new_cache(self.config, self.transformer.wte.weight, batch, dtype)
+    def new_cache(self, batch: int, dtype: torch.dtype | None = None, capacity: int | None = None) -> Cache:
+        """An empty KV cache of `batch` rows in `dtype` (None: the model's) on the model's device, each layer
+        holding at most `capacity` positions (None: its window)."""
+        return new_cache(self.config, self.transformer.wte.weight, batch, dtype, capacity)
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, kv_cache: Cache | None = None,

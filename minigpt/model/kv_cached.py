@@ -20,10 +20,15 @@ from minigpt.model.kvcache import KVCache, position_ids
 Cache = KVCache[torch.Tensor]
 
 
-def new_cache(config: GPTConfig, like: torch.Tensor, batch: int, dtype: torch.dtype | None) -> Cache:
-    """An empty KV cache of `batch` rows, each layer as long as its window, in `dtype` (None: `like`'s) on
-    `like`'s device."""
-    shapes = [(batch, config.kv_heads, window, config.head_dim) for window in config.layer_windows]
+def new_cache(
+    config: GPTConfig, like: torch.Tensor, batch: int, dtype: torch.dtype | None, capacity: int | None = None
+) -> Cache:
+    """An empty KV cache of `batch` rows, each layer as long as its window or `capacity` if shorter, in
+    `dtype` (None: `like`'s) on `like`'s device."""
+    shapes = [
+        (batch, config.kv_heads, min(window, capacity or window), config.head_dim)
+        for window in config.layer_windows
+    ]
     keys, values = (
         [like.new_zeros(s, dtype=dtype) for s in shapes],
         [like.new_zeros(s, dtype=dtype) for s in shapes],

@@ -127,8 +127,8 @@ class TorchEngine:
         return self.tuner.last
 
     @torch.inference_mode()
-    def new_cache(self, batch: int) -> KVCache[torch.Tensor]:
-        return self.model.new_cache(batch, getattr(torch, self.kv_cache))
+    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache[torch.Tensor]:
+        return self.model.new_cache(batch, getattr(torch, self.kv_cache), capacity)
 
     @torch.inference_mode()
     def forward(
