@@ -28,6 +28,7 @@ from minigpt.data.dataset import (
     eval_rows,
     prepare_data,
 )
+from minigpt.data.order import EpochOrder, Shuffle
 from minigpt.errors import MinigptError, UsageError
 from minigpt.tokenizer.bpe import BPETokenizer
 from minigpt.tokenizer.char import CharTokenizer
@@ -514,6 +515,52 @@ def test_batches_deterministic_per_seed_and_rank() -> None:
     assert all(not (starts[i] & starts[j]) for i in range(4) for j in range(i + 1, 4))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_a_shuffle_is_a_permutation_fixed_by_its_key(n: int) -> None:
+    every = np.arange(n)
+    a, b, other = Shuffle(n, 5)(every), Shuffle(n, 5)(every[::-1])[::-1], Shuffle(n, 6)(every)
+    assert sorted(a.tolist()) == every.tolist() and a.dtype == np.int64
+    assert a.tolist() == b.tolist()  # image by image, in any order
+    assert n < 7 or a.tolist() != other.tolist() and a.tolist() != every.tolist()
+    with pytest.raises(IndexError):
+        Shuffle(n, 5)(np.array([n]))
+
+
+def test_each_epoch_reads_every_window_once_from_its_own_offset() -> None:
+    high, stride = 1000, 16  # 62 windows an epoch, the last ending before high
+    order = EpochOrder(high, stride, seed=3)
+    epochs = [order.starts(e * order.per_epoch, order.per_epoch) for e in range(4)]
+    for starts in epochs:
+        offset = min(starts)
+        assert sorted(starts) == [offset + stride * k for k in range(62)] and max(starts) < high
+    assert len({tuple(s) for s in epochs}) == 4 and len({min(s) for s in epochs}) > 1
+    # any split of the run into calls gives the same windows
+    assert order.starts(50, 30) == epochs[0][50:] + epochs[1][:18]
+    short = EpochOrder(5, 16, seed=1).starts(0, 20)  # one window an epoch, each from its own offset
+    assert all(0 <= s < 5 for s in short) and len(set(short)) > 1
+
+
+def test_batches_read_the_text_in_epochs_across_ranks_and_a_batch_ramp() -> None:
+    """Every window of an epoch once, none twice, whatever the batch size on the way and however the
+    ranks share it out; where random windows with replacement repeat some before reading others."""
+    tokens = np.arange(16 * 41 + 1, dtype=np.uint32)  # 40 windows of 16 an epoch (starts below 641)
+    single, ranks = (
+        BatchSampler(tokens, 16, 8, seed=2),
+        [BatchSampler(tokens, 16, 4, 2, r, 2) for r in (0, 1)],
+    )
+    firsts = [single.next_batch()[0][:, 0] for _ in range(5)]
+    assert torch.equal(
+        torch.cat(firsts), torch.cat([r.next_batch()[0][:, 0] for _ in range(5) for r in ranks])
+    )
+    ramped = BatchSampler(tokens, 16, 2, seed=2)
+    starts = []
+    for size in (2, 2, 6, 10, 20):
+        ramped.batch_size = size
+        starts += ramped.next_batch()[0][:, 0].tolist()
+    assert starts == torch.cat(firsts).tolist()
+    assert len(set(starts)) == 40 and len({s % 16 for s in starts}) == 1
+
+
 def test_sampler_state_replays_exactly() -> None:
     tokens = np.arange(50_000, dtype=np.uint16)
     sampler = BatchSampler(tokens, 8, 4, seed=7)
@@ -527,6 +574,12 @@ def test_sampler_state_replays_exactly() -> None:
         assert torch.equal(x, ex) and torch.equal(y, ey)
     with pytest.raises(MinigptError, match="damaged"):
         resumed.load_state_dict({})
+    for windows in (-1, 2**62):  # a stranger's run folder: never a count that overflows the order's numbers
+        with pytest.raises(MinigptError, match="damaged"):
+            resumed.load_state_dict({**state, "windows": torch.tensor([windows])})
+    before = {k: v for k, v in state.items() if k != "windows"}  # saved before epochs: counted from batches
+    resumed.load_state_dict(before)
+    assert resumed.windows == 5 * 4
 
 
 def test_sampler_state_goes_through_safetensors(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from minigpt.corpus.store import (
 )
 from minigpt.corpus.streams import GrowingStream, TokenStream, validation_stream
 from minigpt.data.config import DataConfig, check_encoding, default_cache_dir
+from minigpt.data.order import EpochOrder
 from minigpt.errors import MinigptError, UsageError
 from minigpt.tokenizer.base import Tokenizer, default_threads
 from minigpt.tokenizer.bpe import DEFAULT_BPE_VOCAB_SIZE
@@ -469,11 +470,14 @@ def _window_batch(
 
 
 class BatchSampler:
-    """Random windows of block_size+1 tokens, drawn with a torch.Generator seeded from (seed, rank, batch).
+    """Windows of block_size+1 tokens read in epochs (minigpt.data.order): each epoch reads every
+    non-overlapping window of the split once, in an order and from an offset drawn from (seed, epoch), a
+    batch the next batch_size of them on each rank.
 
-    Reseeding per batch makes the state just the number of batches drawn (and whether the run follows the
-    availability schedule of a corpus still being tokenized, `ramp`), the same on every rank: saving rank
-    0's state resumes every rank exactly, and rank r of world_size draws its own windows.
+    The state is the count of windows read (and whether the run follows the availability schedule of a
+    corpus still being tokenized, `ramp`), the same on every rank: saving rank 0's state resumes every
+    rank exactly, and rank r of world_size reads its own windows. Subclasses that draw rows at random
+    (conversations, preference pairs, tasks) reseed `_gen` per batch from (seed, rank, batch) instead.
     """
 
     def __init__(
@@ -505,8 +509,10 @@ class BatchSampler:
         self.rank = rank
         self.world_size = world_size
         self.batches = 0
+        self.windows = 0  # windows read by every rank together (the epochs' position)
         self.ramp = ramp
         self._gen = torch.Generator()
+        self._order: EpochOrder | None = None
 
     def _check_enough(self, tokens: Any, block_size: int) -> None:
         if len(tokens) < block_size + 1:
@@ -521,17 +527,18 @@ class BatchSampler:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y): int64 CPU tensors of shape (batch_size, block_size), y shifted one token on."""
-        import torch
-
         if isinstance(self.tokens, GrowingStream):
             per_batch = self.batch_size * self.block_size * self.world_size
             length = self.tokens.length_for(self.batches, self.ramp, per_batch)
         else:
             length = len(self.tokens)
-        self._gen.manual_seed(self._batch_seed(self.batches))
         self.batches += 1
         high = length - self.block_size  # starts in [0, high) keep the window in range
-        starts = torch.randint(0, high, (self.batch_size,), generator=self._gen).tolist()
+        order = self._order
+        if order is None or (order.high, order.stride) != (high, self.block_size):  # a ramp moved either
+            order = self._order = EpochOrder(high, self.block_size, self.seed)
+        starts = order.starts(self.windows + self.rank * self.batch_size, self.batch_size)
+        self.windows += self.batch_size * self.world_size
         return _window_batch(self.tokens, starts, self.block_size)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -539,6 +546,7 @@ class BatchSampler:
 
         return {
             "batches": torch.tensor([self.batches], dtype=torch.int64),
+            "windows": torch.tensor([self.windows], dtype=torch.int64),
             "ramp": torch.tensor([int(self.ramp)], dtype=torch.int64),
         }
 
@@ -547,6 +555,13 @@ class BatchSampler:
         if value is None or value.numel() != 1 or int(value.item()) < 0:
             raise MinigptError("the saved batch sampler state is damaged (no batch count); start a new run")
         self.batches = int(value.item())
+        windows = state.get("windows")
+        if windows is None:  # a state saved before windows were read in epochs
+            self.windows = self.batches * self.batch_size * self.world_size
+        elif windows.numel() != 1 or not 0 <= int(windows.item()) < 2**62:
+            raise MinigptError("the saved batch sampler state is damaged (window count); start a new run")
+        else:
+            self.windows = int(windows.item())
         ramp = state.get("ramp")  # absent in states saved before corpora were tokenized beside training
         self.ramp = ramp is not None and ramp.numel() == 1 and bool(ramp.item())
 
