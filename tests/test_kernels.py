@@ -258,6 +258,18 @@ def test_int8_activations_are_each_block_of_32_rounded_to_its_own_steps() -> Non
     np.testing.assert_array_equal(xc, -128 * steps.sum(-1))
 
 
+def test_a_batch_rounded_on_every_thread_rounds_each_row_as_alone() -> None:
+    """Past SPREAD_FROM values `_quantize` rounds a batch's rows on every thread: each row's steps,
+    scales and corrections are the bits it gets alone (on the one-thread path)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, kernels.SPREAD_FROM // 8 + 40), dtype=np.float32)
+    together = kernels._quantize(x, x.shape[1] + 24)
+    for b in range(8):
+        alone = kernels._quantize(x[b : b + 1], x.shape[1] + 24)
+        for got, want in zip(together, alone, strict=True):
+            np.testing.assert_array_equal(got[b : b + 1], want)
+
+
 @numba.njit
 def _int8_band(w: np.ndarray, n_in: int, x: tuple, out: np.ndarray, portable: bool) -> None:
     """Rows of quantized x through one int8 band, eight, four, two and one rows a pass, by the CPU's byte
@@ -431,6 +443,11 @@ def test_the_compiled_draw_picks_what_a_cumulative_sum_and_a_search_pick() -> No
             assert got.tolist() == want
             assert np.isfinite(logits[2, got[2]]) and got[3] == 299
             assert temperature > 1e-30 or got.tolist() == logits.argmax(-1).tolist()
+    wide = rng.standard_normal((5, kernels.SPREAD_FROM // 4)).astype(np.float32) * 3  # drawn on every thread
+    u = rng.random(5)
+    cdf = np.cumsum(np.exp(wide.astype(np.float64) - wide.max(-1, keepdims=True)), -1)
+    want = [np.searchsorted(cdf[r], u[r] * cdf[r, -1], side="right") for r in range(5)]
+    assert kernels.draw(wide, 1.0, u).tolist() == want
     row = np.broadcast_to(logits[:1], (4, 300))
     u = rng.random(4)
     assert kernels.draw(row, 1.0, u).tolist() == [

@@ -100,6 +100,9 @@ ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 ROWS, TILES, BANDS, QBANDS = 0, 1, 2, 3
 LANES = 16  # a band's outputs: 64 bytes of float32 weights for each input, one cache line
 QBLOCK = 32  # the inputs of an int8 product that share an activation scale (`_quantize`), as in q8_0
+# the values a row-by-row loop (a batch's draw, its rounding to int8) needs before it runs on every thread:
+# waking the threads costs a few microseconds, as much as a few thousand values' work
+SPREAD_FROM = 1 << 14
 # how far ahead of a band's weights `_band_sums` asks for them at two rows or more: the near line into
 # every cache level, the far one into L2 only (`_prefetch`)
 PREFETCH, PREFETCH_L2 = 2048, 16384
@@ -626,14 +629,15 @@ if numba is not None:
         maps to 127 (scale = largest / 127), every value to its nearest step (ties to even). Returns the
         int8 rows, each block's scale and its correction, -128 times the sum of its int8 values, which
         `quantized_bands`' weights (the int8 weights plus 128) make every dot product exceed its value by.
-        A batch's rows are rounded on every thread (eight rows of 3,072 took 38 us on one, a tenth of a
-        batch step's products); one row's, too short to repay waking the threads, on this one."""
+        A batch's rows are rounded on every thread, where they are enough to repay waking the threads
+        (SPREAD_FROM values)."""
         rows = x.shape[0]
         blocks = n_in // QBLOCK
         xq = np.zeros((rows, n_in), dtype=np.int8)
         xs, xc = np.empty((rows, blocks), dtype=np.float32), np.empty((rows, blocks), dtype=np.int32)
-        if rows == 1:
-            _quantize_row(x[0], xq[0], xs[0], xc[0])
+        if x.size < SPREAD_FROM:
+            for b in range(rows):
+                _quantize_row(x[b], xq[b], xs[b], xc[b])
         else:
             for b in prange(rows):
                 _quantize_row(x[b], xq[b], xs[b], xc[b])
@@ -910,12 +914,13 @@ if numba is not None:
         weights exp(z), z = (logits - max logits) / temperature in float64 (shifted first: a tiny temperature
         gives 0 and -inf, never NaN), passes u times their total. The weights first, a loop LLVM vectorises
         (`_exp_weight`), then their running sum in order, without fast-math: each sum is the one a NumPy
-        cumsum makes of them. A batch's rows are drawn on every thread (a row of GPT-2's 50,257 logits
-        takes about 0.15 ms: eight on one thread were an eighth of a batch step)."""
+        cumsum makes of them. A batch's rows are drawn on every thread, where they are enough to repay
+        waking the threads (SPREAD_FROM values: a vocabulary of tens of thousands)."""
         rows, vocab = logits.shape
         cdf = np.empty((rows, vocab), dtype=np.float64)
-        if rows == 1:
-            out[0] = _draw_row(logits[0], temperature, u[0], cdf[0])
+        if logits.size < SPREAD_FROM:
+            for r in range(rows):
+                out[r] = _draw_row(logits[r], temperature, u[r], cdf[r])
         else:
             for r in prange(rows):
                 out[r] = _draw_row(logits[r], temperature, u[r], cdf[r])
