@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from minigpt.cli.main import app
+from minigpt.feedback.kinds import CONVERSATIONS, PREFERENCES, TASKS
 from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.train.adamw import AdamW
@@ -93,6 +94,46 @@ def test_train_never_imports_the_compiler(tmp_path: Path) -> None:
 def _model(tie: bool) -> GPT:
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, tie_embeddings=tie))
+
+
+# (device, data, LoRA) -> (optimizer, lr, beta1, head_lr, schedule) with_recipe fills in
+RATES_BY_KIND = [
+    ("cpu", None, False, ("muon", 1.6e-2, 0.8, 4e-3, "wsd")),
+    ("cpu", CONVERSATIONS, False, ("muon", 1.6e-2, 0.8, 4e-3, "wsd")),
+    ("cpu", CONVERSATIONS, True, ("muon", 8e-3, 0.9, 8e-3, "wsd")),
+    ("cpu", PREFERENCES, False, ("adamw", 1e-4, 0.8, 2.5e-5, "wsd")),
+    ("cpu", TASKS, False, ("adamw", 3e-4, 0.8, 7.5e-5, "wsd")),
+    ("cpu", PREFERENCES, True, ("adamw", 1e-3, 0.9, 1e-3, "wsd")),
+    ("cpu", TASKS, True, ("adamw", 1e-3, 0.9, 1e-3, "wsd")),
+    ("cuda", None, False, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
+    ("cuda", CONVERSATIONS, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
+    ("cuda", PREFERENCES, False, ("adamw", 1e-4, 0.9, 1e-4, "cosine")),
+    ("cuda", TASKS, False, ("adamw", 3e-4, 0.9, 3e-4, "cosine")),
+    ("cuda", PREFERENCES, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
+    ("mps", TASKS, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
+]
+
+
+@pytest.mark.parametrize(("device", "data", "lora", "want"), RATES_BY_KIND)
+def test_preference_pairs_and_tasks_get_small_rates_on_any_device(
+    device: str, data: str | None, lora: bool, want: tuple
+) -> None:
+    cfg = TrainConfig(lora_rank=8 if lora else None).with_recipe(device, data)
+    assert (cfg.optimizer, cfg.lr, cfg.beta1, cfg.head_lr, cfg.schedule) == pytest.approx(want)
+    assert cfg.min_lr == pytest.approx(cfg.lr / 10 if cfg.schedule == "cosine" else 0.0)
+
+
+def test_the_rates_given_win_over_the_datas() -> None:
+    given = dict(optimizer="muon", lr=5e-3, beta1=0.95, head_lr=2e-3, muon_lr=0.01, schedule="cosine")
+    for device in ("cpu", "cuda"):
+        for data in (PREFERENCES, TASKS):
+            for lora in (None, 4):
+                cfg = TrainConfig(**given, lora_rank=lora).with_recipe(device, data)
+                assert {k: getattr(cfg, k) for k in given} == given
+    # the rest still comes from the data's kind: a head learns at its share of the lr given
+    cfg = TrainConfig(lr=2e-4).with_recipe("cpu", PREFERENCES)
+    assert (cfg.optimizer, cfg.beta1, cfg.head_lr) == ("adamw", 0.8, 5e-5)
+    assert TrainConfig(optimizer="muon").with_recipe("cpu", TASKS).lr == 3e-4
 
 
 def test_an_untied_head_learns_at_head_lr_with_the_recipes_beta1() -> None:

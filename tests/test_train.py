@@ -33,7 +33,7 @@ from minigpt.runs.folder import RunDir
 from minigpt.train.adamw import AdamW
 from minigpt.train.budget import EVAL_SLACK, EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
 from minigpt.train.checkpoint import Trainables
-from minigpt.train.config import DEFAULT_MAX_ITERS, LORA_CPU, RATES, RECIPES
+from minigpt.train.config import DEFAULT_MAX_ITERS, RATES, RECIPES
 from minigpt.train.loop import TrainConfig, TrainState, parse_duration, train
 from minigpt.train.muon import Muon
 from minigpt.train.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
@@ -573,7 +573,9 @@ def test_train_help_shows_every_default_as_the_config_has_it(runner) -> None:
         assert label is not None and f"[default: {label}]" in shown, option.name
         values = _default_values(label)
         if option.name in RECIPES["cpu"]:
-            cases = RATES if option.name in RATES[LORA_CPU] else RECIPES  # LoRA's own rates on the CPU
+            # by device, and for the rates by LoRA and the data's kind where they set them
+            by = RATES if option.setting.by is RATES else RECIPES
+            cases = {case: rates for case, rates in by.items() if option.name in rates}
             assert values.keys() == cases.keys(), option.name
             assert all(_same(values[d], cases[d][option.name]) for d in cases), option.name
         elif option.into is None and getattr(defaults, option.name) is not None:
@@ -582,7 +584,11 @@ def test_train_help_shows_every_default_as_the_config_has_it(runner) -> None:
             assert values.keys() == ARCHS.keys(), option.name
             assert all(_same(values[a], ARCHS[a][option.name]) for a in ARCHS), option.name
     assert "[default: cosine: lr/10, wsd: 0]" in shown
-    assert "[default: cpu: lr*0.25, gpu: lr, LoRA on cpu: lr]" in shown  # --head-lr, as with_recipe fills it
+    # --head-lr, as with_recipe fills it (preference pairs and tasks keep the device's share)
+    assert "[default: cpu: lr*0.25, gpu: lr, LoRA on cpu: lr, LoRA on pairs or tasks: lr]" in shown
+    lr = "cpu: 0.016, gpu: 1e-3, LoRA on cpu: 8e-3, preference pairs: 1e-4, tasks: 3e-4, LoRA on pairs or tasks: 1e-3"
+    assert f"[default: {lr}]" in shown
+    assert "[default: cpu: muon, gpu: adamw, preference pairs: adamw, tasks: adamw" in shown  # --optimizer
     assert (
         TrainConfig(lr=1.0).with_recipe("cuda").min_lr == 0.1
         and TrainConfig(lr=1.0).with_recipe("cpu").min_lr == 0

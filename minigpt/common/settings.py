@@ -46,7 +46,8 @@ class Setting:
         None  # reads the option's text (and str() of what it gave) into a value
     )
     shown: str | None = None  # the default as help states it, where the field's default does not say it
-    by: Mapping[str, Mapping[str, Any]] | None = None  # defaults by case: {case: {field: value}}
+    by: Mapping[str, Mapping[str, Any]] | None = None  # defaults by case: {case: {field: value}}, a case
+    # that leaves a field out keeping another's (help names the cases that set it)
     metavar: str | None = None  # what help shows for the value, where its type does not say it
     min: float | None = None  # the smallest value it takes (checked as parsed, and by check_bounds)
     max: float | None = None  # the largest value it takes
@@ -100,7 +101,8 @@ class Option:
         if s.shown is not None:
             return s.shown
         if s.by is not None:
-            return ", ".join(f"{case}: {self.spell(values[self.name])}" for case, values in s.by.items())
+            cases = ((case, values[self.name]) for case, values in s.by.items() if self.name in values)
+            return ", ".join(f"{case}: {self.spell(value)}" for case, value in cases)
         if (
             self.default is None
             or self.default is MISSING

@@ -27,8 +27,7 @@ from minigpt.chat.data import BadRecord, _content, _lines, _messages, json_recor
 from minigpt.chat.template import ChatTemplate, Message
 from minigpt.common.strict_json import JsonError, parse_json
 from minigpt.errors import UsageError
-
-CONVERSATIONS, PREFERENCES, TASKS = "conversations", "preference pairs", "tasks"
+from minigpt.feedback.kinds import CONVERSATIONS, PREFERENCES, TASKS
 
 
 def kind_of(record: Any, reward: bool = False) -> str:

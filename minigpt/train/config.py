@@ -23,6 +23,7 @@ from minigpt.common.settings import (
     setting,
 )
 from minigpt.errors import UsageError
+from minigpt.feedback.kinds import PREFERENCES, TASKS
 from minigpt.feedback.rewards import EXACT, REWARD_CHOICES
 from minigpt.model.config import ARCHS, GPTConfig
 from minigpt.model.lora import DEFAULT_TARGETS, TARGET_CHOICES
@@ -60,9 +61,23 @@ RECIPES: dict[str, dict[str, Any]] = {
 # and lower beta1 suit full fine-tuning but make LoRA's adapters learn far worse (bench/bench_finetune.py),
 # so a LoRA run on the CPU keeps its own
 LORA_CPU = "LoRA on cpu"
-RATES: dict[str, dict[str, Any]] = {**RECIPES, LORA_CPU: dict(lr=8e-3, beta1=0.9)}
-# head_lr as a fraction of lr when it is not given, by recipe
-HEAD_LR_FRACTION = {"cpu": 0.25, "gpu": 1.0, LORA_CPU: 1.0}
+# Learning from feedback wants far smaller steps than either recipe, made for learning from text: at the
+# recipe's rates RL loses the few right answers it samples and DPO unlearns the preferences it starts with
+# (bench/bench_feedback.py). So preference pairs and tasks train with AdamW at rates of their own on any
+# device, keeping the device's beta1, head share and schedule (those they were measured with on the CPU).
+# LoRA's adapters start at zero and move through a low-rank product, so they want several times the full
+# rate: on either kind they take the rate measured for LoRA on tasks (about ten times the pairs' full
+# rate, so one rate serves both) with the beta1 LoRA was tuned at.
+LORA_FEEDBACK = "LoRA on pairs or tasks"
+RATES: dict[str, dict[str, Any]] = {
+    **RECIPES,
+    LORA_CPU: dict(lr=8e-3, beta1=0.9),
+    PREFERENCES: dict(optimizer="adamw", lr=1e-4),
+    TASKS: dict(optimizer="adamw", lr=3e-4),
+    LORA_FEEDBACK: dict(optimizer="adamw", lr=1e-3, beta1=0.9),
+}
+# head_lr as a fraction of lr when it is not given, by the last of a run's RATES that says
+HEAD_LR_FRACTION = {"cpu": 0.25, "gpu": 1.0, LORA_CPU: 1.0, LORA_FEEDBACK: 1.0}
 SCHEDULES = ("cosine", "wsd")
 # min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
 MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
@@ -124,7 +139,10 @@ class TrainConfig:
         0.0, "Grow the training windows from a quarter of --block-size to all of it, linearly over this "
         "fraction of the budget (0: whole windows from the start; text only).", panel=OPT,
     )  # fmt: skip
-    lr: float | None = setting(None, "Peak learning rate.", panel=OPT, by=RATES)
+    lr: float | None = setting(
+        None, "Peak learning rate (by the device for text and conversations, by the data on any device for "
+        "preference pairs and tasks).", panel=OPT, by=RATES,
+    )  # fmt: skip
     head_lr: float | None = setting(
         None, "Peak learning rate of an untied LM head (a tied one learns at --lr, as the embedding).",
         panel=OPT, shown=", ".join(f"{k}: {f'lr*{f:g}' if f != 1 else 'lr'}" for k, f in HEAD_LR_FRACTION.items()),
@@ -142,11 +160,13 @@ class TrainConfig:
     cooldown: float = setting(0.5, "Fraction of the budget wsd spends decaying.", panel=OPT)
     weight_decay: float = setting(0.1, "AdamW weight decay on weight matrices.", panel=OPT)
     grad_clip: float = setting(1.0, "Clip the gradient norm to this (0: off).", panel=OPT)
-    beta1: float | None = setting(None, "AdamW beta1 (its momentum).", panel=OPT, by=RATES)
+    beta1: float | None = setting(
+        None, "AdamW beta1 (its momentum; preference pairs and tasks keep the device's).", panel=OPT, by=RATES
+    )
     beta2: float = setting(0.99, "AdamW beta2.", panel=OPT)
     optimizer: str | None = setting(
         None, "adamw, or muon: minigpt's Muon for the blocks' weight matrices, AdamW for the rest.", panel=OPT,
-        choices=OPTIMIZERS, by=RECIPES,
+        choices=OPTIMIZERS, by=RATES,
     )  # fmt: skip
     muon_lr: float | None = setting(
         None, "Muon's peak learning rate (--optimizer muon).", panel=OPT, by=RECIPES
@@ -345,18 +365,20 @@ class TrainConfig:
             overrides = {**model, **overrides}
         return cls(**{k: v for k, v in data.items() if k in known and k != "overrides"}, overrides=overrides)
 
-    def with_recipe(self, device_type: str) -> TrainConfig:
-        """Fill the settings left unset with the recipe measured best for this kind of device."""
+    def with_recipe(self, device_type: str, data: str | None = None) -> TrainConfig:
+        """Fill the settings left unset with the recipe measured best for this kind of device, at the rates
+        for the `data` it trains on (a kind of records, minigpt.feedback.kinds; None: text)."""
         device = "cpu" if device_type == "cpu" else "gpu"
-        kind = LORA_CPU if device == "cpu" and self.lora_rank is not None else device
-        recipe = {**RECIPES[device], **RATES[kind]}
+        kinds = rate_kinds(device, self.lora_rank is not None, data)
+        recipe = {k: v for kind in kinds for k, v in RATES[kind].items()}
         filled = {k: v for k, v in recipe.items() if getattr(self, k) is None}
         lr = self.lr if self.lr is not None else recipe["lr"]
         schedule = self.schedule or recipe["schedule"]
         if self.min_lr is None:
             filled["min_lr"] = lr * MIN_LR_FRACTION[schedule]
         if self.head_lr is None:
-            filled["head_lr"] = lr * HEAD_LR_FRACTION[kind]
+            share = next(HEAD_LR_FRACTION[k] for k in reversed(kinds) if k in HEAD_LR_FRACTION)
+            filled["head_lr"] = lr * share
         return replace(self, **filled)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
@@ -364,6 +386,14 @@ class TrainConfig:
         if self.preset is None:
             raise AssertionError("model_config needs a resolved config (with_recipe)")
         return model_config(self.preset, self.arch, **self.overrides, vocab_size=vocab_size)
+
+
+def rate_kinds(device: str, lora: bool, data: str | None) -> tuple[str, ...]:
+    """The RATES a run takes, each over the one before: its device's recipe, then what LoRA or learning
+    from preference pairs or tasks changes of it."""
+    if data in (PREFERENCES, TASKS):
+        return (device, LORA_FEEDBACK if lora else data)
+    return (device, LORA_CPU) if lora and device == "cpu" else (device,)
 
 
 _KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "text"}

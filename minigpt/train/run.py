@@ -430,7 +430,7 @@ def _prepare(
     plan: RunPlan, dist: DistContext, reporter: ProgressReporter
 ) -> tuple[TrainConfig, Runtime, Dataset]:
     device = resolve_device(plan.cfg.device, local_rank=dist.local_rank)
-    cfg = plan.cfg.with_recipe(device.type)
+    cfg = plan.cfg.with_recipe(device.type, plan.kind)
     torch.manual_seed(cfg.seed)
     planned = plan.shape or cfg.model_config(1)
     runtime = Runtime(device, resolve_dtype(cfg.dtype, device), dist)  # the CPU's 'auto': measured later
