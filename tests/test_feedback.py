@@ -456,6 +456,53 @@ def test_a_dpo_run_learns_its_pairs_and_is_an_ordinary_run(base_run: Path, tmp_p
     assert out.exit_code == 0, out.output
 
 
+@pytest.fixture(scope="module")
+def cli_dpo_run(base_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`minigpt train --init-from RUN prefs.jsonl` as a user types it, with no rate given."""
+    from typer.testing import CliRunner
+
+    from minigpt.cli.main import app
+
+    root = tmp_path_factory.mktemp("cli-dpo")
+    prefs = write_jsonl(root / "prefs.jsonl", pairs(16))
+    args = ["train", "--init-from", str(base_run), str(prefs), "--max-iters", "2", "--batch-size", "2",
+            "--eval-iters", "1", "--device", "cpu", "--dtype", "float32", "--out", str(root / "dpo")]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"MINIGPT_CACHE_DIR": str(root / "cache")})
+    assert result.exit_code == 0, result.output
+    return root / "dpo"
+
+
+def test_a_dpo_run_given_no_rates_takes_the_small_ones_and_records_them(cli_dpo_run: Path) -> None:
+    """The data's kind chooses the rates a run is given none of (the CPU's beta1 and head share kept),
+    and config.json says what they were."""
+    saved = RunDir(cli_dpo_run).read_config()["train"]
+    assert (saved["optimizer"], saved["lr"], saved["beta1"], saved["head_lr"]) == ("adamw", 1e-4, 0.8, 2.5e-5)
+    assert TrainConfig.from_dict(saved) == TrainConfig.from_dict(saved).with_recipe("cpu")  # resolved
+
+
+def test_serve_loads_a_dpo_run_and_answers_from_it(cli_dpo_run: Path) -> None:
+    """In process: the run's engine and batcher (`load_models`, as `serve` builds them), the application
+    over them, a chat completion and the run's page data."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
+    from fastapi.testclient import TestClient
+
+    from minigpt.generate.config import EngineConfig
+    from minigpt.serve.app import create_app
+    from minigpt.serve.config import ServeConfig
+    from minigpt.serve.models import load_models
+
+    models = load_models([cli_dpo_run], EngineConfig(device="cpu"), ServeConfig())
+    with TestClient(create_app(models)) as client:
+        body = {"model": "dpo", "messages": [{"role": "user", "content": "12+34="}], "max_tokens": 4,
+                "temperature": 0}  # fmt: skip
+        answer = client.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] >= 1
+        info = client.get("/v1/runs/dpo")
+        assert info.status_code == 200, info.text
+        assert any("val_accuracy" in r for r in info.json()["metrics"])
+
+
 def test_exact_resume_of_an_rl_run_is_bitwise(base_run: Path, tmp_path: Path) -> None:
     work = write_jsonl(tmp_path / "tasks.jsonl", tasks(40))
     cfg = TrainConfig(**{**FAST, "max_iters": 6, "eval_every": 3, "group_size": 3, "answer_tokens": 4,
