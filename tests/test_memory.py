@@ -189,7 +189,7 @@ def test_generate_past_an_address_space_limit(run: Path, backend: str, size: str
         "-s",
         "1000000",
         "-n",
-        "2",
+        "31",  # the cache holds the prompt's 1 and 31 new positions: the whole block of 32
         "--backend",
         backend,
         "--kv-cache",
