@@ -43,10 +43,11 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 # 16, lr 8e-3, wsd, --arch modern, Muon at 0.02 with torch.optim.Muon's arithmetic (bf16 iterations)
 BEFORE = (
     "--preset nano --block-size 64 --arch modern --optimizer muon --batch-size 16 --lr 8e-3 --schedule wsd "
-    "--muon-lr 0.02 --muon-dtype bfloat16"
+    "--muon-lr 0.02 --muon-dtype bfloat16 --grad-clip 1"
 ).split()
 # each lever row is the default plus one change: its flags, and the same change to TrainConfig (for --step-cost)
 LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "clipping at 1 (the default before)": ("--grad-clip 1", dict(grad_clip=1.0)),
     "+ value embeds": ("--value-embeds", dict(overrides=dict(value_embeds=True))),
     "+ skips": ("--skips", dict(overrides=dict(skips=True))),
     "+ zero-init": ("--zero-init", dict(zero_init=True)),
@@ -167,7 +168,8 @@ def step_costs(rows: list[str], rounds: int, steps: int = 3) -> dict[str, tuple[
             x, y = torch.randint(0, 65, shape), torch.randint(0, 65, shape)
             _, loss = forward(x, y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 

@@ -96,21 +96,22 @@ def _model(tie: bool) -> GPT:
     return GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, tie_embeddings=tie))
 
 
-# (device, data, LoRA) -> (optimizer, lr, beta1, head_lr, schedule) with_recipe fills in
+# (device, data, LoRA) -> (optimizer, lr, beta1, head_lr, schedule, grad_clip) with_recipe fills in: the
+# CPU's text and conversations train unclipped, everything measured with clipping at 1 keeps it
 RATES_BY_KIND = [
-    ("cpu", None, False, ("muon", 1.6e-2, 0.8, 4e-3, "wsd")),
-    ("cpu", CONVERSATIONS, False, ("muon", 1.6e-2, 0.8, 4e-3, "wsd")),
-    ("cpu", CONVERSATIONS, True, ("muon", 8e-3, 0.9, 8e-3, "wsd")),
-    ("cpu", PREFERENCES, False, ("adamw", 1e-4, 0.8, 2.5e-5, "wsd")),
-    ("cpu", TASKS, False, ("adamw", 3e-4, 0.8, 7.5e-5, "wsd")),
-    ("cpu", PREFERENCES, True, ("adamw", 1e-3, 0.9, 1e-3, "wsd")),
-    ("cpu", TASKS, True, ("adamw", 1e-3, 0.9, 1e-3, "wsd")),
-    ("cuda", None, False, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
-    ("cuda", CONVERSATIONS, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
-    ("cuda", PREFERENCES, False, ("adamw", 1e-4, 0.9, 1e-4, "cosine")),
-    ("cuda", TASKS, False, ("adamw", 3e-4, 0.9, 3e-4, "cosine")),
-    ("cuda", PREFERENCES, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
-    ("mps", TASKS, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine")),
+    ("cpu", None, False, ("muon", 1.6e-2, 0.8, 4e-3, "wsd", 0.0)),
+    ("cpu", CONVERSATIONS, False, ("muon", 1.6e-2, 0.8, 4e-3, "wsd", 0.0)),
+    ("cpu", CONVERSATIONS, True, ("muon", 8e-3, 0.9, 8e-3, "wsd", 1.0)),
+    ("cpu", PREFERENCES, False, ("adamw", 1e-4, 0.8, 2.5e-5, "wsd", 1.0)),
+    ("cpu", TASKS, False, ("adamw", 3e-4, 0.8, 7.5e-5, "wsd", 1.0)),
+    ("cpu", PREFERENCES, True, ("adamw", 1e-3, 0.9, 1e-3, "wsd", 1.0)),
+    ("cpu", TASKS, True, ("adamw", 1e-3, 0.9, 1e-3, "wsd", 1.0)),
+    ("cuda", None, False, ("adamw", 1e-3, 0.9, 1e-3, "cosine", 1.0)),
+    ("cuda", CONVERSATIONS, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine", 1.0)),
+    ("cuda", PREFERENCES, False, ("adamw", 1e-4, 0.9, 1e-4, "cosine", 1.0)),
+    ("cuda", TASKS, False, ("adamw", 3e-4, 0.9, 3e-4, "cosine", 1.0)),
+    ("cuda", PREFERENCES, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine", 1.0)),
+    ("mps", TASKS, True, ("adamw", 1e-3, 0.9, 1e-3, "cosine", 1.0)),
 ]
 
 
@@ -119,12 +120,14 @@ def test_preference_pairs_and_tasks_get_small_rates_on_any_device(
     device: str, data: str | None, lora: bool, want: tuple
 ) -> None:
     cfg = TrainConfig(lora_rank=8 if lora else None).with_recipe(device, data)
-    assert (cfg.optimizer, cfg.lr, cfg.beta1, cfg.head_lr, cfg.schedule) == pytest.approx(want)
+    assert (cfg.optimizer, cfg.lr, cfg.beta1, cfg.head_lr, cfg.schedule, cfg.grad_clip) == pytest.approx(want)
     assert cfg.min_lr == pytest.approx(cfg.lr / 10 if cfg.schedule == "cosine" else 0.0)
 
 
 def test_the_rates_given_win_over_the_datas() -> None:
-    given = dict(optimizer="muon", lr=5e-3, beta1=0.95, head_lr=2e-3, muon_lr=0.01, schedule="cosine")
+    given = dict(
+        optimizer="muon", lr=5e-3, beta1=0.95, head_lr=2e-3, muon_lr=0.01, schedule="cosine", grad_clip=0.5
+    )
     for device in ("cpu", "cuda"):
         for data in (PREFERENCES, TASKS):
             for lora in (None, 4):

@@ -200,6 +200,7 @@ def take_step(run: TrainingRun, abandon: Callable[[], bool] | None = None) -> tu
     optimizer, sampler = run.parts.optimizer, run.parts.sampler
     sampler.batch_size = batch = batch_at(cfg, progress)
     sampler.block_size = window = window_at(cfg, run.model_config.block_size, progress)
+    assert cfg.grad_clip is not None, "take_step needs a resolved config (with_recipe)"
     with labelled(run.step_allocation):
         loss = train_step(
             run.step_forward,

@@ -197,7 +197,7 @@ def _copy_steps(
     """A training step of one throwaway copy of `model` per setting: the trainer's own step, each setting
     with its autocast and its own optimizer over the copy, on random tokens."""
     twin = copy.deepcopy(model)
-    assert cfg.batch_size is not None and cfg.lr is not None
+    assert cfg.batch_size is not None and cfg.lr is not None and cfg.grad_clip is not None
     block = model.config.block_size
     tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, 4 * block + 1)
     sampler = BatchSampler(tokens, block, cfg.batch_size, seed=0)
