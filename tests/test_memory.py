@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 from conftest import ROOT
 
 from minigpt.cli.main import app
@@ -26,6 +27,7 @@ from minigpt.errors import MinigptError
 from minigpt.model import memory
 from minigpt.model.config import GPTConfig
 from minigpt.model.params import count_params
+from minigpt.runs.folder import RunDir
 
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v0.1-char"
 CORPUS = ROOT / "tests" / "fixtures" / "corpus.txt"
@@ -262,3 +264,41 @@ def test_training_on_a_gpu_checks_the_card_before_building_the_model(
         "3.0 GiB is free: pick a smaller model (--preset, --n-layer, --n-embd)"
     )
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("window, pattern", [(None, "S"), (8, "S"), (8, "SL"), (32, "S")])
+@pytest.mark.parametrize("capacity", [None, 1, 5, 8, 20, 32, 100])
+def test_the_kv_cache_estimate_is_what_both_engines_allocate(
+    window: int | None, pattern: str, capacity: int | None
+) -> None:
+    """kv_cache_bytes for `capacity` positions (a generation's prompt and new tokens) against the bytes
+    torch's model and the NumPy engine allocate for that cache, windows and all (32: a window as long as the block)."""
+    from minigpt.generate.engines.numpy_engine import NumpyEngine
+    from minigpt.model.build import model_tensors
+    from minigpt.model.gpt import GPT
+
+    config = GPTConfig(
+        vocab_size=16, block_size=32, n_layer=3, n_head=2, n_embd=16, pos="rope", window=window,
+        window_pattern=pattern,
+    )  # fmt: skip
+    model = GPT(config)
+    cache = model.new_cache(3, capacity=capacity)
+    torch_bytes = sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v))
+    assert memory.kv_cache_bytes(config, 3, 4, capacity) == torch_bytes
+    weights = {k: v.detach().float().numpy() for k, v in model_tensors(model).items()}
+    kernels = NumpyEngine(config, weights, kv_cache="float16").new_cache(3, capacity)
+    assert memory.kv_cache_bytes(config, 3, 2, capacity) == sum(a.nbytes for a in (*kernels.k, *kernels.v))
+
+
+def test_generate_checks_the_cache_its_generation_reaches(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-s 1000 checks the KV cache of the positions its rows reach (a 1-token prompt and -n new tokens),
+    not a whole block's for every row: a memory between the two refuses -n 31 (the block of 32) in one
+    line and generates -n 3."""
+    config = RunDir(run).model_config()
+    short, full = (memory.kv_cache_bytes(config, 1000, 2, n) for n in (4, 32))
+    monkeypatch.setattr(memory, "available_bytes", lambda: (short + full) // 2)
+    args = ["generate", "-m", str(run), "-s", "1000", "--backend", "numpy", "--kv-cache", "float16", "-n"]
+    refused = CliRunner().invoke(app, [*args, "31", "a"])
+    assert refused.exit_code == 1 and "1,000 samples needs about" in refused.output, refused.output
+    done = CliRunner().invoke(app, [*args, "3", "a"])
+    assert done.exit_code == 0, done.output

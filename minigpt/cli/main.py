@@ -554,7 +554,7 @@ def generate(
 
     _quiet_openmp()
     from minigpt.generate.decode import Generation, encode_prompt
-    from minigpt.generate.load import generation_engine
+    from minigpt.generate.load import check_samples_fit, generation_engine
 
     settings, run_on = GenerateConfig(**given.of(GenerateConfig)), EngineConfig(**given.of(EngineConfig))
     shown = GenerateIOConfig(**given.of(GenerateIOConfig))
@@ -563,7 +563,7 @@ def generate(
     text = read_prompt(prompt, shown.prompt_file)
     model = _run_or_latest(model, _NAME_MODEL)
     started = time.perf_counter()
-    engine, tokenizer = generation_engine(model, run_on, shown.explain, settings.num_samples)
+    engine, tokenizer = generation_engine(model, run_on, shown.explain)
     loaded = time.perf_counter() - started
     ids = encode_prompt(tokenizer, text)
     if len(ids) > engine.block_size:
@@ -572,6 +572,8 @@ def generate(
             f"{engine.block_size}: keeping its last {engine.block_size}",
             err=True,
         )
+    reached = min(len(ids), engine.block_size) + settings.max_new_tokens
+    check_samples_fit(model, engine, settings.num_samples, reached)
     gen = Generation(engine, tokenizer, ids, **settings.generation(secrets.randbits(31)))
     _write_generation(gen, model, as_json, shown.stream)
     if shown.explain:  # choose_backend sends --explain to torch
@@ -684,7 +686,7 @@ def chat(
     if seed is None and settings.temperature > 0:
         seed = secrets.randbits(31)
         typer.echo(f"seed {seed}", err=True)
-    engine, tokenizer = generation_engine(run, run_on, explain=False, num_samples=1)
+    engine, tokenizer = generation_engine(run, run_on)
     session = ChatSession(engine, tokenizer, settings, system, seed=seed or 0)
     with _writing_stdout():
         if sys.stdin.isatty():

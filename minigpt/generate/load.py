@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from minigpt.tokenizer.base import Tokenizer
 
 __all__ = [
-    "NUMPY_DTYPES", "NUMPY_KV_CACHE", "accelerator_visible", "choose_backend", "generation_engine",
-    "load_engine",
+    "NUMPY_DTYPES", "NUMPY_KV_CACHE", "accelerator_visible", "check_samples_fit", "choose_backend",
+    "generation_engine", "load_engine",
 ]  # fmt: skip
 
 NUMPY_DTYPES = ("F32", "F16", "F64")  # safetensors dtypes NumPy can hold; bf16 needs torch
@@ -150,14 +150,9 @@ def _say_on_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def generation_engine(
-    run_dir: Path, run_on: EngineConfig, explain: bool = False, num_samples: int = 1
-) -> tuple[Engine, Tokenizer]:
+def generation_engine(run_dir: Path, run_on: EngineConfig, explain: bool = False) -> tuple[Engine, Tokenizer]:
     """The engine and tokenizer `generate` and `chat` decode with: the backend `choose_backend` picks for
-    `run_on` (--explain needs torch's model), loaded with `load_engine`, and the memory `num_samples`
-    rows of KV cache need checked before any is allocated."""
-    from minigpt.model.memory import KV_ELEMENT_BYTES, check_fits, inference_bytes
-
+    `run_on` (--explain needs torch's model), loaded with `load_engine`."""
     if explain and run_on.quantize != "none":
         raise MinigptError("--explain shows the float model's attention: drop --quantize", exit_code=2)
     run = RunDir(run_dir)
@@ -167,13 +162,20 @@ def generation_engine(
     )  # fmt: skip
     # threads: the engine times its steps on each count, since the best one depends on the CPU and its load;
     # the environment fixes them
-    engine, tokenizer = load_engine(
+    return load_engine(
         run_dir, backend, run_on.device, run_on.dtype, run_on.quantize, kv_cache=run_on.kv_cache
     )
-    if num_samples > 1:  # the weights are loaded and checked; the KV cache grows with the samples
-        check_fits(
-            inference_bytes(run.model_config(), num_samples, KV_ELEMENT_BYTES[engine.kv_cache]),
-            f"{num_samples:,} samples",
-            "lower --num-samples",
-        )
-    return engine, tokenizer
+
+
+def check_samples_fit(run_dir: Path, engine: Engine, num_samples: int, positions: int) -> None:
+    """Refuse, before any is allocated, a KV cache for `num_samples` rows that the memory left cannot hold:
+    each layer holds the `positions` a generation reaches (its prompt's and new tokens', as decode sizes
+    it), at most its window. The weights are loaded by now, so only the cache and the score's chunk count."""
+    from minigpt.model.memory import KV_ELEMENT_BYTES, check_fits, kv_cache_bytes, score_bytes
+
+    if num_samples <= 1:  # one row's cache is part of what loading the weights checked
+        return
+    config = RunDir(run_dir).model_config()
+    cache = kv_cache_bytes(config, num_samples, KV_ELEMENT_BYTES[engine.kv_cache], positions)
+    needed = cache + score_bytes(config, num_samples, training=False)
+    check_fits(needed, f"{num_samples:,} samples", "lower --num-samples")

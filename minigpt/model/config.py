@@ -182,13 +182,20 @@ class GPTConfig:
 
     @property
     def cached_positions(self) -> int:
-        """Positions the KV cache keeps over all layers: sum(layer_windows), worked out without listing
-        the layers (a config.json may claim 10**9 of them)."""
+        """Positions a full KV cache keeps over all layers: sum(layer_windows)."""
+        return self.kept_positions()
+
+    def kept_positions(self, capacity: int | None = None) -> int:
+        """Positions a KV cache keeps over all layers when each holds at most `capacity` (None: its window,
+        as a cache for a whole block), worked out without listing the layers (a config.json may claim
+        10**9 of them)."""
+        full = self.block_size if capacity is None else min(self.block_size, capacity)
         if self.window is None:
-            return self.n_layer * self.block_size
+            return self.n_layer * full
         p, before_last = self.window_pattern, self.n_layer - 1
         local = before_last // len(p) * p.count("S") + p[: before_last % len(p)].count("S")
-        return local * self.window + (self.n_layer - local) * self.block_size
+        window = self.window if capacity is None else min(self.window, capacity)
+        return local * window + (self.n_layer - local) * full
 
     @property
     def layer_windows(self) -> tuple[int, ...]:
