@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 from conftest import ROOT
+from typer.testing import CliRunner
 
 from minigpt.cli.main import app
 from minigpt.errors import MinigptError
