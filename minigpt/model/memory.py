@@ -116,14 +116,11 @@ def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # by an engine's `kv_cache`
 
 
-def inference_bytes(
-    config: GPTConfig, batch: int = 1, kv_element: int = FLOAT32, capacity: int | None = None
-) -> int:
-    """float32 weights plus a KV cache for `batch` rows (each layer holds its window of positions, or
-    `capacity` if fewer; each value `kv_element` bytes) and the additive score's chunk."""
+def inference_bytes(config: GPTConfig, batch: int = 1, kv_element: int = FLOAT32) -> int:
+    """float32 weights plus a full KV cache for `batch` rows (each layer holds its window of positions, each
+    value `kv_element` bytes) and the additive score's chunk."""
     weights = count_params(config).exact_total * FLOAT32
-    cache = kv_cache_bytes(config, batch, kv_element, capacity)
-    return weights + cache + score_bytes(config, batch, training=False)
+    return weights + kv_cache_bytes(config, batch, kv_element) + score_bytes(config, batch, training=False)
 
 
 def kv_cache_bytes(
