@@ -17,6 +17,7 @@ from minigpt.cli.main import app
 from minigpt.common.files import load_tensors
 from minigpt.data.dataset import DataConfig
 from minigpt.generate.engines import tuning as cache
+from minigpt.model.config import GPTConfig
 from minigpt.model.gpt import GPT
 from minigpt.runs.folder import RunDir
 from minigpt.train import spin, tuning
@@ -53,14 +54,20 @@ def probing(measuring: None, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def fake_steps(monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float]) -> list[list[str]]:
     """measure_steps faked: every setting takes `seconds[its dtype]` (Muon's dtype adds a tenth of
-    `seconds`' own for it); the settings of each measurement are recorded."""
+    `seconds`' own for it); the settings of each measurement are recorded, with the attention dtype its
+    steps ran in. measure_attention faked too: a hundredth of `seconds[its dtype]`, each call recorded."""
     calls: list[list[str]] = []
 
     def measure(cfg, model, runtime, options, bound, clock):  # noqa: ANN001, ANN202
-        calls.append([tuning.setting_name(*o) for o in options])
+        calls.append([tuning.setting_name(*o) for o in options] + [f"attention {runtime.attention_dtype}"])
         return {tuning.setting_name(d, m): seconds[d] + (0.1 * seconds[m] if m else 0.0) for d, m in options}
 
+    def attention(batch, config, bound, clock):  # noqa: ANN001, ANN202
+        calls.append(["attention"])
+        return {dtype: seconds[dtype] / 100 for dtype in ("float32", "bfloat16")}
+
     monkeypatch.setattr(tuning, "measure_steps", measure)
+    monkeypatch.setattr(tuning, "measure_attention", attention)
     return calls
 
 
@@ -82,16 +89,22 @@ def test_the_faster_precision_is_chosen_and_kept_per_machine_and_shape(
     calls = fake_steps(monkeypatch, {faster: 1.0, slower: 1.5})
     cfg, model = tiny()  # the CPU recipe: Muon, so its dtype is chosen too
     first = choose_precision(cfg, model, CPU, one_thread())
-    assert (first.dtype, first.muon_dtype) == (faster, faster) and first.how == "measured on this machine"
-    assert len(calls[0]) == 4  # every autocast dtype with every Muon dtype
-    again = choose_precision(cfg, model, CPU, one_thread())  # the cache's answer: no measuring
-    assert (again.dtype, again.muon_dtype) == (faster, faster) and len(calls) == 1
+    chosen = (faster, faster, "bfloat16" if faster == "bfloat16" else None)  # attention's: under bf16 only
+    assert (first.dtype, first.muon_dtype, first.attention_dtype) == chosen
+    assert first.how == "measured on this machine"
+    # attention first, then every autocast dtype with every Muon dtype, bf16's with the faster attention
+    assert calls[0] == ["attention"] and len(calls[1]) == 5
+    assert calls[1][-1] == f"attention {getattr(torch, faster)}"
+    again = choose_precision(cfg, model, CPU, one_thread())  # the cache's answers: no measuring
+    assert (again.dtype, again.muon_dtype, again.attention_dtype) == chosen and len(calls) == 2
     assert again.how.startswith("measured before on this machine") and again.seconds == first.seconds
+    assert again.attention_seconds == first.attention_seconds
     other, bigger = tiny(batch_size=8)
     choose_precision(other, bigger, CPU, one_thread())  # another shape of step: measured for itself
-    assert len(calls) == 2
-    entry = next(iter(json.loads(cache.cache_file().read_text()).values()))
-    assert entry["count"] == 1 and set(entry["best"]) == set(calls[0])
+    assert len(calls) == 4
+    entries = json.loads(cache.cache_file().read_text())
+    entry = next(e for key, e in entries.items() if "train precision" in key)
+    assert entry["count"] == 1 and set(entry["best"]) == set(calls[1][:-1])
 
 
 def test_given_dtypes_are_not_measured_and_a_given_one_narrows_the_measurement(
@@ -103,11 +116,23 @@ def test_given_dtypes_are_not_measured_and_a_given_one_narrows_the_measurement(
     assert calls == []
     cfg, model = tiny(dtype="float32")  # Muon's dtype alone is timed, autocast stays as given
     chosen = choose_precision(cfg, model, CPU, one_thread())
-    assert calls == [["float32, muon float32", "float32, muon bfloat16"]]
-    assert (chosen.dtype, chosen.muon_dtype) == ("float32", "bfloat16")
+    assert calls == [["float32, muon float32", "float32, muon bfloat16", "attention torch.float32"]]
+    assert (chosen.dtype, chosen.muon_dtype, chosen.attention_dtype) == ("float32", "bfloat16", None)
     cfg, model = tiny(optimizer="adamw")
-    assert choose_precision(cfg, model, CPU, one_thread()).name == "bfloat16"
-    assert calls[-1] == ["float32", "bfloat16"]
+    adamw = choose_precision(cfg, model, CPU, one_thread())
+    assert (adamw.name, adamw.attention_dtype) == ("bfloat16", "bfloat16")
+    assert calls[-2:] == [["attention"], ["float32", "bfloat16", "attention torch.bfloat16"]]
+    # attention's dtype given: not measured, and the steps timed with it
+    cfg, model = tiny(optimizer="adamw", attention_dtype="float32")
+    assert choose_precision(cfg, model, CPU, one_thread()).attention_dtype == "float32"
+    assert calls[-1] == ["float32", "bfloat16", "attention torch.float32"] and len(calls) == 4
+    cfg, model = tiny(optimizer="adamw", dtype="bfloat16", attention_dtype="bfloat16")
+    given = choose_precision(cfg, model, CPU, one_thread())
+    assert given == Precision("bfloat16", None, "as set", {}, "bfloat16") and len(calls) == 4
+    # no attention would run as products (dropout on the weights): nothing to choose or time
+    cfg, model = tiny(optimizer="adamw", overrides=dict(dropout=0.1))
+    assert choose_precision(cfg, model, CPU, one_thread()).attention_dtype is None
+    assert calls[-1] == ["float32", "bfloat16", "attention torch.float32"]
 
 
 def test_without_bf16_or_without_a_measurement_the_run_keeps_float32(
@@ -116,12 +141,15 @@ def test_without_bf16_or_without_a_measurement_the_run_keeps_float32(
     cfg, model = tiny()
     monkeypatch.setattr(tuning, "bf16_candidate", lambda: False)
     plain = choose_precision(cfg, model, CPU, one_thread())
-    assert (plain.dtype, plain.muon_dtype) == ("float32", "float32") and "no bf16" in plain.how
+    assert (plain.dtype, plain.muon_dtype, plain.attention_dtype) == ("float32", "float32", None)
+    assert "no bf16" in plain.how
     monkeypatch.setattr(tuning, "bf16_candidate", lambda: True)
     monkeypatch.setattr(tuning, "measuring_blocked", lambda: "the machine is busy")
     busy = choose_precision(cfg, model, CPU, one_thread())
     assert busy.name == "float32, muon float32" and busy.how == "not measured: the machine is busy"
     assert not cache.cache_file().exists()  # nothing kept: a quieter start measures
+    cfg, model = tiny(dtype="bfloat16", muon_dtype="float32")  # bf16 given: attention not measured either
+    assert choose_precision(cfg, model, CPU, one_thread()).attention_dtype == "float32"
 
 
 def test_a_measurement_the_bound_cuts_short_keeps_float32_and_is_tried_again(
@@ -151,6 +179,28 @@ def test_measuring_times_a_copy_and_leaves_the_run_as_it_was(measuring: None) ->
     assert set(times) == {tuning.setting_name(*o) for o in options} and all(t > 0 for t in times.values())
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+
+def test_measuring_attention_times_both_dtypes_and_leaves_the_random_state(measuring: None) -> None:
+    """The real measurement, on a clock that moves one second a reading: both dtypes timed (the products
+    pruned after one timed call if 1.5 times slower), torch's random state untouched."""
+    state = torch.get_rng_state()
+    ticks = iter(range(10**6))
+    times = tuning.measure_attention(
+        2,
+        GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32),
+        1e9,
+        lambda: float(next(ticks)),
+    )
+    assert set(times) == {"float32", "bfloat16"} and all(t > 0 for t in times.values())
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(tuning.Unmeasured, match="too slow"):
+        tuning.measure_attention(
+            2,
+            GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32),
+            0.5,
+            lambda: float(next(ticks)),
+        )
 
 
 def test_a_wide_models_second_long_steps_are_timed_in_each_dtype_within_the_bound(
@@ -347,12 +397,14 @@ def test_a_probe_lets_its_spin_run_out_before_the_other_takes_its_turn(
     assert len(capsys.readouterr().out.splitlines()) == 3  # ready, then one line a turn
 
 
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
 def test_a_run_measures_records_and_trains_as_if_given_the_choice(
-    measuring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    measuring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dropout: float
 ) -> None:
-    """bf16 measured faster (each setting's steps really taken on the copy, their times faked): the run
-    trains in it, says so once, records it in config.json (its settings and the machine's record), and
-    its weights and optimizer state are those of a run given the same dtypes by name."""
+    """bf16 measured faster (each setting's steps really taken on the copy, their times faked), and without
+    dropout on the weights bf16 products faster for attention: the run trains in it, says so once, records
+    it in config.json (its settings and the machine's record), and its weights and optimizer state are
+    those of a run given the same dtypes by name (with dropout: the random state left as it was)."""
     (tmp_path / "t.txt").write_text(TEXT, encoding="utf-8")
     data = DataConfig(paths=(tmp_path / "t.txt",), tokenizer="char", cache_dir=tmp_path / "tok")
     taken: list[tuple[str, str | None]] = []
@@ -361,20 +413,34 @@ def test_a_run_measures_records_and_trains_as_if_given_the_choice(
         for setting, run in runs.items():
             run()
             taken.append(setting)
+        if "bfloat16" in runs:  # attention's two dtypes: products twice as fast
+            return {dtype: [0.01 if dtype == "bfloat16" else 0.02] for dtype in runs}
         return {(d, m): [(1.03 if d == "bfloat16" else 1.5) - 0.03 * (m == "bfloat16")] for d, m in runs}
 
     monkeypatch.setattr(tuning, "interleaved", rigged)
     base = dict(
-        preset="tiny", batch_size=4, max_iters=4, eval_iters=1, device="cpu", overrides={"dropout": 0.1}
+        preset="tiny", batch_size=4, max_iters=4, eval_iters=1, device="cpu", overrides={"dropout": dropout}
     )
     log = io.StringIO()
     train(TrainConfig(**base), data, out=tmp_path / "auto", reporter=LineReporter(log))
-    assert len(taken) == 4
-    assert "on this machine: bfloat16 autocast, Muon in bfloat16, 1.50x float32's steps" in log.getvalue()
+    products = not dropout  # attention's dtypes are timed first, where products may run at all
+    assert taken[:2] == (
+        ["float32", "bfloat16"] if products else [("float32", "float32"), ("float32", "bfloat16")]
+    )
+    assert len(taken) == 4 + 2 * products
+    attention = ", attention as bf16 products (2.00x float32's)" if products else ""
+    assert (
+        f"on this machine: bfloat16 autocast, Muon in bfloat16{attention}, 1.50x float32's steps"
+        in log.getvalue()
+    )
     saved = RunDir(tmp_path / "auto").read_config()
-    assert (saved["train"]["dtype"], saved["train"]["muon_dtype"]) == ("bfloat16", "bfloat16")
+    chosen = [saved["train"][name] for name in ("dtype", "muon_dtype", "attention_dtype")]
+    assert chosen == ["bfloat16", "bfloat16", "bfloat16" if products else "auto"]
     assert saved["machine"]["precision"]["how"] == "measured on this machine"
-    train(TrainConfig(**base, dtype="bfloat16", muon_dtype="bfloat16"), data, out=tmp_path / "given")
+    timed = {"float32": 0.02, "bfloat16": 0.01} if products else {}
+    assert saved["machine"]["precision"]["attention_seconds"] == timed
+    given = dict(dtype="bfloat16", muon_dtype="bfloat16", attention_dtype=chosen[2])
+    train(TrainConfig(**base, **given), data, out=tmp_path / "given")
     first, _ = load_tensors(tmp_path / "auto" / RunDir.STATE)
     second, _ = load_tensors(tmp_path / "given" / RunDir.STATE)
     assert all(torch.equal(first[k], second[k]) for k in first if k.startswith(("model/", "optim/")))

@@ -93,6 +93,11 @@ WARMUP_FRACTION = 0.1
 OPTIMIZERS = ("adamw", "muon")
 ORTHOGONALIZERS = ("newton-schulz", "polar-express")  # Muon's (minigpt.train.muon)
 MUON_DTYPES = ("auto", "float32", "bfloat16")
+ATTENTION_DTYPES = (
+    "auto",
+    "float32",
+    "bfloat16",
+)  # on the CPU, over few keys (minigpt.model.fused_attention)
 BUDGET_SETTINGS = ("max_iters", "max_time", "max_tokens")
 _MIN_LR_DEFAULT = ", ".join(f"{s}: {f'lr/{1 / f:g}' if f else '0'}" for s, f in MIN_LR_FRACTION.items())
 MAX_DURATION = 10 * 365 * 86400.0  # a time budget past this is a typo, not a plan
@@ -255,6 +260,13 @@ class TrainConfig:
         "float16); on the CPU the faster of float32 and bfloat16 autocast for this run's shapes, timed once on "
         "this machine and kept in its tuning cache (bfloat16 only where the CPU may have bf16 instructions).",
         panel=RUN,
+    )  # fmt: skip
+    attention_dtype: str = setting(
+        "auto", "The dtype of attention over at most 256 keys on the CPU under bfloat16 autocast: float32 runs "
+        "torch's fused kernel on float32 copies, bfloat16 runs it as bf16 batched products (its weights kept "
+        "for the backward pass). auto: the faster for this run's shapes, timed once on this machine with "
+        "--dtype. GPUs and longer blocks use torch's kernel in the autocast dtype.", panel=RUN,
+        choices=ATTENTION_DTYPES,
     )  # fmt: skip
     threads: int | None = setting(
         None, "CPU threads (also fixed by OMP_NUM_THREADS). Default: timed on the run's own steps, and "

@@ -351,14 +351,20 @@ def _set_up_with(
 def _machine_choices(
     cfg: TrainConfig, runtime: Runtime, model: GPT, threads: ThreadTuner | None
 ) -> tuple[TrainConfig, Runtime, dict[str, Any]]:
-    """On the CPU, the settings this machine decides (minigpt.train.tuning): the autocast dtype and Muon's,
-    filled into the run's settings (so a resume keeps them), and config.json's record of every choice,
+    """On the CPU, the settings this machine decides (minigpt.train.tuning): the autocast dtype, Muon's and
+    attention's, filled into the run's settings (so a resume keeps them), and config.json's record of every choice,
     the OpenMP spin the command line set before torch loaded included."""
     if threads is None:
         return cfg, runtime, {}
     precision = choose_precision(cfg, model, runtime, threads)
-    cfg = replace(cfg, dtype=precision.dtype, muon_dtype=precision.muon_dtype or cfg.muon_dtype)
-    runtime = replace(runtime, dtype=getattr(torch, precision.dtype))
+    attention = precision.attention_dtype
+    cfg = replace(
+        cfg, dtype=precision.dtype, muon_dtype=precision.muon_dtype or cfg.muon_dtype,
+        attention_dtype=attention or cfg.attention_dtype,
+    )  # fmt: skip
+    runtime = replace(
+        runtime, dtype=getattr(torch, precision.dtype), attention_dtype=getattr(torch, attention or "float32")
+    )
     record = {
         "cpu": machine(),
         "torch": torch.__version__,

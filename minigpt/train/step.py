@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from minigpt.chat.data import ConversationData, ConversationSplit
 from minigpt.common.device import autocast_context
 from minigpt.data.dataset import BatchSampler, Dataset, bits_per_byte, eval_batches
 from minigpt.model.config import GPTConfig
+from minigpt.model.fused_attention import cpu_half_attention
 from minigpt.train.budget import EvalCost
 from minigpt.train.distributed import DistContext
 from minigpt.train.optimizers import Optimizers
@@ -27,14 +29,20 @@ EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (1
 
 @dataclass(frozen=True)
 class Runtime:
-    """Where a run computes: its device, its autocast dtype, and this process's place among the ranks."""
+    """Where a run computes: its device, its autocast dtype, this process's place among the ranks, and on the
+    CPU the dtype of half-precision attention over few keys (minigpt.model.fused_attention)."""
 
     device: torch.device
     dtype: torch.dtype
     dist: DistContext = field(default_factory=DistContext)
+    attention_dtype: torch.dtype = torch.float32
 
-    def autocast(self) -> Any:
-        return autocast_context(self.device, self.dtype)
+    def autocast(self) -> contextlib.ExitStack[Any]:
+        """The context a forward pass runs in: autocast to `dtype`, attention as `attention_dtype` says."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast_context(self.device, self.dtype))
+        stack.enter_context(cpu_half_attention(self.attention_dtype))
+        return stack
 
 
 def next_token_loss(model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Training's machine-dependent choices on the CPU, measured on this machine rather than carried over from
-another: the autocast dtype, the dtype of Muon's iterations, and the thread count.
+another: the autocast dtype, the dtype of Muon's iterations and of attention over few keys, and the thread
+count.
 
 Precision (`choose_precision`): whether bf16 autocast, or Muon's iterations in bf16, train faster than
 float32 depends on the CPU (its bf16 instructions, its caches), the BLAS library and the model's shapes,
@@ -13,6 +14,12 @@ machine that is not busy (a load under half its cores): on a busy one it would t
 the run keeps float32 and a later start measures. It stops at a time bound (`MEASURE_SECONDS`, less for a
 short time budget); one that cannot time every candidate keeps float32 likewise, so a wrong guess never
 costs more than the measurement.
+
+Attention (`choose_attention`): where bf16 autocast is a candidate and the model's attention sees few keys,
+attention may run in float32 through torch's fused kernel or as bf16 products
+(minigpt.model.fused_attention), the faster depending on the CPU. It is timed first, on its own (one
+layer's attention, forward and backward, on the run's shapes: milliseconds, so it adds no candidates to
+the steps' measurement), cached alike, and the steps are then timed with the faster.
 
 Threads (`step_threads`): the best count depends on the cores free at the moment, so it is not cached: a
 `ThreadTuner` times the run's own steps on each count (1, 2, 4, ... the cores, and the cores but one), keeps
@@ -31,7 +38,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,8 +56,10 @@ from minigpt.generate.engines.tuning import (
     remembered_times,
     thread_candidates,
 )
+from minigpt.model.config import GPTConfig
+from minigpt.model.fused_attention import cpu_half_attention, fused_attention, products_apply
 from minigpt.model.gpt import GPT
-from minigpt.train.config import TrainConfig
+from minigpt.train.config import ATTENTION_DTYPES, TrainConfig
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.step import Runtime, train_step
 
@@ -64,6 +73,8 @@ RECHECK_EVERY = 200  # steps between looks at the other thread counts, at most
 SLOWDOWN = 1.4  # the kept count's steps this many times slower than when chosen: look again at once
 MARGIN = 1.08  # another count replaces the kept one only when this many times faster
 STEP_KEY = "train"  # the tuner's key for training steps
+ATTENTION_SECONDS = 2.0  # the attention measurement's bound (MEASURE_SHARE of a shorter time budget)
+ATTENTION_ROUNDS = 7  # timed calls of each attention dtype, at most
 
 
 class Unmeasured(Exception):
@@ -73,12 +84,15 @@ class Unmeasured(Exception):
 
 @dataclass(frozen=True)
 class Precision:
-    """The CPU run's autocast dtype and Muon's (None without Muon), and how they were chosen."""
+    """The CPU run's autocast dtype, Muon's (None without Muon) and attention's over few keys (None where
+    bf16 autocast runs none: see choose_attention), and how they were chosen."""
 
     dtype: str
     muon_dtype: str | None
     how: str  # measured, cached, given, or why float32 was kept
     seconds: Mapping[str, float]  # each candidate's step, by setting name (empty when nothing was timed)
+    attention_dtype: str | None = None
+    attention_seconds: Mapping[str, float] = field(default_factory=dict)  # one layer's, by dtype
 
     @property
     def name(self) -> str:
@@ -89,15 +103,31 @@ class Precision:
         words = f"{self.dtype} autocast" if self.dtype != "float32" else "float32"
         if self.muon_dtype is not None:
             words += f", Muon in {self.muon_dtype}"
+        if self.attention_dtype is not None:
+            words += f", {self._attention_words()}"
         plain = setting_name("float32", None if self.muon_dtype is None else "float32")
         if self.name != plain and {plain, self.name} <= set(self.seconds):
             words += f", {self.seconds[plain] / self.seconds[self.name]:.2f}x float32's steps"
         return f"{words} ({self.how})"
 
+    def _attention_words(self) -> str:
+        """Attention's dtype in words, with bf16 products' speed against float32's where both were timed."""
+        products = self.attention_dtype == "bfloat16"
+        words = "attention as bf16 products" if products else "attention in float32"
+        timed = self.attention_seconds
+        if {"float32", "bfloat16"} <= set(timed):
+            speed = f"{timed['float32'] / timed['bfloat16']:.2f}x float32's"
+            words += f" ({speed})" if products else f" (bf16 products {speed})"
+        return words
+
     def record(self) -> dict[str, Any]:
         """What config.json keeps of the choice."""
         seconds = {name: round(s, 5) for name, s in self.seconds.items()}
-        return {"dtype": self.dtype, "muon_dtype": self.muon_dtype, "how": self.how, "step_seconds": seconds}
+        attention = {name: round(s, 6) for name, s in self.attention_seconds.items()}
+        return {
+            "dtype": self.dtype, "muon_dtype": self.muon_dtype, "attention_dtype": self.attention_dtype,
+            "how": self.how, "step_seconds": seconds, "attention_seconds": attention,
+        }  # fmt: skip
 
 
 def setting_name(dtype: str, muon_dtype: str | None) -> str:
@@ -127,11 +157,12 @@ def measure_seconds(max_time: float | None) -> float:
     return MEASURE_SECONDS if max_time is None else min(MEASURE_SECONDS, MEASURE_SHARE * max_time)
 
 
-def cache_key(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
-    """What a setting's speed depends on besides the machine: the library, the model and the step's shape."""
+def cache_key(cfg: TrainConfig, model: torch.nn.Module, attention: str | None) -> dict[str, Any]:
+    """What a setting's speed depends on besides the machine: the library, the model, the step's shape and
+    the dtype bf16 autocast runs attention in."""
     shape = {k: v for k, v in asdict(model.config).items() if k != "dropout"}
     step = [cfg.batch_size, cfg.optimizer, cfg.orthogonalizer, cfg.normuon]
-    return {"train precision": [shape, step], "torch": torch.__version__}
+    return {"train precision": [shape, step], "torch": torch.__version__, "attention": attention}
 
 
 def choose_precision(
@@ -141,11 +172,31 @@ def choose_precision(
     tuner: ThreadTuner,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Precision:
-    """The fastest of `candidates(cfg)` for this run on this CPU: one alone is simply taken; else the cache's
+    """The fastest of `candidates(cfg)` for this run on this CPU, with attention's dtype (`choose_attention`,
+    decided first, so the steps are timed as they will run): one alone is simply taken; else the cache's
     answer, or a measurement (on a copy of `model`) that the cache keeps. A run that cannot be measured
     (several processes, whose ranks must agree; a busy machine; steps too long for the bound) keeps
     float32."""
     options = candidates(cfg)
+    attention, attention_seconds = (None, {})
+    if any(dtype == "bfloat16" for dtype, _ in options):
+        attention, attention_seconds = choose_attention(cfg, model, runtime, tuner, clock)
+    precision = _choose_dtypes(cfg, model, runtime, tuner, clock, options, attention)
+    if precision.dtype != "bfloat16":
+        return precision
+    return replace(precision, attention_dtype=attention, attention_seconds=attention_seconds)
+
+
+def _choose_dtypes(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    runtime: Runtime,
+    tuner: ThreadTuner,
+    clock: Callable[[], float],
+    options: list[tuple[str, str | None]],
+    attention: str | None,
+) -> Precision:
+    """choose_precision's choice among `options`, bf16 autocast's steps timed with attention in `attention`."""
     if len(options) == 1:
         dtype, muon = options[0]
         only = "as set" if cfg.dtype != "auto" else "the only candidate: no bf16 instructions"
@@ -155,6 +206,7 @@ def choose_precision(
         return Precision(*fallback, "several processes: not measured", {})
     names = {setting_name(*o): o for o in options}
     timed: dict[str, float] = {}
+    runtime = replace(runtime, attention_dtype=getattr(torch, attention or "float32"))
 
     def measure() -> dict[str, float]:
         tuner.use(max(tuner.candidates))  # every core: measured only on a machine that is not busy
@@ -162,12 +214,75 @@ def choose_precision(
         return timed
 
     try:
-        best = remembered_times(cache_key(cfg, model), list(names), measure, measurements=1)
+        best = remembered_times(cache_key(cfg, model, attention), list(names), measure, measurements=1)
     except Unmeasured as e:
         return Precision(*fallback, f"not measured: {e}", {})
     chosen = min(names, key=lambda name: best[name])
     how = "measured on this machine" if timed else f"measured before on this machine: {cache_file()}"
     return Precision(*names[chosen], how, best)
+
+
+def choose_attention(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    runtime: Runtime,
+    tuner: ThreadTuner,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[str | None, dict[str, float]]:
+    """The dtype bf16 autocast runs `model`'s attention over few keys in, and each dtype's time where they
+    were timed: None where none of it would run as products (`products_apply`), the one given, float32
+    where nothing may be measured (several processes; a busy machine), else the faster of the two for one
+    layer on the run's shapes, from the cache or measured now."""
+    if not products_apply(model.config):
+        return None, {}
+    if cfg.attention_dtype != "auto":
+        return cfg.attention_dtype, {}
+    if runtime.dist.enabled:
+        return "float32", {}
+    assert cfg.batch_size is not None
+    config = model.config
+    shape = [cfg.batch_size, config.n_head, config.kv_heads, config.block_size, config.head_dim]
+    key = {"train attention": shape, "torch": torch.__version__}
+
+    def measure() -> dict[str, float]:
+        tuner.use(max(tuner.candidates))
+        bound = min(ATTENTION_SECONDS, measure_seconds(cfg.max_time))
+        return measure_attention(cfg.batch_size, config, bound, clock)
+
+    try:
+        times = remembered_times(key, list(ATTENTION_DTYPES[1:]), measure, measurements=1)
+    except Unmeasured:
+        return "float32", {}
+    return min(times, key=lambda name: times[name]), times
+
+
+def measure_attention(
+    batch: int, config: GPTConfig, seconds: float, clock: Callable[[], float]
+) -> dict[str, float]:
+    """Median seconds of one layer's causal attention, forward and backward, on bf16 queries, keys and
+    values of the run's shapes, in each of float32 and bf16 products (round robin within `seconds`).
+    Raises Unmeasured as measure_steps does."""
+    why = measuring_blocked()
+    if why:
+        raise Unmeasured(why)
+    bf16, T, hd = torch.bfloat16, config.block_size, config.head_dim
+    with torch.random.fork_rng(devices=[]):
+        q = torch.randn(batch, config.n_head, T, hd, dtype=bf16, requires_grad=True)
+        k, v = (torch.randn(batch, config.kv_heads, T, hd, dtype=bf16, requires_grad=True) for _ in range(2))
+        grad = torch.randn_like(q)
+
+    def attend(dtype: torch.dtype) -> Callable[[], None]:
+        def run() -> None:
+            with cpu_half_attention(dtype):
+                fused_attention(q, k, v, None, True, 0.0, None).backward(grad)
+
+        return run
+
+    runs = {name: attend(getattr(torch, name)) for name in ATTENTION_DTYPES[1:]}
+    times = interleaved(runs, clock() + seconds, clock, rounds=ATTENTION_ROUNDS)
+    if len(times) < len(runs):
+        raise Unmeasured("its attention was too slow to time within the measurement's bound")
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def measure_steps(
@@ -236,6 +351,8 @@ def interleaved(
         last[name] = clock() - start
     times: dict[Any, list[float]] = {name: [] for name in runs if name in last or not warm}
     live = list(times)
+    if not live:  # the deadline came before any run was warm
+        return {}
     for _ in range(rounds):
         for name in live:
             if clock() + last.get(name, 0.0) > deadline:
