@@ -4,7 +4,7 @@
     python bench/bench_cpu_choices.py --busy 75s     # the same programs with one core taken by another
 
 Choices: one short `minigpt train` per shape, in a fresh cache, makes every measurement a first run on a
-machine makes (the autocast dtype and Muon's, the OpenMP spin) and they are printed with their timings; the
+machine makes (the autocast dtype, Muon's and attention's, the OpenMP spin) and they are printed with their timings; the
 later commands read them from that cache, as a user's second run does. Those short runs measure however
 busy the machine is (MINIGPT_MEASURE=on: a load average still high from an earlier benchmark would
 otherwise stop them), after waiting up to two minutes for the load to settle: run this on a quiet machine.
@@ -15,8 +15,8 @@ PyTorch loop (bench_overhead.py's: GPT-2 written as a user writes it, nn.Linear,
 and cross_entropy, fused AdamW, float32, torch's default threads and OpenMP settings, no evaluation) is the
 base; the same loop over minigpt's GPT module shows what the trainer itself costs apart from its model; then
 `minigpt train` with the same architecture and optimizer (and --eval-iters 2), first with the choices it
-measured, then with each forced the other way: the other autocast dtype (--dtype), the other spin
-(GOMP_SPINCOUNT). Rows and repeats interleaved, medians, the load average beside each figure. --scale 0.2
+measured, then with each forced the other way: the other autocast dtype (--dtype), under bf16 the other
+attention dtype (--attention-dtype: float32 or bf16 products), the other spin (GOMP_SPINCOUNT). Rows and repeats interleaved, medians, the load average beside each figure. --scale 0.2
 takes a fifth of the steps: a quick, rough look.
 
 --busy T: `taskset -c 0 python -c "while True: pass"` holds one core while each program trains for T of
@@ -141,15 +141,20 @@ def measured_choices(tmp: Path) -> dict[str, dict[str, Any]]:
 
 def rows_of(choice: dict[str, Any]) -> dict[str, tuple[list[str], str | None]]:
     """A shape's minigpt rows: their extra flags and forced spin (None: minigpt's choice)."""
-    dtype = choice["precision"]["dtype"]
+    dtype, attention = choice["precision"]["dtype"], choice["precision"].get("attention_dtype")
     spin = choice["openmp_spin"].split()[2] if choice["openmp_spin"].split()[2] in SPINS else SPINS[0]
     other_dtype = "float32" if dtype == "bfloat16" else "bfloat16"
     other_spin = SPINS[1 - SPINS.index(spin)]
-    return {
-        f"minigpt, as chosen ({dtype}, spin {spin})": ([], None),
+    chosen = f"{dtype}, attention {attention}" if attention else dtype
+    rows: dict[str, tuple[list[str], str | None]] = {
+        f"minigpt, as chosen ({chosen}, spin {spin})": ([], None),
         f"minigpt, --dtype {other_dtype}": (["--dtype", other_dtype], None),
-        f"minigpt, GOMP_SPINCOUNT={other_spin}": ([], other_spin),
     }
+    if attention:  # bf16 autocast's attention over few keys: float32 or bf16 products
+        other = "float32" if attention == "bfloat16" else "bfloat16"
+        rows[f"minigpt, --attention-dtype {other}"] = (["--attention-dtype", other], None)
+    rows[f"minigpt, GOMP_SPINCOUNT={other_spin}"] = ([], other_spin)
+    return rows
 
 
 def threads_kept(log: str) -> str:
