@@ -59,7 +59,7 @@ from minigpt.generate.engines.tuning import (
 from minigpt.model.config import GPTConfig
 from minigpt.model.fused_attention import cpu_half_attention, fused_attention, products_apply
 from minigpt.model.gpt import GPT
-from minigpt.train.config import ATTENTION_DTYPES, TrainConfig
+from minigpt.train.config import TrainConfig
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.step import Runtime, train_step
 
@@ -75,6 +75,7 @@ MARGIN = 1.08  # another count replaces the kept one only when this many times f
 STEP_KEY = "train"  # the tuner's key for training steps
 ATTENTION_SECONDS = 2.0  # the attention measurement's bound (MEASURE_SHARE of a shorter time budget)
 ATTENTION_ROUNDS = 7  # timed calls of each attention dtype, at most
+ATTENTION_CANDIDATES = ("float32", "bfloat16")  # torch's kernel on float32 copies, or bf16 products
 
 
 class Unmeasured(Exception):
@@ -157,12 +158,13 @@ def measure_seconds(max_time: float | None) -> float:
     return MEASURE_SECONDS if max_time is None else min(MEASURE_SECONDS, MEASURE_SHARE * max_time)
 
 
-def cache_key(cfg: TrainConfig, model: torch.nn.Module, attention: str | None) -> dict[str, Any]:
-    """What a setting's speed depends on besides the machine: the library, the model, the step's shape and
-    the dtype bf16 autocast runs attention in."""
+def cache_key(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """What a setting's speed depends on besides the machine: the library, the model and the step's shape.
+    Not attention's dtype: it only ever speeds bf16 up, so a choice timed with either stands for both, and a
+    run given the other one (--attention-dtype) reads the answer rather than measuring again."""
     shape = {k: v for k, v in asdict(model.config).items() if k != "dropout"}
     step = [cfg.batch_size, cfg.optimizer, cfg.orthogonalizer, cfg.normuon]
-    return {"train precision": [shape, step], "torch": torch.__version__, "attention": attention}
+    return {"train precision": [shape, step], "torch": torch.__version__}
 
 
 def choose_precision(
@@ -214,7 +216,7 @@ def _choose_dtypes(
         return timed
 
     try:
-        best = remembered_times(cache_key(cfg, model, attention), list(names), measure, measurements=1)
+        best = remembered_times(cache_key(cfg, model), list(names), measure, measurements=1)
     except Unmeasured as e:
         return Precision(*fallback, f"not measured: {e}", {})
     chosen = min(names, key=lambda name: best[name])
@@ -250,7 +252,7 @@ def choose_attention(
         return measure_attention(cfg.batch_size, config, bound, clock)
 
     try:
-        times = remembered_times(key, list(ATTENTION_DTYPES[1:]), measure, measurements=1)
+        times = remembered_times(key, list(ATTENTION_CANDIDATES), measure, measurements=1)
     except Unmeasured:
         return "float32", {}
     return min(times, key=lambda name: times[name]), times
@@ -278,7 +280,7 @@ def measure_attention(
 
         return run
 
-    runs = {name: attend(getattr(torch, name)) for name in ATTENTION_DTYPES[1:]}
+    runs = {name: attend(getattr(torch, name)) for name in ATTENTION_CANDIDATES}
     times = interleaved(runs, clock() + seconds, clock, rounds=ATTENTION_ROUNDS)
     if len(times) < len(runs):
         raise Unmeasured("its attention was too slow to time within the measurement's bound")
