@@ -48,7 +48,10 @@ BEFORE = (
 ).split()
 # each lever row is the default plus one change: its flags, and the same change to TrainConfig (for --step-cost)
 LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "attention in float32 (before it was measured)": ("--attention-dtype float32", dict(attention_dtype="float32")),
+    "attention in float32 (before it was measured)": (
+        "--attention-dtype float32",
+        dict(attention_dtype="float32"),
+    ),
     "clipping at 1 (the default before)": ("--grad-clip 1", dict(grad_clip=1.0)),
     "+ value embeds": ("--value-embeds", dict(overrides=dict(value_embeds=True))),
     "+ skips": ("--skips", dict(overrides=dict(skips=True))),
