@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import minigpt.model.fused_attention as fa
+from minigpt.cli.main import app
 from minigpt.common.settings import options_of
+from minigpt.errors import UsageError
 from minigpt.model.config import GPTConfig
 from minigpt.train.config import TrainConfig
 from minigpt.train.step import Runtime
@@ -113,3 +115,16 @@ def test_the_options_help_states_the_kernels_key_limit() -> None:
     """--attention-dtype's help (torch-free, so it cannot read the constant) says the limit the kernel keeps."""
     (option,) = (o for o in options_of(TrainConfig) if o.name == "attention_dtype")
     assert f"at most {fa.CPU_HALF_ATTENTION_MAX_KEYS} keys" in option.setting.help
+
+
+def test_a_bad_attention_dtype_is_refused_in_one_line(runner, tmp_path) -> None:  # noqa: ANN001
+    """The option and the config refuse what is neither auto nor a dtype the choice knows."""
+    with pytest.raises(UsageError, match="attention_dtype"):
+        TrainConfig(attention_dtype="float16")
+    corpus = tmp_path / "t.txt"
+    corpus.write_text("hello world\n" * 50, encoding="utf-8")
+    result = runner.invoke(
+        app, ["train", str(corpus), "--attention-dtype", "float16", "--out", str(tmp_path / "r")]
+    )
+    assert result.exit_code == 2 and "--attention-dtype" in result.output
+    assert not (tmp_path / "r").exists()
