@@ -646,6 +646,28 @@ def test_display_after_a_resume_carries_the_best_loss_and_counts_its_own_rate() 
     assert "2,000 after 1,000 steps, 1,024,000 tokens, 11:40 (1:40 in this command)" in done_text(end)
 
 
+@pytest.mark.parametrize("kind", ["lines", "panel"])
+def test_the_rate_after_an_evaluation_counts_only_the_steps_since(kind: str) -> None:
+    """The first rate after an evaluation is its steps' tokens over their own time, not over the
+    evaluation's and its save's as well (a log read 9,000 tok/s where the steps ran 50,000)."""
+    clock, log = FakeClock(), io.StringIO()
+    display = (
+        LineReporter(log, clock)
+        if kind == "lines"
+        else TrainingDisplay(console=Console(file=log, width=80), live=False, clock=clock)
+    )
+    display.start(training_start(TrainState()))
+    clock.now += 1.0
+    display.step({"step": 10, "tokens": 20_480, "elapsed": 1.0, "loss": 2.0, "lr": 1e-3}, 0.1)
+    clock.now += 4.0  # the evaluation and its save
+    record = {"step": 10, "val_loss": 1.9, "train_loss": 1.8, "val_bpb": 2.7, "val_ppl": 6.7}
+    display.evaluated(record, improved=True)
+    clock.now += 0.5
+    display.step({"step": 20, "tokens": 40_960, "elapsed": 5.5, "loss": 1.9, "lr": 1e-3}, 0.2)
+    shown = log.getvalue().splitlines()[-1] if kind == "lines" else display_lines(display)[2]
+    assert "40,960 tok/s" in shown  # 20,480 tokens in 0.5 s (with the evaluation's 4 s: 4,551)
+
+
 def test_the_live_display_redraws_with_the_clock_between_steps() -> None:
     """rich's timer refreshes the live display 4 times a second; each refresh renders the clock's time, so
     elapsed moves with no step taken (the refreshes are made by hand here, on a fake clock)."""

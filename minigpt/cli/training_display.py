@@ -179,6 +179,7 @@ class TrainingDisplay(LineReporter):
 
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:
         self._eval = record
+        self.pace.restart()
         if improved:
             self._best = (record["val_loss"], record["step"])
         self.log(eval_line(record, improved))

@@ -156,6 +156,10 @@ class Pace:
         self._eta = (1 - progress) * (now - self._t0) / done if done > 0 else math.inf
         self._t_eta = now
 
+    def restart(self) -> None:
+        """Count tokens per second from now on: the time an evaluation and its save took is not a step's."""
+        self._t_last = self.clock()
+
     def eta(self) -> float:
         """Seconds left, counted down from the last update."""
         return max(0.0, self._eta - (self.clock() - self._t_eta))
@@ -269,6 +273,7 @@ class LineReporter(QuietReporter):
         )
 
     def evaluated(self, record: dict[str, Any], improved: bool) -> None:
+        self.pace.restart()
         self.log(eval_line(record, improved))
 
     def finish(self, summary: TrainingEnd) -> None:
