@@ -251,6 +251,11 @@ class TrainConfig:
     eval_iters: int = setting(
         50, "Batches of fixed windows per split (validation and train) per evaluation.", panel=EVAL
     )
+    eval_chunk: int | None = setting(
+        None, "Windows an evaluation runs in one forward pass (the same windows are evaluated either way), up "
+        "to 256 and 32M logits. Default: on the CPU the fastest of the batch size and its doublings, timed "
+        "once on this machine; on a GPU the most.", panel=EVAL, shown="measured", min=1,
+    )  # fmt: skip
     log_every: int = setting(10, "Log the step loss every N steps.", panel=EVAL)
     # runtime
     seed: int = setting(1337, "Random seed (weights, batches, dropout).", panel=RUN)
@@ -289,7 +294,7 @@ class TrainConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_iters", "max_tokens", "threads"):
+        for name in ("max_iters", "max_tokens", "threads", "eval_chunk"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")

@@ -30,12 +30,14 @@ EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (1
 @dataclass(frozen=True)
 class Runtime:
     """Where a run computes: its device, its autocast dtype, this process's place among the ranks, and on the
-    CPU the dtype of half-precision attention over few keys (minigpt.model.fused_attention)."""
+    CPU the dtype of half-precision attention over few keys (minigpt.model.fused_attention) and the windows
+    an evaluation's forward pass takes (both measured: minigpt.train.tuning)."""
 
     device: torch.device
     dtype: torch.dtype
     dist: DistContext = field(default_factory=DistContext)
     attention_dtype: torch.dtype = torch.float32
+    eval_chunk: int = 0  # windows per evaluation forward pass (0: eval_chunk_limit's), within that limit
 
     def autocast(self) -> contextlib.ExitStack[Any]:
         """The context a forward pass runs in: autocast to `dtype`, attention as `attention_dtype` says."""
@@ -105,10 +107,16 @@ def _clip_gradients(model: torch.nn.Module, max_norm: float, loss: torch.Tensor)
     return value
 
 
-def _chunk(config: GPTConfig, batch_size: int) -> int:
-    # forward-only passes keep nothing for a backward pass, so they take more windows at once, which runs
-    # faster; the logits of one pass stay under EVAL_LOGITS elements
+def eval_chunk_limit(config: GPTConfig, batch_size: int) -> int:
+    """The most windows an evaluation's forward pass takes: forward-only passes keep nothing for a backward
+    pass, so they may take more windows at once than a step (faster on a GPU; on a CPU the measurement
+    says), up to EVAL_CHUNK and with the logits of one pass under EVAL_LOGITS elements."""
     return max(batch_size, min(EVAL_CHUNK, EVAL_LOGITS // (config.block_size * config.vocab_size)))
+
+
+def _chunk(config: GPTConfig, batch_size: int, runtime: Runtime) -> int:
+    most = eval_chunk_limit(config, batch_size)
+    return min(runtime.eval_chunk, most) if runtime.eval_chunk else most
 
 
 @torch.no_grad()
@@ -128,7 +136,7 @@ def split_loss(
     model.eval()
     sums = torch.zeros(2, device=runtime.device, dtype=torch.float64)  # loss x targets, targets
     dist = runtime.dist
-    chunk = _chunk(config, batch_size)
+    chunk = _chunk(config, batch_size, runtime)
     if isinstance(tokens, ConversationSplit):
         batches = tokens.eval_batches(batch_size, eval_iters, dist.rank, dist.world_size, chunk=chunk)
     else:
@@ -181,8 +189,9 @@ def eval_cost(
     """What evaluate() costs a process, from a timed forward pass over a batch of windows, the second of two:
     the first pays one-off costs (the CPU's bf16 kernels, allocations) several times a pass's own, and
     timing it would leave a short run with no periodic evaluation to measure again part of its budget
-    unused and its final evaluation shrunk to fit. Evaluations pass larger chunks, so this still
-    errs long; the second pass costs about half a training step. Also the windows each split holds (a
+    unused and its final evaluation shrunk to fit. Evaluations pass chunks of windows at least as fast
+    per window (the fastest measured, or the most on a GPU), so this errs long; the second pass costs
+    about half a training step. Also the windows each split holds (a
     conversation is one window)."""
     if isinstance(dataset, ConversationData):
         measured = min(batch_size, dataset.val.conversations)
