@@ -19,6 +19,10 @@ measured, then with each forced the other way: the other autocast dtype (--dtype
 attention dtype (--attention-dtype: float32 or bf16 products), the other spin (GOMP_SPINCOUNT). Rows and repeats interleaved, medians, the load average beside each figure. --scale 0.2
 takes a fifth of the steps: a quick, rough look.
 
+Evaluations: the same shapes' evaluation (--eval-iters 50: 50 batches of windows on each split) in
+forward passes of the windows minigpt measured fastest, of 256 (the rule before it measured) and of the
+batch size, each the difference of whole commands at --eval-iters 50 and 1.
+
 --busy T: `taskset -c 0 python -c "while True: pass"` holds one core while each program trains for T of
 wall time (`--max-time T`; the plain loop stops there): minigpt's CPU recipe, the same with its threads
 fixed at every core (as before they were measured), nanoGPT's shakespeare_char CPU recipe through minigpt,
@@ -200,6 +204,35 @@ def ratios(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int, scale: f
     return lines
 
 
+def evaluations(tmp: Path, choices: dict[str, dict[str, Any]], repeats: int) -> list[str]:
+    """Each shape's evaluation (50 batches of windows on each split) in passes of the windows minigpt chose,
+    of 256 (the rule before they were measured) and of the batch size: whole commands, each timed at
+    --eval-iters 50 and 1 so that all else cancels."""
+    lines = ["| shape | windows a pass | evaluation (s) | each repeat (load) | vs as chosen |",
+             "|---|---|---:|---|---:|"]  # fmt: skip
+    for name, (shape, batch, _) in SHAPES.items():
+        chosen = choices[name]["evaluation"]["windows"]
+        rows = {f"as chosen ({chosen})": [], "256 (the rule before)": ["--eval-chunk", "256"]}
+        rows[f"{batch} (the batch)"] = ["--eval-chunk", str(batch)]
+        got: dict[str, list[tuple[float, float]]] = {row: [] for row in rows}
+        for _ in range(repeats):
+            for row, flags in rows.items():
+                walls, loads = [], []
+                for iters in ("1", "50"):
+                    more = [*shape_flags(shape, batch), "--max-iters", "2", *flags, "--eval-iters", iters]
+                    wall, _, before = command(minigpt_train(tmp / "run", more), environment(tmp / "cache"))
+                    walls.append(wall)
+                    loads.append(before)
+                got[row].append((walls[1] - walls[0], max(loads)))
+                print(f"{name}, evaluation {row}: {got[row][-1][0]:.2f} s", file=sys.stderr, flush=True)
+        base = statistics.median(s for s, _ in got[f"as chosen ({chosen})"])
+        for row, timed in got.items():
+            med = statistics.median(s for s, _ in timed)
+            each = ", ".join(f"{s:.2f} ({at:.1f})" for s, at in timed)
+            lines.append(f"| {name} | {row} | {med:.2f} | {each} | {med / base:.2f}x |")
+    return lines
+
+
 def done_steps(log: str) -> int:
     """The steps a minigpt run or the plain loop reports having taken."""
     found = re.findall(r"after ([\d,]+) steps|plain loop: (\d+) steps", log)
@@ -294,6 +327,8 @@ def main() -> None:
             print(f"| {name} | {choice['summary']} ({choice['load']:.1f}) |")
         print(f"\nwhole commands, medians of {args.repeats} interleaved repeats\n")
         print("\n".join(ratios(tmp, choices, args.repeats, args.scale)))
+        print(f"\nevaluations, whole commands, medians of {args.repeats} interleaved repeats\n")
+        print("\n".join(evaluations(tmp, choices, args.repeats)))
     print(f"\nload after: {load():.1f}")
 
 

@@ -41,16 +41,20 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 # the CPU default before issue 28, every setting pinned: nano (2 layers, 4 heads, 128 wide, block 64), batch
 # 16, lr 8e-3, wsd, --arch modern, Muon at 0.02 with torch.optim.Muon's arithmetic (bf16 iterations),
-# attention in float32
+# attention in float32, evaluation in passes of 256 windows
 BEFORE = (
     "--preset nano --block-size 64 --arch modern --optimizer muon --batch-size 16 --lr 8e-3 --schedule wsd "
-    "--muon-lr 0.02 --muon-dtype bfloat16 --grad-clip 1 --attention-dtype float32"
+    "--muon-lr 0.02 --muon-dtype bfloat16 --grad-clip 1 --attention-dtype float32 --eval-chunk 256"
 ).split()
 # each lever row is the default plus one change: its flags, and the same change to TrainConfig (for --step-cost)
 LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
     "attention in float32 (before it was measured)": (
         "--attention-dtype float32",
         dict(attention_dtype="float32"),
+    ),
+    "evaluation in passes of 256 windows (before they were measured)": (
+        "--eval-chunk 256",
+        dict(eval_chunk=256),
     ),
     "clipping at 1 (the default before)": ("--grad-clip 1", dict(grad_clip=1.0)),
     "+ value embeds": ("--value-embeds", dict(overrides=dict(value_embeds=True))),
