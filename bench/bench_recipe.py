@@ -41,10 +41,11 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 # the CPU default before issue 28, every setting pinned: nano (2 layers, 4 heads, 128 wide, block 64), batch
 # 16, lr 8e-3, wsd, --arch modern, Muon at 0.02 with torch.optim.Muon's arithmetic (bf16 iterations),
-# attention in float32, evaluation in passes of 256 windows
+# attention in float32, evaluation in passes of 256 windows, a linear decay
 BEFORE = (
     "--preset nano --block-size 64 --arch modern --optimizer muon --batch-size 16 --lr 8e-3 --schedule wsd "
-    "--muon-lr 0.02 --muon-dtype bfloat16 --grad-clip 1 --attention-dtype float32 --eval-chunk 256"
+    "--muon-lr 0.02 --muon-dtype bfloat16 --grad-clip 1 --attention-dtype float32 --eval-chunk 256 "
+    "--cooldown-shape linear"
 ).split()
 # each lever row is the default plus one change: its flags, and the same change to TrainConfig (for --step-cost)
 LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -56,6 +57,7 @@ LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
         "--eval-chunk 256",
         dict(eval_chunk=256),
     ),
+    "a linear decay (the default before)": ("--cooldown-shape linear", dict(cooldown_shape="linear")),
     "clipping at 1 (the default before)": ("--grad-clip 1", dict(grad_clip=1.0)),
     "+ value embeds": ("--value-embeds", dict(overrides=dict(value_embeds=True))),
     "+ skips": ("--skips", dict(overrides=dict(skips=True))),

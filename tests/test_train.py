@@ -330,11 +330,21 @@ def test_schedules() -> None:
     cos = TrainConfig(lr=1.0, min_lr=0.1, schedule="cosine")
     assert lr_at(cos, 0, 0.0, 10) == pytest.approx(0.1) and lr_at(cos, 9, 0.0, 10) == pytest.approx(1.0)
     assert lr_at(cos, 50, 0.5, 10) == pytest.approx(0.55) and lr_at(cos, 99, 1.0, 10) == pytest.approx(0.1)
-    wsd = TrainConfig(lr=1.0, min_lr=0.0, schedule="wsd", cooldown=0.4)
-    lrs = [lr_at(wsd, 50, p, 10) for p in (0.1, 0.6, 0.7, 0.9, 1.0)]
+    linear = TrainConfig(lr=1.0, min_lr=0.0, schedule="wsd", cooldown=0.4, cooldown_shape="linear")
+    lrs = [lr_at(linear, 50, p, 10) for p in (0.1, 0.6, 0.7, 0.9, 1.0)]
     assert lrs == pytest.approx([1, 1, 0.75, 0.25, 0])
+    # the default decay: 1 - sqrt(a quarter, three quarters of the cooldown gone), down to min_lr
+    wsd = TrainConfig(lr=1.0, min_lr=0.2, schedule="wsd", cooldown=0.4)
+    lrs = [lr_at(wsd, 50, p, 10) for p in (0.1, 0.6, 0.7, 0.9, 1.0)]
+    assert lrs == pytest.approx([1, 1, 0.2 + 0.8 * 0.5, 0.2 + 0.8 * (1 - 0.75**0.5), 0.2])
     assert lr_at(wsd, 5, 0.0, 10) == pytest.approx(0.6)  # warmup comes first either way
     assert lr_at(wsd, 0, 0.0, 0) == 1.0  # no warmup
+
+
+def test_a_run_saved_before_the_decay_had_a_shape_keeps_decaying_linearly() -> None:
+    saved = {k: v for k, v in TrainConfig(schedule="wsd").to_dict().items() if k != "cooldown_shape"}
+    assert TrainConfig.from_dict(saved).cooldown_shape == "linear"
+    assert TrainConfig.from_dict(TrainConfig(schedule="wsd").to_dict()).cooldown_shape == "sqrt"
 
 
 def test_warmup_is_capped_at_a_tenth_of_the_budget() -> None:

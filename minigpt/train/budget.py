@@ -252,13 +252,17 @@ class Budget:
 
 def lr_at(cfg: TrainConfig, step: int, progress: float, warmup: int) -> float:
     """Linear warmup over `warmup` steps, then the schedule from lr to min_lr over the budget's progress:
-    cosine, or wsd (constant, then linear over the last `cooldown` of the budget)."""
+    cosine, or wsd (constant, then over the last `cooldown` of the budget 1 - sqrt of the cooldown's
+    progress, or linear)."""
     assert cfg.lr is not None and cfg.min_lr is not None, "lr_at needs a resolved config (with_recipe)"
     if warmup and step < warmup:
         return cfg.lr * (step + 1) / warmup
     p = min(max(progress, 0.0), 1.0)
     if cfg.schedule == "wsd":
-        return cfg.min_lr + (cfg.lr - cfg.min_lr) * min(1.0, (1.0 - p) / cfg.cooldown)
+        left = min(1.0, (1.0 - p) / cfg.cooldown)  # of the cooldown: 1 until it starts, 0 at the end
+        if cfg.cooldown_shape == "sqrt":
+            left = 1.0 - math.sqrt(1.0 - left)
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * left
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * p))
 
 

@@ -84,6 +84,9 @@ RATES: dict[str, dict[str, Any]] = {
 # head_lr as a fraction of lr when it is not given, by the last of a run's RATES that says
 HEAD_LR_FRACTION = {"cpu": 0.25, "gpu": 1.0, LORA_CPU: 1.0, LORA_FEEDBACK: 1.0}
 SCHEDULES = ("cosine", "wsd")
+# wsd's decay over its cooldown: 1 - sqrt of the cooldown's progress (Hägele et al. 2024, "Scaling Laws and
+# Compute-Optimal Training Beyond Fixed Training Durations"), or linear
+COOLDOWN_SHAPES = ("sqrt", "linear")
 # min_lr as a fraction of lr when it is not given: cosine decays to lr/10 (nanoGPT), wsd to 0
 MIN_LR_FRACTION = {"cosine": 0.1, "wsd": 0.0}
 DEFAULT_MAX_ITERS = 2000  # the budget of a new run given none
@@ -165,9 +168,13 @@ class TrainConfig:
     )
     schedule: str | None = setting(
         None, "After warmup: cosine decays to --min-lr over the whole budget; wsd holds the peak lr, then "
-        "decays linearly over the last --cooldown of it.", panel=OPT, choices=SCHEDULES, by=RECIPES,
+        "decays over the last --cooldown of it.", panel=OPT, choices=SCHEDULES, by=RECIPES,
     )  # fmt: skip
     cooldown: float = setting(0.5, "Fraction of the budget wsd spends decaying.", panel=OPT)
+    cooldown_shape: str = setting(
+        "sqrt", "How wsd decays: sqrt falls fast, then slowly (1 - the square root of the cooldown's "
+        "progress), linear evenly.", panel=OPT, choices=COOLDOWN_SHAPES,
+    )  # fmt: skip
     weight_decay: float = setting(0.1, "AdamW weight decay on weight matrices.", panel=OPT)
     grad_clip: float | None = setting(None, "Clip the gradient norm to this (0: off).", panel=OPT, by=RATES)
     beta1: float | None = setting(
@@ -377,8 +384,11 @@ class TrainConfig:
             raise UsageError("the train settings are not a JSON object")
         known = {f.name for f in fields(cls)}
         # runs saved before schedules, architectures and optimizers were settings: cosine, GPT-2, AdamW;
-        # before the head had its own rate, it learned at lr
-        data = {"schedule": "cosine", "arch": "gpt2", "optimizer": "adamw", "head_lr": data.get("lr"), **data}
+        # before the head had its own rate, it learned at lr; before wsd's decay had a shape, it was linear
+        data = {
+            "schedule": "cosine", "arch": "gpt2", "optimizer": "adamw", "head_lr": data.get("lr"),
+            "cooldown_shape": "linear", **data,
+        }  # fmt: skip
         # runs saved before the model's settings were overrides held them flat (tie for tie_embeddings)
         flat = {"tie_embeddings" if k == "tie" else k: v for k, v in data.items() if k not in known}
         model = {k: v for k, v in flat.items() if k in nested_names(cls, "overrides")}
