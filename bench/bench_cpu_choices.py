@@ -2,6 +2,7 @@
 
     python bench/bench_cpu_choices.py                # the choices, and the trainer against a plain loop
     python bench/bench_cpu_choices.py --busy 75s     # the same programs with one core taken by another
+    python bench/bench_cpu_choices.py --only evaluations   # the choices, then the evaluations' table alone
 
 Choices: one short `minigpt train` per shape, in a fresh cache, makes every measurement a first run on a
 machine makes (the autocast dtype, Muon's and attention's, the OpenMP spin) and they are printed with their timings; the
@@ -310,6 +311,9 @@ def main() -> None:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="the ratios' step counts times this (0.2: quick)"
     )
+    parser.add_argument(
+        "--only", choices=("ratios", "evaluations"), help="after the choices, only this table (default: both)"
+    )
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"needs {SHAKESPEARE}")
@@ -325,10 +329,12 @@ def main() -> None:
         print("| shape | what `minigpt train` chose on this machine (load while measuring) |\n|---|---|")
         for name, choice in choices.items():
             print(f"| {name} | {choice['summary']} ({choice['load']:.1f}) |")
-        print(f"\nwhole commands, medians of {args.repeats} interleaved repeats\n")
-        print("\n".join(ratios(tmp, choices, args.repeats, args.scale)))
-        print(f"\nevaluations, whole commands, medians of {args.repeats} interleaved repeats\n")
-        print("\n".join(evaluations(tmp, choices, args.repeats)))
+        if args.only != "evaluations":
+            print(f"\nwhole commands, medians of {args.repeats} interleaved repeats\n")
+            print("\n".join(ratios(tmp, choices, args.repeats, args.scale)))
+        if args.only != "ratios":
+            print(f"\nevaluations, whole commands, medians of {args.repeats} interleaved repeats\n")
+            print("\n".join(evaluations(tmp, choices, args.repeats)))
     print(f"\nload after: {load():.1f}")
 
 
