@@ -264,6 +264,21 @@ def test_the_evaluation_chunk_fastest_per_window_is_chosen_and_kept_per_shape(
     assert calls[1:] == [[4, 8, 16], [8, 16, 32]]
 
 
+def test_a_larger_evaluation_chunk_must_beat_the_batch_by_the_margin(
+    measuring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The batch size's kernels are made by the steps; another chunk's cost the first evaluation a one-off,
+    so one a little faster per window is not taken."""
+    slightly = tuning.EVAL_CHUNK_MARGIN - 0.01  # the batch's seconds a window, 8 windows' taking 1
+    fake_passes(monkeypatch, {4: slightly, 8: 1.0, 16: 1.05})
+    cfg, model = tiny()
+    kept = tuning.choose_eval_chunk(cfg, model, CPU, one_thread())
+    assert kept.windows == 4 and kept.seconds == {4: slightly, 8: 1.0, 16: 1.05}
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "another machine"))
+    fake_passes(monkeypatch, {4: tuning.EVAL_CHUNK_MARGIN + 0.01, 8: 1.0, 16: 1.05})
+    assert tuning.choose_eval_chunk(cfg, model, CPU, one_thread()).windows == 8
+
+
 def test_a_given_unmeasurable_or_single_evaluation_chunk_is_not_measured(
     measuring: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

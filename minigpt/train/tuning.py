@@ -25,7 +25,8 @@ Evaluation (`choose_eval_chunk`): an evaluation's forward passes keep nothing fo
 may take more windows at once than a step; whether that is faster depends on the caches (a pass whose
 activations outgrow them runs slower per window, 1.5x at 256 windows on a 32 MB L3). The batch size and
 its doublings up to EVAL_CHUNK_BATCHES batches are timed once per shape, on the run's own model and
-dtypes (under a second for the CPU recipe), and cached alike; the fastest per window is taken.
+dtypes (under a second for the CPU recipe), and cached alike; the fastest per window is taken where it
+beats the batch size by a margin (a new shape's kernels cost the first evaluation a one-off).
 
 Threads (`step_threads`): the best count depends on the cores free at the moment, so it is not cached: a
 `ThreadTuner` times the run's own steps on each count (1, 2, 4, ... the cores, and the cores but one), keeps
@@ -89,6 +90,10 @@ EVAL_CHUNK_ROUNDS = 3  # timed passes of each chunk, at most
 # the largest chunk timed, in batches: per window, passes beyond it gain little where they fit the caches
 # and lose where they do not (1.5x slower at 16 batches than at 2 on a 32 MB L3), and timing them costs most
 EVAL_CHUNK_BATCHES = 4
+# a larger chunk replaces the batch size only when this many times faster per window: its kernels are new
+# to the process (a command's first evaluation pays for making them, as much as tenths of a second where
+# the steps already made the batch size's), and a few percent per window does not repay that in a short run
+EVAL_CHUNK_MARGIN = 1.1
 
 
 class Unmeasured(Exception):
@@ -332,7 +337,8 @@ def choose_eval_chunk(
 ) -> EvalChunk:
     """The windows a forward pass of `model`'s evaluations takes on this CPU: the one given, or the fastest
     per window of the batch size and its doublings up to the limit (minigpt.train.step.eval_chunk_limit),
-    from the cache or timed now on the run's model and dtypes. Where nothing may be measured (several
+    the batch size unless another is EVAL_CHUNK_MARGIN times faster, from the cache or timed now on the
+    run's model and dtypes. Where nothing may be measured (several
     processes; a busy machine; passes too slow for the bound) the batch size, which a step already runs."""
     if cfg.eval_chunk is not None:
         return EvalChunk(cfg.eval_chunk, "as set")
@@ -360,7 +366,10 @@ def choose_eval_chunk(
         return EvalChunk(options[0], f"not measured: {e}")
     seconds = {int(windows): s for windows, s in best.items()}
     how = "measured on this machine" if timed else "measured before on this machine"
-    return EvalChunk(min(seconds, key=lambda windows: seconds[windows]), how, seconds)
+    fastest = min(seconds, key=lambda windows: seconds[windows])
+    if seconds[options[0]] < EVAL_CHUNK_MARGIN * seconds[fastest]:
+        fastest = options[0]
+    return EvalChunk(fastest, how, seconds)
 
 
 def eval_chunk_candidates(config: GPTConfig, batch_size: int) -> list[int]:
