@@ -30,6 +30,7 @@ from minigpt.model.gpt import GPT
 from minigpt.model.presets import PRESETS
 from minigpt.model.weights import expected_shapes
 from minigpt.runs.folder import RunDir
+from minigpt.train import step
 from minigpt.train.adamw import AdamW
 from minigpt.train.budget import EVAL_SLACK, EXIT_SECONDS, STEP_FORWARDS, STOP_EVAL_SECONDS, Budget, lr_at
 from minigpt.train.checkpoint import Trainables
@@ -38,7 +39,7 @@ from minigpt.train.loop import TrainConfig, TrainState, parse_duration, train
 from minigpt.train.muon import Muon
 from minigpt.train.reporters import LineReporter, TrainingEnd, TrainingStart, done_text
 from minigpt.train.run import make_optimizer
-from minigpt.train.step import Runtime, evaluate, split_loss, train_step
+from minigpt.train.step import EVAL_CHUNK, Runtime, eval_chunk_limit, evaluate, split_loss, train_step
 
 TEXT = "".join(
     f"{w} the quick brown fox jumps over the lazy dog {i % 7}.\n"
@@ -773,6 +774,38 @@ def test_evaluate_scores_the_same_fixed_windows_each_time(text_file: Path, tmp_p
     assert split_loss(model, model.config, dataset.val, 4, 3, cpu) == pytest.approx(first["val_loss"])
     # the train loss is measured the same way, on as many fixed windows of the training split
     assert first["train_loss"] == pytest.approx(split_loss(model, model.config, dataset.train, 4, 3, cpu))
+
+
+def test_an_evaluation_reads_the_same_windows_whatever_its_passes_take() -> None:
+    """The passes' size changes how many windows one forward pass takes, not which are read or their mean
+    loss: the batch size on the CPU, the most on a GPU, a given size within that limit."""
+    model = tiny_model(32)
+    tokens = torch.randint(
+        0, 32, (40 * model.config.block_size + 1,), generator=torch.Generator().manual_seed(0)
+    )
+    losses, passes = {}, []
+    model.register_forward_pre_hook(lambda module, args: passes.append(len(args[0])))
+    for chunk, expected in ((0, [4] * 9), (12, [12] * 3), (5, [5] * 7 + [1]), (1000, [36])):
+        passes.clear()
+        runtime = Runtime(torch.device("cpu"), torch.float32, eval_chunk=chunk)
+        losses[chunk] = split_loss(model, model.config, tokens.numpy(), 4, 9, runtime)  # 9 batches of 4
+        assert passes == expected, chunk
+    # float32 losses, one mean a pass, summed in float64: equal to float32's rounding
+    assert all(loss == pytest.approx(losses[0], rel=1e-6) for loss in losses.values())
+    gpu = Runtime(torch.device("cuda"), torch.float32)
+    assert step._chunk(model.config, 4, gpu) == eval_chunk_limit(model.config, 4) == EVAL_CHUNK
+
+
+def test_eval_chunk_is_a_positive_count_and_reaches_the_run(runner, text_file: Path, tmp_path: Path) -> None:
+    args = ["train", str(text_file), "--preset", "tiny", "--max-iters", "1", "--eval-iters", "1", "--tokenizer",
+            "char", "--device", "cpu", "--out", str(tmp_path / "run")]  # fmt: skip
+    bad = runner.invoke(app, [*args, "--eval-chunk", "0"])
+    assert bad.exit_code == 2 and "--eval-chunk" in bad.output and not (tmp_path / "run").exists()
+    with pytest.raises(UsageError, match="eval_chunk must be at least 1"):
+        TrainConfig(eval_chunk=0)
+    result = runner.invoke(app, [*args, "--eval-chunk", "3"])
+    assert result.exit_code == 0, result.output
+    assert RunDir(tmp_path / "run").read_config()["train"]["eval_chunk"] == 3
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ import io
 import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,10 +22,9 @@ from minigpt.model.gpt import GPT
 from minigpt.runs.folder import RunDir
 from minigpt.train import spin, tuning
 from minigpt.train.config import TrainConfig
-from minigpt.train.distributed import DistContext
 from minigpt.train.loop import train
 from minigpt.train.reporters import LineReporter
-from minigpt.train.step import Runtime, split_loss
+from minigpt.train.step import Runtime
 from minigpt.train.tuning import Precision, choose_precision, interleaved, step_threads
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
@@ -234,126 +232,6 @@ def test_a_wide_models_second_long_steps_are_timed_in_each_dtype_within_the_boun
         assert times == {"float32": 1.5, "bfloat16": 1.0}
 
 
-def fake_passes(monkeypatch: pytest.MonkeyPatch, per_window: dict[int, float]) -> list[list[int]]:
-    """measure_eval_passes faked: each chunk's seconds per window from `per_window`; each call's chunks
-    recorded."""
-    calls: list[list[int]] = []
-
-    def measure(model, runtime, options, bound, clock):  # noqa: ANN001, ANN202
-        calls.append(list(options))
-        return {windows: per_window[windows] for windows in options}
-
-    monkeypatch.setattr(tuning, "measure_eval_passes", measure)
-    return calls
-
-
-@pytest.mark.parametrize("fastest", [4, 16])
-def test_the_evaluation_chunk_fastest_per_window_is_chosen_and_kept_per_shape(
-    measuring: None, monkeypatch: pytest.MonkeyPatch, fastest: int
-) -> None:
-    calls = fake_passes(monkeypatch, {w: 0.001 if w == fastest else 0.002 for w in (4, 8, 16, 32)})
-    cfg, model = tiny()  # batch 4: its doublings up to 4 batches
-    first = tuning.choose_eval_chunk(cfg, model, CPU, one_thread())
-    assert (first.windows, first.how) == (fastest, "measured on this machine") and calls == [[4, 8, 16]]
-    again = tuning.choose_eval_chunk(cfg, model, CPU, one_thread())  # the cache's answer: no measuring
-    assert (again.windows, again.seconds) == (fastest, first.seconds) and len(calls) == 1
-    assert again.how == "measured before on this machine"
-    tuning.choose_eval_chunk(cfg, model, replace(CPU, dtype=torch.bfloat16), one_thread())
-    other, bigger = tiny(batch_size=8)  # another dtype, another batch: measured for themselves
-    tuning.choose_eval_chunk(other, bigger, CPU, one_thread())
-    assert calls[1:] == [[4, 8, 16], [8, 16, 32]]
-
-
-def test_a_larger_evaluation_chunk_must_beat_the_batch_by_the_margin(
-    measuring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """The batch size's kernels are made by the steps; another chunk's cost the first evaluation a one-off,
-    so one a little faster per window is not taken."""
-    slightly = tuning.EVAL_CHUNK_MARGIN - 0.01  # the batch's seconds a window, 8 windows' taking 1
-    fake_passes(monkeypatch, {4: slightly, 8: 1.0, 16: 1.05})
-    cfg, model = tiny()
-    kept = tuning.choose_eval_chunk(cfg, model, CPU, one_thread())
-    assert kept.windows == 4 and kept.seconds == {4: slightly, 8: 1.0, 16: 1.05}
-    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "another machine"))
-    fake_passes(monkeypatch, {4: tuning.EVAL_CHUNK_MARGIN + 0.01, 8: 1.0, 16: 1.05})
-    assert tuning.choose_eval_chunk(cfg, model, CPU, one_thread()).windows == 8
-
-
-def test_a_given_unmeasurable_or_single_evaluation_chunk_is_not_measured(
-    measuring: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    measure = tuning.measure_eval_passes
-    calls = fake_passes(monkeypatch, {4: 0.002, 8: 0.001, 16: 0.002})
-    cfg, model = tiny(eval_chunk=100)
-    assert tuning.choose_eval_chunk(cfg, model, CPU, one_thread()) == tuning.EvalChunk(100, "as set")
-    cfg, model = tiny()
-    several = replace(CPU, dist=DistContext(rank=0, local_rank=0, world_size=2))
-    assert tuning.choose_eval_chunk(cfg, model, several, one_thread()).windows == 4
-    # a block long enough that 4 windows' logits reach the limit: the batch alone is left
-    cfg, model = tiny(overrides=dict(block_size=2**25 // 32 // 4))
-    assert tuning.choose_eval_chunk(cfg, model, CPU, one_thread()) == tuning.EvalChunk(
-        4, "the only candidate"
-    )
-    assert calls == []
-    monkeypatch.setattr(tuning, "measure_eval_passes", measure)  # the real one, on a busy machine
-    monkeypatch.setattr(tuning, "measuring_blocked", lambda: "the machine is busy")
-    cfg, model = tiny()
-    busy = tuning.choose_eval_chunk(cfg, model, CPU, one_thread())
-    assert busy == tuning.EvalChunk(4, "not measured: the machine is busy")
-    assert not cache.cache_file().exists()
-
-
-def test_measuring_evaluation_passes_times_each_chunk_and_leaves_the_model(measuring: None) -> None:
-    """The real measurement, on a clock that moves one second a reading: every chunk timed per window,
-    the model's weights, mode and torch's random state untouched; a bound its first pass says it cannot
-    keep stops there."""
-    cfg, model = tiny(overrides=dict(dropout=0.1))
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    state = torch.get_rng_state()
-    ticks = iter(range(10**6))
-    times = tuning.measure_eval_passes(model, CPU, [4, 8, 16], 1e9, lambda: float(next(ticks)))
-    # a call spans one reading: 1 s a pass, so a window of 4, 8 and 16 takes a quarter, eighth, sixteenth
-    assert times == {4: 0.25, 8: 0.125, 16: 0.0625}
-    assert model.training and torch.equal(torch.get_rng_state(), state)
-    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
-    passes = []
-    model.register_forward_pre_hook(lambda module, args: passes.append(len(args[0])))
-    with pytest.raises(tuning.Unmeasured, match="take too long"):  # 13 s of passes estimated, 12 s left
-        tuning.measure_eval_passes(model, CPU, [4, 8, 16], 15, lambda: float(next(ticks)))
-    assert passes == [4, 4]  # the smallest chunk's first pass and one timed
-
-
-def test_an_evaluation_reads_the_same_windows_whatever_its_chunk() -> None:
-    """The chunk changes how many windows a forward pass takes, not which are read or their mean loss."""
-    cfg, model = tiny()
-    tokens = torch.randint(0, 32, (40 * model.config.block_size + 1,)).numpy()
-    losses, passes = {}, []
-    model.register_forward_pre_hook(lambda module, args: passes.append(len(args[0])))
-    for chunk in (4, 12, 0):
-        passes.clear()
-        losses[chunk] = split_loss(model, model.config, tokens, 4, 9, replace(CPU, eval_chunk=chunk))
-        expected = [chunk] * (36 // chunk) if chunk else [36]  # 9 batches of 4: 36 windows, in chunks
-        assert passes == expected
-    # float32 logits, one mean a pass, summed in float64: equal to float32's rounding of the mean
-    assert losses[4] == pytest.approx(losses[0], rel=1e-6) and losses[12] == pytest.approx(
-        losses[0], rel=1e-6
-    )
-
-
-def test_interleaved_prunes_by_time_per_unit_of_work() -> None:
-    clock = FakeClock(0.0)
-    cost, work = {"a": 1.0, "b": 3.0, "c": 2.0}, {"a": 1.0, "b": 4.0, "c": 1.0}
-
-    def run(name: str) -> Callable[[], None]:
-        def go() -> None:
-            clock.now += cost[name]
-
-        return go
-
-    times = interleaved({n: run(n) for n in cost}, 1e9, clock, rounds=2, work=work)
-    assert times == {"a": [1.0] * 2, "b": [3.0] * 2, "c": [2.0]}  # b's 0.75 a unit stays, c's 2 leaves
-
-
 def test_interleaved_warms_up_goes_round_robin_prunes_and_stops_at_the_deadline() -> None:
     clock = FakeClock(0.0)
     order: list[str] = []
@@ -532,12 +410,10 @@ def test_a_run_measures_records_and_trains_as_if_given_the_choice(
     data = DataConfig(paths=(tmp_path / "t.txt",), tokenizer="char", cache_dir=tmp_path / "tok")
     taken: list[tuple[str, str | None]] = []
 
-    def rigged(runs, deadline, clock, rounds=3, warm=True, work=None):  # noqa: ANN001, ANN202
+    def rigged(runs, deadline, clock, rounds=3, warm=True):  # noqa: ANN001, ANN202
         for setting, run in runs.items():
             run()
             taken.append(setting)
-        if all(isinstance(windows, int) for windows in runs):  # evaluation passes: 8 windows the fastest
-            return {windows: [windows * (0.001 if windows == 8 else 0.002)] for windows in runs}
         if "bfloat16" in runs:  # attention's two dtypes: products twice as fast
             return {dtype: [0.01 if dtype == "bfloat16" else 0.02] for dtype in runs}
         return {(d, m): [(1.03 if d == "bfloat16" else 1.5) - 0.03 * (m == "bfloat16")] for d, m in runs}
@@ -552,23 +428,18 @@ def test_a_run_measures_records_and_trains_as_if_given_the_choice(
     assert taken[:2] == (
         ["float32", "bfloat16"] if products else [("float32", "float32"), ("float32", "bfloat16")]
     )
-    assert taken[-4:] == [4, 4, 8, 16]  # the smallest pass alone first, then every chunk of 4, 8, 16 windows
-    assert len(taken) == 8 + 2 * products
+    assert len(taken) == 4 + 2 * products
     attention = ", attention as bf16 products (2.00x float32's)" if products else ""
     assert (
         f"on this machine: bfloat16 autocast, Muon in bfloat16{attention}, 1.50x float32's steps"
         in log.getvalue()
     )
-    assert "evaluation in passes of 8 windows (2.00x 16's speed) (measured on this machine)" in log.getvalue()
     saved = RunDir(tmp_path / "auto").read_config()
     chosen = [saved["train"][name] for name in ("dtype", "muon_dtype", "attention_dtype")]
     assert chosen == ["bfloat16", "bfloat16", "bfloat16" if products else "auto"]
     assert saved["machine"]["precision"]["how"] == "measured on this machine"
     timed = {"float32": 0.02, "bfloat16": 0.01} if products else {}
     assert saved["machine"]["precision"]["attention_seconds"] == timed
-    assert saved["machine"]["evaluation"] == {
-        "windows": 8, "how": "measured on this machine", "window_seconds": {"4": 0.002, "8": 0.001, "16": 0.002}
-    }  # fmt: skip
     given = dict(dtype="bfloat16", muon_dtype="bfloat16", attention_dtype=chosen[2])
     train(TrainConfig(**base, **given), data, out=tmp_path / "given")
     first, _ = load_tensors(tmp_path / "auto" / RunDir.STATE)

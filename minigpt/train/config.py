@@ -260,8 +260,8 @@ class TrainConfig:
     )
     eval_chunk: int | None = setting(
         None, "Windows an evaluation runs in one forward pass (the same windows are evaluated either way), up "
-        "to 256 and 32M logits. Default: on the CPU the fastest of the batch size and its doublings, timed "
-        "once on this machine; on a GPU the most.", panel=EVAL, shown="measured", min=1,
+        "to 256 and 32M logits. Default: the batch size on the CPU (larger passes outgrow its caches), the "
+        "most on a GPU.", panel=EVAL, shown="the batch size on the CPU", min=1,
     )  # fmt: skip
     log_every: int = setting(10, "Log the step loss every N steps.", panel=EVAL)
     # runtime

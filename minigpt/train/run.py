@@ -49,7 +49,7 @@ from minigpt.train.objective import NextToken, Objective
 from minigpt.train.optimizers import make_optimizer
 from minigpt.train.reporters import ProgressReporter, TrainingStart
 from minigpt.train.step import Runtime
-from minigpt.train.tuning import choose_eval_chunk, choose_precision, describe_threads, step_threads
+from minigpt.train.tuning import choose_precision, describe_threads, step_threads
 
 # a first guess at how fast a checkpoint (weights, and the state: weights and two AdamW moments) is saved,
 # replaced by the measured time after the first evaluation
@@ -352,9 +352,8 @@ def _machine_choices(
     cfg: TrainConfig, runtime: Runtime, model: GPT, threads: ThreadTuner | None
 ) -> tuple[TrainConfig, Runtime, dict[str, Any]]:
     """On the CPU, the settings this machine decides (minigpt.train.tuning): the autocast dtype, Muon's and
-    attention's, filled into the run's settings (so a resume keeps them), the evaluations' chunk, and
-    config.json's record of every choice, the OpenMP spin the command line set before torch loaded
-    included."""
+    attention's, filled into the run's settings (so a resume keeps them), and config.json's record of every choice,
+    the OpenMP spin the command line set before torch loaded included."""
     if threads is None:
         return cfg, runtime, {}
     precision = choose_precision(cfg, model, runtime, threads)
@@ -366,17 +365,13 @@ def _machine_choices(
     runtime = replace(
         runtime, dtype=getattr(torch, precision.dtype), attention_dtype=getattr(torch, attention or "float32")
     )
-    chunk = choose_eval_chunk(cfg, model, runtime, threads)
-    runtime = replace(runtime, eval_chunk=chunk.windows)
-    described = [precision.describe(), chunk.describe(), describe_threads(threads), spin.describe()]
     record = {
         "cpu": machine(),
         "torch": torch.__version__,
         "precision": precision.record(),
-        "evaluation": chunk.record(),
         "threads": describe_threads(threads),
         "openmp_spin": spin.describe(),
-        "summary": "; ".join(described),
+        "summary": f"{precision.describe()}; {describe_threads(threads)}; {spin.describe()}",
     }
     return cfg, runtime, record
 
@@ -444,7 +439,6 @@ def _prepare(
     cfg = plan.cfg.with_recipe(device.type, plan.kind)
     torch.manual_seed(cfg.seed)
     planned = plan.shape or cfg.model_config(1)
-    # the CPU's 'auto' dtype and evaluation chunk: measured later
     runtime = Runtime(device, resolve_dtype(cfg.dtype, device), dist, eval_chunk=cfg.eval_chunk or 0)
     progress = dist.is_master and reporter.data_progress
     chat = conversation_files(plan.data.paths)

@@ -30,14 +30,14 @@ EVAL_LOGITS = 1 << 25  # logits elements per evaluation forward pass, at most (1
 @dataclass(frozen=True)
 class Runtime:
     """Where a run computes: its device, its autocast dtype, this process's place among the ranks, and on the
-    CPU the dtype of half-precision attention over few keys (minigpt.model.fused_attention) and the windows
-    an evaluation's forward pass takes (both measured: minigpt.train.tuning)."""
+    CPU the dtype of half-precision attention over few keys (minigpt.model.fused_attention); the windows an
+    evaluation's forward pass takes where given (--eval-chunk)."""
 
     device: torch.device
     dtype: torch.dtype
     dist: DistContext = field(default_factory=DistContext)
     attention_dtype: torch.dtype = torch.float32
-    eval_chunk: int = 0  # windows per evaluation forward pass (0: eval_chunk_limit's), within that limit
+    eval_chunk: int = 0  # windows per evaluation forward pass, within eval_chunk_limit (0: _chunk's rule)
 
     def autocast(self) -> contextlib.ExitStack[Any]:
         """The context a forward pass runs in: autocast to `dtype`, attention as `attention_dtype` says."""
@@ -109,14 +109,20 @@ def _clip_gradients(model: torch.nn.Module, max_norm: float, loss: torch.Tensor)
 
 def eval_chunk_limit(config: GPTConfig, batch_size: int) -> int:
     """The most windows an evaluation's forward pass takes: forward-only passes keep nothing for a backward
-    pass, so they may take more windows at once than a step (faster on a GPU; on a CPU the measurement
-    says), up to EVAL_CHUNK and with the logits of one pass under EVAL_LOGITS elements."""
+    pass, so they may take more windows at once than a step, up to EVAL_CHUNK and with the logits of one
+    pass under EVAL_LOGITS elements."""
     return max(batch_size, min(EVAL_CHUNK, EVAL_LOGITS // (config.block_size * config.vocab_size)))
 
 
 def _chunk(config: GPTConfig, batch_size: int, runtime: Runtime) -> int:
+    """The windows each evaluation pass takes: as given, else the most on a GPU, and on the CPU the batch
+    size. Larger passes outgrow the CPU's caches (256 windows took 1.45-1.75x as long per window on a
+    32 MB L3), and the few percent a pass of two or four batches gained per window once warm was lost on
+    a command's first evaluation, which makes the new shape's kernels (the steps made the batch's)."""
     most = eval_chunk_limit(config, batch_size)
-    return min(runtime.eval_chunk, most) if runtime.eval_chunk else most
+    if runtime.eval_chunk:
+        return min(runtime.eval_chunk, most)
+    return batch_size if runtime.device.type == "cpu" else most
 
 
 @torch.no_grad()
@@ -189,9 +195,8 @@ def eval_cost(
     """What evaluate() costs a process, from a timed forward pass over a batch of windows, the second of two:
     the first pays one-off costs (the CPU's bf16 kernels, allocations) several times a pass's own, and
     timing it would leave a short run with no periodic evaluation to measure again part of its budget
-    unused and its final evaluation shrunk to fit. Evaluations pass chunks of windows at least as fast
-    per window (the fastest measured, or the most on a GPU), so this errs long; the second pass costs
-    about half a training step. Also the windows each split holds (a
+    unused and its final evaluation shrunk to fit. Evaluations pass the batch size on the CPU and larger
+    chunks on a GPU, so this errs long if at all; the second pass costs about half a training step. Also the windows each split holds (a
     conversation is one window)."""
     if isinstance(dataset, ConversationData):
         measured = min(batch_size, dataset.val.conversations)

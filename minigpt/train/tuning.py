@@ -1,6 +1,6 @@
 """Training's machine-dependent choices on the CPU, measured on this machine rather than carried over from
-another: the autocast dtype, the dtype of Muon's iterations and of attention over few keys, the windows an
-evaluation's forward pass takes, and the thread count.
+another: the autocast dtype, the dtype of Muon's iterations and of attention over few keys, and the thread
+count.
 
 Precision (`choose_precision`): whether bf16 autocast, or Muon's iterations in bf16, train faster than
 float32 depends on the CPU (its bf16 instructions, its caches), the BLAS library and the model's shapes,
@@ -21,13 +21,6 @@ attention may run in float32 through torch's fused kernel or as bf16 products
 layer's attention, forward and backward, on the run's shapes: milliseconds, so it adds no candidates to
 the steps' measurement), cached alike, and the steps are then timed with the faster.
 
-Evaluation (`choose_eval_chunk`): an evaluation's forward passes keep nothing for a backward pass, so they
-may take more windows at once than a step; whether that is faster depends on the caches (a pass whose
-activations outgrow them runs slower per window, 1.5x at 256 windows on a 32 MB L3). The batch size and
-its doublings up to EVAL_CHUNK_BATCHES batches are timed once per shape, on the run's own model and
-dtypes (under a second for the CPU recipe), and cached alike; the fastest per window is taken where it
-beats the batch size by a margin (a new shape's kernels cost the first evaluation a one-off).
-
 Threads (`step_threads`): the best count depends on the cores free at the moment, so it is not cached: a
 `ThreadTuner` times the run's own steps on each count (1, 2, 4, ... the cores, and the cores but one), keeps
 the fastest, tries the others again after 25 steps, then 50, 100, ... up to every `RECHECK_EVERY`, and at
@@ -41,7 +34,6 @@ promised for a fixed count (`--threads`, or OMP_NUM_THREADS).
 from __future__ import annotations
 
 import copy
-import math
 import platform
 import statistics
 import time
@@ -69,7 +61,7 @@ from minigpt.model.fused_attention import cpu_half_attention, fused_attention, p
 from minigpt.model.gpt import GPT
 from minigpt.train.config import TrainConfig
 from minigpt.train.optimizers import make_optimizer
-from minigpt.train.step import Runtime, eval_chunk_limit, split_loss, train_step
+from minigpt.train.step import Runtime, train_step
 
 # the precision measurement's bound: room for a warm-up and a timed step of float32 and of bf16 where a step
 # takes over a second (the wider models, where bf16 buys most); small models stop after ROUNDS rounds
@@ -84,16 +76,6 @@ STEP_KEY = "train"  # the tuner's key for training steps
 ATTENTION_SECONDS = 2.0  # the attention measurement's bound (MEASURE_SHARE of a shorter time budget)
 ATTENTION_ROUNDS = 7  # timed calls of each attention dtype, at most
 ATTENTION_CANDIDATES = ("float32", "bfloat16")  # torch's kernel on float32 copies, or bf16 products
-EVAL_CHUNK_SECONDS = 2.0  # the evaluation chunk's measurement bound (a hundredth of a shorter time budget)
-EVAL_CHUNK_SHARE = 0.01
-EVAL_CHUNK_ROUNDS = 3  # timed passes of each chunk, at most
-# the largest chunk timed, in batches: per window, passes beyond it gain little where they fit the caches
-# and lose where they do not (1.5x slower at 16 batches than at 2 on a 32 MB L3), and timing them costs most
-EVAL_CHUNK_BATCHES = 4
-# a larger chunk replaces the batch size only when this many times faster per window: its kernels are new
-# to the process (a command's first evaluation pays for making them, as much as tenths of a second where
-# the steps already made the batch size's), and a few percent per window does not repay that in a short run
-EVAL_CHUNK_MARGIN = 1.1
 
 
 class Unmeasured(Exception):
@@ -147,29 +129,6 @@ class Precision:
             "dtype": self.dtype, "muon_dtype": self.muon_dtype, "attention_dtype": self.attention_dtype,
             "how": self.how, "step_seconds": seconds, "attention_seconds": attention,
         }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class EvalChunk:
-    """The windows each forward pass of the CPU run's evaluations takes, how that was chosen, and each
-    candidate's seconds per window where they were timed."""
-
-    windows: int
-    how: str
-    seconds: Mapping[int, float] = field(default_factory=dict)  # per window, by windows per pass
-
-    def describe(self) -> str:
-        """The choice in words, with its speed against the largest chunk's where both were timed."""
-        words = f"evaluation in passes of {self.windows} windows"
-        most = max(self.seconds, default=self.windows)
-        if most != self.windows and self.windows in self.seconds:
-            words += f" ({self.seconds[most] / self.seconds[self.windows]:.2f}x {most}'s speed)"
-        return f"{words} ({self.how})"
-
-    def record(self) -> dict[str, Any]:
-        """What config.json keeps of the choice."""
-        seconds = {str(windows): round(s, 8) for windows, s in self.seconds.items()}
-        return {"windows": self.windows, "how": self.how, "window_seconds": seconds}
 
 
 def setting_name(dtype: str, muon_dtype: str | None) -> str:
@@ -328,88 +287,6 @@ def measure_attention(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def choose_eval_chunk(
-    cfg: TrainConfig,
-    model: torch.nn.Module,
-    runtime: Runtime,
-    tuner: ThreadTuner,
-    clock: Callable[[], float] = time.perf_counter,
-) -> EvalChunk:
-    """The windows a forward pass of `model`'s evaluations takes on this CPU: the one given, or the fastest
-    per window of the batch size and its doublings up to the limit (minigpt.train.step.eval_chunk_limit),
-    the batch size unless another is EVAL_CHUNK_MARGIN times faster, from the cache or timed now on the
-    run's model and dtypes. Where nothing may be measured (several
-    processes; a busy machine; passes too slow for the bound) the batch size, which a step already runs."""
-    if cfg.eval_chunk is not None:
-        return EvalChunk(cfg.eval_chunk, "as set")
-    assert cfg.batch_size is not None
-    options = eval_chunk_candidates(model.config, cfg.batch_size)
-    if len(options) == 1:
-        return EvalChunk(options[0], "the only candidate")
-    if runtime.dist.enabled:
-        return EvalChunk(options[0], "several processes: not measured")
-    shape = {k: v for k, v in asdict(model.config).items() if k != "dropout"}
-    dtypes = [str(runtime.dtype), str(runtime.attention_dtype)]
-    key = {"eval chunk": [shape, options, dtypes], "torch": torch.__version__}
-    timed: dict[str, float] = {}
-
-    def measure() -> dict[str, float]:
-        tuner.use(max(tuner.candidates))
-        bound = EVAL_CHUNK_SECONDS if cfg.max_time is None else EVAL_CHUNK_SHARE * cfg.max_time
-        passes = measure_eval_passes(model, runtime, options, min(EVAL_CHUNK_SECONDS, bound), clock)
-        timed.update({str(windows): s for windows, s in passes.items()})
-        return timed
-
-    try:
-        best = remembered_times(key, [str(o) for o in options], measure, measurements=1)
-    except Unmeasured as e:
-        return EvalChunk(options[0], f"not measured: {e}")
-    seconds = {int(windows): s for windows, s in best.items()}
-    how = "measured on this machine" if timed else "measured before on this machine"
-    fastest = min(seconds, key=lambda windows: seconds[windows])
-    if seconds[options[0]] < EVAL_CHUNK_MARGIN * seconds[fastest]:
-        fastest = options[0]
-    return EvalChunk(fastest, how, seconds)
-
-
-def eval_chunk_candidates(config: GPTConfig, batch_size: int) -> list[int]:
-    """The batch size and its doublings up to EVAL_CHUNK_BATCHES batches, within the most an evaluation's
-    forward pass takes."""
-    most = min(eval_chunk_limit(config, batch_size), EVAL_CHUNK_BATCHES * batch_size)
-    return [batch_size << k for k in range(EVAL_CHUNK_BATCHES.bit_length()) if batch_size << k <= most]
-
-
-def measure_eval_passes(
-    model: torch.nn.Module, runtime: Runtime, options: list[int], seconds: float, clock: Callable[[], float]
-) -> dict[int, float]:
-    """Median seconds per window of an evaluation's forward pass over random windows (the run's own
-    split_loss, dtypes and model), in passes of each of `options` windows, round robin within `seconds`.
-    Raises Unmeasured as measure_steps does, or when the bound leaves a chunk untimed."""
-    why = measuring_blocked()
-    if why:
-        raise Unmeasured(why)
-    config = model.config
-    with torch.random.fork_rng(devices=[]):
-        tokens = torch.randint(0, config.vocab_size, (max(options) * config.block_size + 1,)).numpy()
-
-    def evaluation(windows: int) -> Callable[[], None]:
-        sample, on = tokens[: windows * config.block_size + 1], replace(runtime, eval_chunk=windows)
-        return lambda: split_loss(model, config, sample, windows, 1, on)  # type: ignore[return-value]
-
-    runs = {windows: evaluation(windows) for windows in options}
-    deadline = clock() + seconds
-    # the smallest pass first: where the others' first passes and a round of all would overrun the bound,
-    # stop at the cost of that one pass (the next run of the shape tries again, as cheaply)
-    smallest = interleaved({options[0]: runs[options[0]]}, deadline, clock, rounds=1)
-    estimate = min(smallest.get(options[0], [math.inf])) / options[0] * (2 * sum(options) - options[0])
-    if clock() + estimate > deadline:
-        raise Unmeasured("its evaluation passes take too long to time within the measurement's bound")
-    times = interleaved(runs, deadline, clock, EVAL_CHUNK_ROUNDS, work={w: float(w) for w in options})
-    if len(times) < len(runs):
-        raise Unmeasured("its larger evaluation passes were too slow to time within the measurement's bound")
-    return {windows: statistics.median(t) / windows for windows, t in times.items()}
-
-
 def measure_steps(
     cfg: TrainConfig,
     model: torch.nn.Module,
@@ -462,13 +339,11 @@ def interleaved(
     clock: Callable[[], float],
     rounds: int = ROUNDS,
     warm: bool = True,
-    work: Mapping[Any, float] | None = None,
 ) -> dict[Any, list[float]]:
     """Each run's timed calls: each called once untimed first (with `warm`: first calls pay one-off costs),
     then up to `rounds` timed calls each, round robin so that every run sees the same moments of load, a
-    run more than PRUNE times slower than the fastest (per unit of `work`, where runs do different amounts)
-    leaving after its first timed call. No call starts that its last one says would end past `deadline` (a
-    `clock()` reading); runs left untimed are absent."""
+    run more than PRUNE times slower than the fastest leaving after its first timed call. No call starts
+    that its last one says would end past `deadline` (a `clock()` reading); runs left untimed are absent."""
     last: dict[Any, float] = {}
     for name, run in runs.items() if warm else ():
         if clock() + max(last.values(), default=0.0) > deadline:
@@ -488,9 +363,8 @@ def interleaved(
             runs[name]()
             last[name] = clock() - start
             times[name].append(last[name])
-        unit = {n: min(t) / (work[n] if work else 1.0) for n, t in times.items() if t}
-        best = min(unit.values())
-        live = [n for n in live if unit[n] <= PRUNE * best]
+        best = min(min(t) for t in times.values() if t)
+        live = [n for n in live if min(times[n]) <= PRUNE * best]
     return {n: t for n, t in times.items() if t}
 
 
