@@ -53,7 +53,7 @@ LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
         "--attention-dtype float32",
         dict(attention_dtype="float32"),
     ),
-    "evaluation in passes of 256 windows (before they were measured)": (
+    "evaluation in passes of 256 windows (the rule before)": (
         "--eval-chunk 256",
         dict(eval_chunk=256),
     ),
