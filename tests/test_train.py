@@ -348,6 +348,14 @@ def test_a_run_saved_before_the_decay_had_a_shape_keeps_decaying_linearly() -> N
     assert TrainConfig.from_dict(TrainConfig(schedule="wsd").to_dict()).cooldown_shape == "sqrt"
 
 
+def test_an_unknown_cooldown_shape_is_refused_in_one_line(runner, text_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cooldown_shape"):
+        TrainConfig(cooldown_shape="cubic")
+    out = tmp_path / "run"
+    bad = runner.invoke(app, ["train", str(text_file), "--cooldown-shape", "cubic", "--out", str(out)])
+    assert bad.exit_code == 2 and "--cooldown-shape" in bad.output and not out.exists()
+
+
 def test_warmup_is_capped_at_a_tenth_of_the_budget() -> None:
     assert Budget(max_iters=50).warmup_steps(100, TrainState(), 1000) == 5
     assert Budget(max_iters=5000).warmup_steps(100, TrainState(), 1000) == 100
