@@ -189,6 +189,9 @@ elif engine.kernels:  # the batched steps' form and the prefills' products the e
     layout += ", " + "; ".join(
         f"{rows} rows: " + ("rows" if t is None else f"tiles from {t}") for rows, t in engine.tiles.items()
     )
+if engine.kernels and engine.bands and engine.quantize == "none":  # the prefetch distances measured per batch
+    from minigpt.generate.engines.numpy_engine import prefetch_label
+    layout += "; bands ask ahead " + ", ".join(f"{rows} rows: {prefetch_label(a)}" for rows, a in engine.prefetch.items())
 if engine.kernels:
     layout += "; every prefill by the kernels" if engine.bands else f"; prefill kernels to {engine.kernel_rows} rows"
 print(json.dumps({"results": out, "layout": layout}), "torch" in sys.modules)

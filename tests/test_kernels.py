@@ -201,6 +201,78 @@ def test_the_engine_measures_where_tiles_pay_and_remembers_it(monkeypatch) -> No
         engine_of(config, tile_from="sometimes")
 
 
+# a model whose every width is a multiple of 16: its blocks are float32 bands, which may prefetch
+BANDED = replace(CONFIGS["gpt2"], n_embd=48, n_head=4)
+
+
+def test_the_engine_times_prefetch_distances_per_batch_width_and_remembers_them(monkeypatch) -> None:
+    """'auto' times steps of 1, 2, 4 and 8 rows with each of PREFETCHES; on faked timings in which
+    asking for nothing wins at one row and 2k/16k at two rows or more, it keeps each width's fastest (a
+    step of three rows asks as two rows' answer says; sixteen rows and a prefill as eight's), and later
+    loads read the answers: three loads time them, the fourth does not."""
+    from minigpt.generate.engines import numpy_engine as engine_module
+
+    widths: list[int] = []
+    real = engine_module.best_times
+
+    def fake(runs, *args, **kw):
+        if list(runs) != list(kernels.PREFETCHES):
+            return real(runs, *args, **kw)
+        rows = engine_module.FETCH_ROWS[len(widths) % len(engine_module.FETCH_ROWS)]
+        widths.append(rows)
+        winner = "none" if rows == 1 else "2k/16k"
+        return {name: 1.0 if name == winner else 2.0 for name in runs}
+
+    monkeypatch.setattr(engine_module, "best_times", fake)
+    for _ in range(4):
+        engine, _ = engine_of(BANDED)
+        assert engine.prefetch == {1: (0, 0), 2: (2048, 16384), 4: (2048, 16384), 8: (2048, 16384)}
+    assert widths == [1, 2, 4, 8] * 3
+    asked = {rows: tuple(args[3][0, 9:]) for rows, args in engine._model_args.items()}
+    assert asked == {1: (0, 0), 2: (2048, 16384), 4: (2048, 16384), 8: (2048, 16384), 16: (2048, 16384)}
+    assert engine_module._at(engine._model_args, 3) is engine._model_args[2]
+    assert tuple(engine._prefill_args[3][0, 9:]) == (2048, 16384)
+
+
+def test_a_prefetch_distance_given_or_set_in_the_environment_is_used_untimed(monkeypatch) -> None:
+    """`prefetch` names a distance for every batch, else MINIGPT_PREFETCH does, untimed; one that is
+    neither a name nor two byte distances in bounds is refused, naming the variable; models whose
+    blocks are not float32 bands (int8, widths not multiples of 16) have nothing to time and ask for
+    nothing."""
+    from minigpt.generate.engines import numpy_engine as engine_module
+
+    timed: list[list[str]] = []
+    real = engine_module.best_times
+    monkeypatch.setattr(
+        engine_module, "best_times", lambda runs, *a, **kw: timed.append(list(runs)) or real(runs, *a, **kw)
+    )
+    assert set(engine_of(BANDED, prefetch="4k/32k")[0].prefetch.values()) == {(4096, 32768)}
+    monkeypatch.setenv(engine_module.PREFETCH_ENV, "1024, 0")
+    assert set(engine_of(BANDED)[0].prefetch.values()) == {(1024, 0)}
+    assert set(engine_of(BANDED, prefetch="2k")[0].prefetch.values()) == {(2048, 0)}
+    for bad in ("far", "0,64", "64,2000000", "1,2,3", "-64,0"):
+        monkeypatch.setenv(engine_module.PREFETCH_ENV, bad)
+        with pytest.raises(UsageError, match="unknown prefetch distance .*MINIGPT_PREFETCH"):
+            engine_of(BANDED)
+    monkeypatch.delenv(engine_module.PREFETCH_ENV)
+    for config, quantize in ((BANDED, "int8"), (CONFIGS["gpt2"], "none")):
+        assert set(engine_of(config, quantize=quantize)[0].prefetch.values()) == {(0, 0)}
+    assert not any(names == list(kernels.PREFETCHES) for names in timed)
+
+
+def test_asking_for_weights_ahead_changes_no_bit_of_a_product() -> None:
+    """A product by bands over 37 inputs (an odd count: a pass's last input alone) at 1 to 9 rows, asking
+    for nothing, for the near line, for both, at each of PREFETCHES and at other distances: the same
+    bits (a request moves no value)."""
+    rng = np.random.default_rng(3)
+    layer = banded(LinearWeights(rng.standard_normal((48, 37), dtype=np.float32), None))
+    x = rng.standard_normal((9, 37), dtype=np.float32)
+    for rows in range(1, 10):
+        want = kernels.matvec(layer, x[:rows], None, (0, 0))
+        for ahead in [*kernels.PREFETCHES.values(), (64, 0), (192, 4096)]:
+            np.testing.assert_array_equal(kernels.matvec(layer, x[:rows], None, ahead), want)
+
+
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("biased", [True, False])
 def test_a_layer_held_as_bands_computes_its_product_and_a_row_the_same_bits_in_any_batch(
@@ -275,15 +347,15 @@ def _int8_band(w: np.ndarray, n_in: int, x: tuple, out: np.ndarray, portable: bo
     """Rows of quantized x through one int8 band, eight, four, two and one rows a pass, by the CPU's byte
     dot-product instruction or the portable sums."""
     if portable:
-        kernels._band_sums(w, 0, n_in, x, 0, out, 0, 8, True)
-        kernels._band_sums(w, 0, n_in, x, 8, out, 0, 4, True)
-        kernels._band_sums(w, 0, n_in, x, 12, out, 0, 2, True)
-        kernels._band_sums(w, 0, n_in, x, 14, out, 0, 1, True)
+        kernels._band_sums(w, 0, n_in, x, 0, out, 0, 8, True, 0, 0)
+        kernels._band_sums(w, 0, n_in, x, 8, out, 0, 4, True, 0, 0)
+        kernels._band_sums(w, 0, n_in, x, 12, out, 0, 2, True, 0, 0)
+        kernels._band_sums(w, 0, n_in, x, 14, out, 0, 1, True, 0, 0)
     else:
-        kernels._band_sums(w, 0, n_in, x, 0, out, 0, 8, False)
-        kernels._band_sums(w, 0, n_in, x, 8, out, 0, 4, False)
-        kernels._band_sums(w, 0, n_in, x, 12, out, 0, 2, False)
-        kernels._band_sums(w, 0, n_in, x, 14, out, 0, 1, False)
+        kernels._band_sums(w, 0, n_in, x, 0, out, 0, 8, False, 0, 0)
+        kernels._band_sums(w, 0, n_in, x, 8, out, 0, 4, False, 0, 0)
+        kernels._band_sums(w, 0, n_in, x, 12, out, 0, 2, False, 0, 0)
+        kernels._band_sums(w, 0, n_in, x, 14, out, 0, 1, False, 0, 0)
 
 
 def test_the_portable_int8_sums_are_the_dot_product_instructions_bit_for_bit() -> None:

@@ -32,9 +32,10 @@ more than one row. A weight is held in one of four layouts (`form`):
     gain depends on the CPU, so the engine measures it), four weight rows a quarter of the matrix apart by
     four rows of the batch (`_tile`), each value loaded used four times.
 
-Prefetching. The float32 band products ask for weights ahead of the ones they multiply (`_prefetch`) at
-two rows or more, where the sums take long enough to hide a fetch from memory; a single row only waits
-on its loads, and the requests would just add to them.
+Prefetching. The float32 band products may ask for weights ahead of the ones they multiply (`_prefetch`),
+so that memory stays busy while the sums run; whether that pays at each batch width, and how far ahead,
+depends on the CPU's caches and memory, so the distances are values of the call (`PREFETCHES`) and the
+engine times them on the user's machine.
 
 Element-wise work. The exps of GELU, SwiGLU and the softmax are a polynomial the vectoriser keeps in
 vector registers (`_exp`) rather than a library call per element. A float16 KV cache (`--kv-cache
@@ -67,6 +68,8 @@ __all__ = [
     "ACTIVATIONS",
     "LANES",
     "ModelArgs",
+    "PREFETCHES",
+    "VERSION",
     "available",
     "cache_folder",
     "caches",
@@ -94,6 +97,8 @@ try:  # numba is a dependency, but a platform without its wheels still decodes (
 except ImportError:  # pragma: no cover - exercised only where numba cannot be installed
     numba = None
 
+VERSION = "" if numba is None else numba.__version__  # measured choices are kept per version (`tuning`)
+
 ACTIVATIONS = {"gelu": 0, "relu2": 1, "swiglu": 2}
 # how a product reads its weight (`_linear`): output-major rows (`_rows`), four rows a quarter of the
 # matrix apart (`_tile`), bands of LANES outputs (`_bands`), or int8 bands (`_qbands`)
@@ -103,9 +108,13 @@ QBLOCK = 32  # the inputs of an int8 product that share an activation scale (`_q
 # the values a row-by-row loop (a batch's draw, its rounding to int8) needs before it runs on every thread:
 # waking the threads costs a few microseconds, as much as a few thousand values' work
 SPREAD_FROM = 1 << 14
-# how far ahead of a band's weights `_band_sums` asks for them at two rows or more: the near line into
-# every cache level, the far one into L2 only (`_prefetch`)
-PREFETCH, PREFETCH_L2 = 2048, 16384
+# how far ahead of a band's weights `_band_sums` may ask for them, in bytes (`_prefetch`): the near line
+# into every cache level, the far one into L2 only (0: none); "none" asks for nothing. Which pays depends
+# on the CPU's caches and memory and on the batch's rows, so the engine times these on the user's machine
+# (`NumpyEngine._pick_prefetch`)
+PREFETCHES = {
+    "none": (0, 0), "2k": (2048, 0), "1k/8k": (1024, 8192), "2k/16k": (2048, 16384), "4k/32k": (4096, 32768)
+}  # fmt: skip
 _EMPTY = np.zeros(0, dtype=np.float32)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
 _EMPTY_BYTES = np.zeros(0, dtype=np.uint8)
@@ -363,17 +372,18 @@ if numba is not None:
         stride = builder.sdiv(cgutils.unpack_tuple(builder, array.strides)[0], array.itemsize)
         return builder.gep(array.data, [builder.mul(row, stride)])
 
-    def _prefetch(builder: Any, at: Any) -> None:
-        """Ask the CPU for the line PREFETCH bytes past `at` into every cache level (prefetcht0), and the
-        one PREFETCH_L2 bytes past it into L2 (LLVM's locality 2: prefetcht1). The near request has the
-        next weights in L1 when the sums reach them; the far one keeps memory busy while the sums run on
-        weights the near one found in L3, which would otherwise leave memory idle. The far distance is
-        not critical: anywhere a few cache pages ahead serves."""
+    def _prefetch(builder: Any, at: Any, distances: tuple[Any, ...]) -> None:
+        """Ask the CPU for the line `near` bytes past `at` into every cache level (prefetcht0), and the
+        one `far` bytes past it into L2 (LLVM's locality 2: prefetcht1), for `distances` (near, far),
+        (near,) or none. The near request has the next weights in L1 when the sums reach them; the far
+        one keeps memory busy while the sums run on weights the near one found in L3, which would
+        otherwise leave memory idle. The distances are values of the call (`PREFETCHES`), not
+        constants: the engine picks them by timing."""
         byte = ir.IntType(8).as_pointer()
         kind = ir.FunctionType(ir.VoidType(), [byte, *[ir.IntType(32)] * 3])
         fetch = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")
-        for distance, locality in ((PREFETCH, 3), (PREFETCH_L2, 2)):
-            ahead = builder.gep(builder.bitcast(at, byte), [_const(distance)])
+        for distance, locality in zip(distances, (3, 2)[: len(distances)], strict=True):
+            ahead = builder.gep(builder.bitcast(at, byte), [distance])
             builder.call(fetch, [ahead, _const(0, 32), _const(locality, 32), _const(1, 32)])
 
     # each row's sums in two vectors, inputs i and i + 1 (int8: groups g and g + 1): with one, a row alone
@@ -387,6 +397,7 @@ if numba is not None:
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             w, start, n_in, x, b0, out, col = args[:7]
+            near, far = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (9, 10))
             arrays = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5)]
             band = builder.gep(arrays[0].data, [start])
             xs = [_row_pointer(builder, arrays[1], builder.add(b0, _const(r))) for r in range(rows)]
@@ -394,10 +405,9 @@ if numba is not None:
                 [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(_WAYS)] for _ in xs
             ]
 
-            def step(i: Any, way: int) -> None:  # input i: its LANES weights by each row's x[i]
+            def step(i: Any, way: int, fetch: tuple[Any, ...]) -> None:  # input i: LANES weights by each x[i]
                 at = builder.gep(band, [builder.mul(i, _const(LANES))])
-                if rows >= 2:  # the sums take long enough to hide a fetch from memory asked for early
-                    _prefetch(builder, at)
+                _prefetch(builder, at, fetch)
                 wv = builder.load(builder.bitcast(at, vec.as_pointer()), align=4)
                 for xr, acc in zip(xs, sums, strict=True):
                     xv = _splat(builder, builder.load(builder.gep(xr, [i])), vec)
@@ -406,13 +416,26 @@ if numba is not None:
                         builder.fadd(builder.load(acc[way]), product, flags=("contract",)), acc[way]
                     )
 
-            pairs = builder.udiv(n_in, _const(_WAYS))
-            with cgutils.for_range(builder, pairs) as loop:
-                for way in range(_WAYS):
-                    step(builder.add(builder.mul(loop.index, _const(_WAYS)), _const(way)), way)
-            done = builder.mul(pairs, _const(_WAYS))
-            with cgutils.for_range(builder, builder.sub(n_in, done)) as loop:  # an odd n_in's last input
-                step(builder.add(done, loop.index), 0)
+            def inputs(fetch: tuple[Any, ...]) -> None:  # every input, in pairs, then an odd n_in's last one
+                pairs = builder.udiv(n_in, _const(_WAYS))
+                with cgutils.for_range(builder, pairs) as loop:
+                    for way in range(_WAYS):
+                        step(builder.add(builder.mul(loop.index, _const(_WAYS)), _const(way)), way, fetch)
+                done = builder.mul(pairs, _const(_WAYS))
+                with cgutils.for_range(builder, builder.sub(n_in, done)) as loop:
+                    step(builder.add(done, loop.index), 0, fetch)
+
+            # the loop three times, asking for both lines, the near one, or none, chosen once a call: no
+            # test in the loop
+            with builder.if_else(builder.icmp_signed(">", near, _const(0))) as (asking, not_asking):
+                with asking:
+                    with builder.if_else(builder.icmp_signed(">", far, _const(0))) as (both, near_only):
+                        with both:
+                            inputs((near, far))
+                        with near_only:
+                            inputs((near,))
+                with not_asking:
+                    inputs(())
             for r, acc in enumerate(sums):
                 total = builder.load(acc[0])
                 for part in acc[1:]:
@@ -527,6 +550,8 @@ if numba is not None:
         col: Any,
         rows: Any,
         portable: Any,
+        near: Any,
+        far: Any,
     ) -> Any:
         """out[b0 + r, col + j] = sum over i of w[start + LANES i + j] x[b0 + r, i], for the LANES outputs
         j of the band at `start` and `rows` rows of x (a constant: 1, 2, 4 or 8), without scale or bias.
@@ -534,9 +559,9 @@ if numba is not None:
         Written in LLVM's vectors because numba's loops cannot keep a row's LANES sums in one register:
         the products of output-major rows end in a sum across a vector's lanes for each output, where a
         band's lanes are its outputs and each input is one 64-byte load and `rows` multiply-adds, x[b, i]
-        broadcast to every lane. At two rows or more the weights ahead are asked for (`_prefetch`), so that
-        both the CPU's caches and memory stay busy while the sums run; one row, waiting on nothing but
-        its loads, gains nothing from the requests.
+        broadcast to every lane. With `near` > 0 the weights `near` and `far` bytes ahead are asked for
+        (`_prefetch`), so that both the CPU's caches and memory stay busy while the sums run; whether that
+        pays, and at what distances, the engine measures (`PREFETCHES`).
 
         With uint8 weights (`numpy_engine.quantized_bands`: each group of four inputs' LANES x 4 bytes,
         the int8 weights plus 128) x is `_quantize`'s (int8 rows, their blocks' scales, their
@@ -551,6 +576,7 @@ if numba is not None:
             isinstance(rows, types.IntegerLiteral)
             and rows.literal_value in (1, 2, 4, 8)
             and isinstance(portable, types.BooleanLiteral)
+            and all(isinstance(d, types.Integer) for d in (near, far))
             and all(isinstance(a, types.Array) for a in arrays)
             and w.ndim == 1
             and all(a.ndim == 2 for a in arrays[1:])
@@ -564,41 +590,44 @@ if numba is not None:
             if quantized
             else _band_codegen(rows.literal_value)
         )
-        return types.none(w, start, n_in, x, b0, out, col, rows, portable), codegen
+        return types.none(w, start, n_in, x, b0, out, col, rows, portable, near, far), codegen
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _band(w: Any, start: int, n_in: int, x: Any, rows: int, out: Any, col: int) -> None:
+    def _band(
+        w: Any, start: int, n_in: int, x: Any, rows: int, out: Any, col: int, near: int, far: int
+    ) -> None:
         """The `rows` rows of x (float32, or `_quantize`'s) through the band at `start` (`n_in` inputs)
-        into out[:, col:col + LANES]: eight rows a pass, a batch's last rows that do not fill eight (or
-        four, or two) done as part of its last eight (those rows summed twice, the same values written
-        again)."""
+        into out[:, col:col + LANES], asking for the weights `near` and `far` bytes ahead (`_band_sums`):
+        eight rows a pass, a batch's last rows that do not fill eight (or four, or two) done as part of
+        its last eight (those rows summed twice, the same values written again)."""
         b = 0
         if rows >= 8:
             while b < rows:
                 b = min(b, rows - 8)
-                _band_sums(w, start, n_in, x, b, out, col, 8, False)
+                _band_sums(w, start, n_in, x, b, out, col, 8, False, near, far)
                 b += 8
         elif rows >= 4:
             while b < rows:
                 b = min(b, rows - 4)
-                _band_sums(w, start, n_in, x, b, out, col, 4, False)
+                _band_sums(w, start, n_in, x, b, out, col, 4, False, near, far)
                 b += 4
         elif rows >= 2:
             while b < rows:
                 b = min(b, rows - 2)
-                _band_sums(w, start, n_in, x, b, out, col, 2, False)
+                _band_sums(w, start, n_in, x, b, out, col, 2, False, near, far)
                 b += 2
         else:
-            _band_sums(w, start, n_in, x, 0, out, col, 1, False)
+            _band_sums(w, start, n_in, x, 0, out, col, 1, False, near, far)
 
     @njit(fastmath=_FAST, cache=_CACHE, parallel=True)
-    def _bands(w: Any, start: int, x: Any, bias: Any, out: Any) -> None:
+    def _bands(w: Any, start: int, x: Any, bias: Any, out: Any, near: int, far: int) -> None:
         """out[b] = W x[b] + bias for every row b, W float32 held from w[start] on as bands
-        (`numpy_engine.banded`: out.shape[1] / LANES of them, each (n_in, LANES)), a band a task."""
+        (`numpy_engine.banded`: out.shape[1] / LANES of them, each (n_in, LANES)), a band a task, the
+        weights ahead asked for as `PREFETCHES` says (`near`, `far`)."""
         rows, n_in = x.shape
         for p in prange(out.shape[1] // LANES):
             col = p * LANES
-            _band(w, start + p * n_in * LANES, n_in, x, rows, out, col)
+            _band(w, start + p * n_in * LANES, n_in, x, rows, out, col, near, far)
             if bias.size:
                 for b in range(rows):
                     for j in range(col, col + LANES):
@@ -653,7 +682,7 @@ if numba is not None:
         quantized = _quantize(x, n_in)
         for p in prange(out.shape[1] // LANES):
             col = p * LANES
-            _band(w, start + p * n_in * LANES, n_in, quantized, rows, out, col)
+            _band(w, start + p * n_in * LANES, n_in, quantized, rows, out, col, 0, 0)
             for b in range(rows):
                 for j in range(col, min(col + LANES, n)):
                     y = out[b, j] * scale[j]
@@ -954,10 +983,11 @@ if numba is not None:
         return buf[start : start + rows * cols].reshape((rows, cols))
 
     @njit(fastmath=_FAST, cache=_CACHE)
-    def _linear(f32: Any, quant: Any, table: Any, slot: int, form: int, x: Any) -> Any:
+    def _linear(f32: Any, quant: Any, table: Any, slot: int, form: int, x: Any, near: int, far: int) -> Any:
         """x through the linear layer whose weight is at `slot` of the table, its scales and bias the next
-        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; BANDS: `_bands`, in f32;
-        QBANDS: `_qbands`, in `quant`, as many outputs as scales)."""
+        two slots of f32, read as `form` says (ROWS, TILES: `_matvec`; BANDS: `_bands`, in f32, asking
+        for weights `near` and `far` bytes ahead; QBANDS: `_qbands`, in `quant`, as many outputs as
+        scales)."""
         scale, bias = _vec(f32, table, slot + 1), _vec(f32, table, slot + 2)
         if form == QBANDS:  # out as long as the bands, cut to the outputs (a copy where they are padded)
             out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
@@ -965,7 +995,7 @@ if numba is not None:
             return out if scale.size == out.shape[1] else np.ascontiguousarray(out[:, : scale.size])
         out = np.empty((x.shape[0], table[slot, 1]), dtype=np.float32)
         if form == BANDS:
-            _bands(f32, table[slot, 0], x, bias, out)
+            _bands(f32, table[slot, 0], x, bias, out, near, far)
         else:
             _matvec(_mat(f32, table, slot), x, bias, out, form == TILES)
         return out
@@ -992,7 +1022,8 @@ if numba is not None:
         kc, vc = cache
         h = np.empty_like(x)
         _norm(x, _vec(f32, table, first), _vec(f32, table, first + 1), reals[0], rms, h)
-        qkv = _linear(f32, quant, table, first + _QKV, ints[5], h)
+        near, far = ints[9], ints[10]
+        qkv = _linear(f32, quant, table, first + _QKV, ints[5], h, near, far)
         if v_rows.size:  # value embeddings: added to the values before they are cached
             qkv[:, (n_head + n_kv) * hd :] += v_rows
         qn, kn = _vec(f32, table, first + _QK), _vec(f32, table, first + _QK + 1)
@@ -1000,11 +1031,11 @@ if numba is not None:
         _store_kv(qkv, n_head, n_kv, hd, kc, vc, positions, cache_rows)
         y = np.empty((rows, n_head * hd), dtype=np.float32)
         _attend(qkv, kc, vc, n_head, n_kv, positions, cache_rows, reals[2], y, threads)
-        out = _linear(f32, quant, table, first + _PROJ, ints[6], y)
+        out = _linear(f32, quant, table, first + _PROJ, ints[6], y, near, far)
         out += x
         _norm(out, _vec(f32, table, first + 2), _vec(f32, table, first + 3), reals[0], rms, h)
-        up = _linear(f32, quant, table, first + _FC, ints[7], h)
-        out += _linear(f32, quant, table, first + _DOWN, ints[8], _activate(up, activation))
+        up = _linear(f32, quant, table, first + _FC, ints[7], h, near, far)
+        out += _linear(f32, quant, table, first + _DOWN, ints[8], _activate(up, activation), near, far)
         return out
 
     @njit(fastmath=_FAST, cache=_CACHE)
@@ -1059,7 +1090,7 @@ if numba is not None:
         eps, rms, form, logit_cap = final
         h = np.empty((logit_rows.shape[0], width), dtype=np.float32)
         _norm(x[logit_rows], _vec(f32, table, _LNF), _vec(f32, table, _LNF + 1), eps, rms, h)
-        logits = _linear(f32, quant, table, _HEAD, form, h)
+        logits = _linear(f32, quant, table, _HEAD, form, h, 0, 0)  # the head is never float32 bands
         if logit_cap > 0:
             cap = np.float32(logit_cap)
             for b in range(h.shape[0]):
@@ -1095,9 +1126,14 @@ def out_features(w: LinearWeights[np.ndarray]) -> int:
     return shape[0] * shape[2] if len(shape) == 3 else shape[1] if w.input_major else shape[0]
 
 
-def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = None) -> np.ndarray:
+def matvec(
+    w: LinearWeights[np.ndarray],
+    x: np.ndarray,
+    tile_from: int | None = None,
+    ahead: tuple[int, int] = PREFETCHES["none"],
+) -> np.ndarray:
     """x (B, in) through a float32 linear layer held output-major or as bands, or an int8 one held as
-    int8 bands: (B, out), as `numpy.linear` (`form` by `tile_from`)."""
+    int8 bands: (B, out), as `numpy.linear` (`form` by `tile_from`; bands asking for weights `ahead`)."""
     out = np.empty((x.shape[0], out_features(w)), dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
     bias = _array(w.bias)
@@ -1107,7 +1143,7 @@ def matvec(w: LinearWeights[np.ndarray], x: np.ndarray, tile_from: int | None = 
         _qbands(weight.reshape(-1), 0, weight.shape[1] * 4, w.scale, x, bias, full)
         out[:] = full[:, : out.shape[1]]
     elif w.weight.ndim == 3:
-        _bands(np.ascontiguousarray(w.weight).reshape(-1), 0, x, bias, out)
+        _bands(np.ascontiguousarray(w.weight).reshape(-1), 0, x, bias, out, *ahead)
     else:
         _matvec(w.weight, x, bias, out, tiled(w, tile_from))
     return out
@@ -1163,25 +1199,28 @@ def _block_places(
     return places
 
 
-def _block_ints(w: BlockWeights[np.ndarray], tile_from: int | None) -> list[int]:
-    """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, and how
-    each of its four products reads its weight (`form`)."""
+def _block_ints(w: BlockWeights[np.ndarray], tile_from: int | None, ahead: tuple[int, int]) -> list[int]:
+    """A block's shapes and options: n_head, n_kv_head, head_dim, ACTIVATIONS' code, RMSNorm, how each of
+    its four products reads its weight (`form`), and how far ahead float32 bands ask for weights (`ahead`,
+    a value of `PREFETCHES`)."""
     a = w.attn
     lins = (a.c_attn, a.c_proj, w.mlp.c_fc, w.mlp.c_proj)
-    return [a.n_head, a.n_kv_head, _head_dim(w), ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)] + [
-        form(lin, tile_from) for lin in lins
-    ]
+    shapes = [a.n_head, a.n_kv_head, _head_dim(w), ACTIVATIONS[w.mlp.activation], int(w.ln_1.rms)]
+    return shapes + [form(lin, tile_from) for lin in lins] + list(ahead)
 
 
 ModelArgs = tuple[Any, ...]
 
 
 def model_args(
-    w: ModelWeights[np.ndarray], head: LinearWeights[np.ndarray], tile_from: int | None = None
+    w: ModelWeights[np.ndarray],
+    head: LinearWeights[np.ndarray],
+    tile_from: int | None = None,
+    ahead: tuple[int, int] = PREFETCHES["none"],
 ) -> ModelArgs:
     """A model as `model_step` hands it to the kernel, built once per engine (every block `supported`;
     `head`: the LM head as an output-major linear layer; batches through `_tile` for weight rows
-    `tile_from` long or longer). Its tensors must lie in one float32 buffer, the int8 bands in one uint8
+    `tile_from` long or longer; float32 bands asking for weights `ahead` bytes ahead). Its tensors must lie in one float32 buffer, the int8 bands in one uint8
     buffer (`numpy.packed`): the kernel is handed the two buffers and a table of where each tensor lies,
     not the tensors, because numba unpacks every array it is handed at every call, and a model has tens
     of them a block: handing them over would cost every token a share of its step that grows with the
@@ -1206,7 +1245,7 @@ def model_args(
         f32,
         quant,
         np.array(places, dtype=np.int64),
-        np.array([_block_ints(b, tile_from) for b in w.h], dtype=np.int64),
+        np.array([_block_ints(b, tile_from, ahead) for b in w.h], dtype=np.int64),
         np.array(reals, dtype=np.float64),
         np.array(w.skip_pairs, dtype=np.int64).reshape(-1, 2),
         final,
@@ -1289,7 +1328,7 @@ def entries(quantize: str, kv_cache: str) -> list[Entry]:
     calls: list[tuple[Any, tuple[Any, ...]]] = [
         (_model_step, (ids, model, (kv, table, 0), ids, ids, (rows, rows), ids, 0)),
         (_draw, (rows, 0.0, np.zeros(1), ids)),
-        (_bands, (f32, 0, rows, f32, rows)),
+        (_bands, (f32, 0, rows, f32, rows, 0, 0)),
         (_matvec, (rows, rows, f32, rows, False)),
     ]
     if quantize == "int8":

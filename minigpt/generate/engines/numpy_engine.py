@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -415,7 +416,41 @@ LAYOUTS = ("auto", "output-major", "input-major")
 # the batches the kernels' tiling is measured at (`NumpyEngine._pick_tiles`): the first's answer serves
 # steps of fewer rows than the second, the second's steps of as many or more (a server's wide batches)
 TILE_ROWS = (8, 16)
+# the batches the bands' prefetch distances are measured at (`NumpyEngine._pick_prefetch`): the row counts
+# the band kernels sum at once, the widest's answer serving every wider batch and a prefill
+FETCH_ROWS = (1, 2, 4, 8)
 PREFILL_PROBES = (16, 128, 512)  # rows a prefill's products are timed at (`NumpyEngine._pick_kernel_rows`)
+PREFETCH_ENV = "MINIGPT_PREFETCH"  # fixes the bands' prefetch distances for every batch, untimed
+PREFETCH_MOST = 1 << 20  # a distance past a megabyte would ask for lines long evicted before their use
+
+
+def prefetch_setting(value: str) -> tuple[int, int]:
+    """A prefetch distance as PREFETCH_ENV or an engine's `prefetch` names it: one of `kernels.PREFETCHES`
+    (none, 2k, 1k/8k, ...), or two byte distances NEAR,FAR (0 < NEAR, 0 <= FAR, each at most
+    PREFETCH_MOST; FAR 0: the near line only)."""
+    if value in _kernels.PREFETCHES:
+        return _kernels.PREFETCHES[value]
+    parts = value.replace(" ", "").split(",")
+    if len(parts) == 2 and all(p.isdigit() and len(p) < 10 for p in parts):
+        near, far = int(parts[0]), int(parts[1])
+        if 0 < near <= PREFETCH_MOST and far <= PREFETCH_MOST:
+            return near, far
+    raise UsageError(
+        f"unknown prefetch distance {value!r} (set by {PREFETCH_ENV} or the engine): name one of "
+        f"{', '.join(_kernels.PREFETCHES)}, or give two byte distances NEAR,FAR (NEAR from 1, each at most "
+        f"{PREFETCH_MOST}), e.g. 2048,16384"
+    )
+
+
+def prefetch_label(ahead: tuple[int, int]) -> str:
+    """A prefetch distance's name in `kernels.PREFETCHES`, else NEAR,FAR."""
+    return next((name for name, a in _kernels.PREFETCHES.items() if a == ahead), f"{ahead[0]},{ahead[1]}")
+
+
+def _at(choices: Mapping[int, T], rows: int) -> T:
+    """The choice made for the widest batch of `choices` no wider than `rows` (the narrowest's below)."""
+    wide = [r for r in choices if r <= rows]
+    return choices[max(wide) if wide else min(choices)]
 
 
 def transposed(a: np.ndarray, chunk: int = 128) -> np.ndarray:
@@ -623,6 +658,7 @@ class NumpyEngine:
         tile_from: int | None | str = "auto",
         kv_cache: str = "float32",
         plan: Plan | None = None,
+        prefetch: str = "auto",
     ) -> None:
         """`tensors` by GPT-2 name, as a run's weights file holds them (names and shapes checked before);
         `kernels`: compiled one-token steps (None: where numba is installed); `plan`: asked, where the
@@ -633,7 +669,14 @@ class NumpyEngine:
         they are about to be compiled here rather than read from numba's cache, and when the engine takes
         them up; `tile_from`: the kernels' batched steps by tiles for weight rows that long or longer
         (None: never; 'auto': `_pick_tiles`); `kv_cache`: what the KV cache holds keys and values in,
-        float32 or float16 (`as_cached`)."""
+        float32 or float16 (`as_cached`); `prefetch`: how far ahead float32 bands ask for their weights,
+        for every batch (`prefetch_setting`), or 'auto': as PREFETCH_ENV says, else `_pick_prefetch`."""
+        if prefetch == "auto":
+            prefetch = os.environ.get(PREFETCH_ENV, "").strip() or "auto"
+        # none until measured: no distance carried over from another machine
+        ahead = _kernels.PREFETCHES["none"] if prefetch == "auto" else prefetch_setting(prefetch)
+        self._prefetch_given = prefetch != "auto"
+        self.prefetch = dict.fromkeys(FETCH_ROWS, ahead)
         if isinstance(tile_from, str) and tile_from != "auto":
             raise UsageError(f"unknown tile_from {tile_from!r}: a row length, None or 'auto'")
         if kv_cache not in KV_CACHES[1:]:
@@ -692,8 +735,6 @@ class NumpyEngine:
         self.weights, self._head = packed(
             self.weights, quantized_bands(int8_linear(lm_head)) if int8 else lm_head
         )
-        # a prefill's tokens are rows enough for tiles at every width (`_product`)
-        self._prefill_args = _kernels.model_args(self.weights, self._head, 0) if kernels else None
         self._use_tiles(None)
 
     def _load_kernels(self) -> None:
@@ -707,8 +748,10 @@ class NumpyEngine:
         logits = self._forward(self.weights, self._head, idx, self.new_cache(1), False)
         # the draw's kernel too, so that reading it from numba's cache is no part of the first token's time
         sample_next(logits, 1.0, None, None, np.random.default_rng(0), compiled=True)
+        if not self._prefetch_given:
+            self._use_prefetch(self._pick_prefetch())
         tile_from = self._tile_from
-        self._use_tiles(self._pick_tiles(self.quantize) if isinstance(tile_from, str) else tile_from)
+        self._use_tiles(self._pick_tiles() if isinstance(tile_from, str) else tile_from)
         # bands have no NumPy product to lose to: every prefill's products are the kernels'
         self.kernel_rows = sys.maxsize if self.bands else self._pick_kernel_rows(self.quantize)
 
@@ -732,13 +775,30 @@ class NumpyEngine:
         TILE_ROWS (`tiles`: the batch it was measured at -> its row length)."""
         self.tiles = tiles if isinstance(tiles, dict) else dict.fromkeys(TILE_ROWS, tiles)
         self.tile_from = self.tiles[TILE_ROWS[0]]
-        self._model_args = (
-            {rows: _kernels.model_args(self.weights, self._head, t) for rows, t in self.tiles.items()}
-            if self.kernels
-            else {}
-        )
+        self._build_args()
 
-    def _pick_tiles(self, quantize: str) -> dict[int, int | None]:
+    def _use_prefetch(self, ahead: dict[int, tuple[int, int]] | tuple[int, int]) -> None:
+        """Float32 bands asking for their weights `ahead` bytes ahead (`kernels.PREFETCHES`): one distance
+        for every batch, or one for each of FETCH_ROWS (the batch it was measured at -> its distance)."""
+        self.prefetch = ahead if isinstance(ahead, dict) else dict.fromkeys(FETCH_ROWS, ahead)
+        self._build_args()
+
+    def _build_args(self) -> None:
+        """The model as the kernels take it (`kernels.model_args`) for each batch width that has choices
+        of its own (TILE_ROWS, FETCH_ROWS), and for a prefill, whose tokens are rows enough for tiles at
+        every width (`_product`) and take the widest batch's prefetch."""
+        if not self.kernels:
+            self._model_args, self._prefill_args = {}, None
+            return
+        self._model_args = {
+            rows: _kernels.model_args(
+                self.weights, self._head, _at(self.tiles, rows), _at(self.prefetch, rows)
+            )
+            for rows in sorted({*TILE_ROWS, *FETCH_ROWS})
+        }
+        self._prefill_args = _kernels.model_args(self.weights, self._head, 0, _at(self.prefetch, sys.maxsize))
+
+    def _pick_tiles(self) -> dict[int, int | None]:
         """For each batch of TILE_ROWS, the row length from which its steps run fastest by tiles, on this
         CPU for these shapes: never, or from each of the model's input widths, as `remembered` keeps it
         from steps of that many rows timed with each (the first loads on a machine measure, later ones
@@ -757,20 +817,46 @@ class NumpyEngine:
             return dict.fromkeys(TILE_ROWS, None)
         choices = {"rows": None, **{f"tiles from {w}": w for w in sorted(widths)}}
         self.tuner.use(self.tuner.candidates[0])
+        return self._fastest_steps("numpy tiles", TILE_ROWS, choices, self._use_tiles)
+
+    def _pick_prefetch(self) -> dict[int, tuple[int, int]]:
+        """For each batch of FETCH_ROWS, how far ahead its float32 bands ask for their weights: the
+        fastest of `kernels.PREFETCHES` on steps of that many rows on every core, on this CPU for these
+        shapes, as `remembered` keeps it. Asking early keeps the caches and memory busy while the sums
+        run, but each request is an instruction and a line the caches may not want yet: at one row the
+        sums may be too short to hide a fetch, and how far ahead pays depends on the caches' sizes and
+        the memory's latency. Only float32 bands ask: elsewhere there is nothing to measure."""
+        if not self.bands or self.quantize == "int8":
+            return dict.fromkeys(FETCH_ROWS, _kernels.PREFETCHES["none"])
+        self.tuner.use(self.tuner.candidates[-1])  # a quiet machine's steps take every core
+        # the best of two rounds a load: three loads keep the best of six, and a step of a model past the
+        # caches takes tens of milliseconds at eight rows, so that five rounds would cost seconds a load
+        return self._fastest_steps("numpy prefetch", FETCH_ROWS, _kernels.PREFETCHES, self._use_prefetch, 2)
+
+    def _fastest_steps(
+        self,
+        kind: str,
+        widths: Sequence[int],
+        choices: Mapping[str, T],
+        use: Callable[[T], None],
+        rounds: int = 5,
+    ) -> dict[int, T]:
+        """For each batch width of `widths`, the fastest of `choices` (each put in place by `use`) on
+        one-token steps of that many rows (`best_times` over `rounds`), as `remembered` keeps it per
+        machine, library versions, model shape, threads and width (the first loads on a machine time
+        them, later ones read the answer)."""
         key = {
-            "engine": "numpy tiles", "numpy": np.__version__, "model": model_key(self.config),
-            "quantize": quantize,
+            "engine": kind, "numpy": np.__version__, "numba": _kernels.VERSION, "model": model_key(self.config),
+            "quantize": self.quantize, "threads": self.tuner.last,
         }  # fmt: skip
         picked = {}
-        for rows in TILE_ROWS:
+        for rows in widths:
             cache = self.new_cache(rows, capacity=8)  # a few positions: what is timed is the weights
             idx = np.zeros((rows, 1), dtype=np.int64)
 
-            def step(
-                tile_from: int | None, cache: Cache = cache, idx: np.ndarray = idx
-            ) -> Callable[[], object]:
+            def step(choice: T, cache: Cache = cache, idx: np.ndarray = idx) -> Callable[[], object]:
                 def run() -> None:
-                    self._use_tiles(tile_from)
+                    use(choice)
                     cache.reset()
                     self._forward(self.weights, self._head, idx, cache, False)
 
@@ -779,7 +865,7 @@ class NumpyEngine:
             chosen = remembered(
                 {**key, "rows": rows},
                 list(choices),
-                lambda step=step: best_times({name: step(t) for name, t in choices.items()}),
+                lambda step=step: best_times({name: step(c) for name, c in choices.items()}, rounds),
             )
             picked[rows] = choices[chosen]
         return picked
@@ -816,7 +902,8 @@ class NumpyEngine:
             }
 
         key = {
-            "engine": "numpy prefill", "numpy": np.__version__, "model": model_key(self.config),
+            "engine": "numpy prefill", "numpy": np.__version__, "numba": _kernels.VERSION,
+            "model": model_key(self.config),
             "quantize": quantize, "threads": self.tuner.candidates[-1],
         }  # fmt: skip
         return choices[remembered(key, list(choices), measure)]
@@ -828,7 +915,7 @@ class NumpyEngine:
         rows = x.size // x.shape[-1]
         if rows > self.kernel_rows:
             return linear(w, x)
-        out = _kernels.matvec(w, x.reshape(rows, x.shape[-1]), 0)
+        out = _kernels.matvec(w, x.reshape(rows, x.shape[-1]), 0, _at(self.prefetch, rows))
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def new_cache(self, batch: int, capacity: int | None = None) -> Cache:
@@ -889,8 +976,7 @@ class NumpyEngine:
         rope = None
         if self._angles is not None:
             rope = self._angles.at(positions) if mixed else self._angles(start, 1)
-        wide = [rows for rows in TILE_ROWS if rows <= len(tokens)]  # the batch whose tiling this one takes
-        args = self._model_args[wide[-1] if wide else TILE_ROWS[0]]
+        args = _at(self._model_args, len(tokens))  # the tiling and prefetch measured for its width
         logits = _kernels.model_step(args, tokens, cache.kernel, positions, rope)
         cache.advance(1)
         return logits
