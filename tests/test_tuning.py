@@ -146,6 +146,23 @@ def test_best_times_runs_everything_round_robin_and_keeps_each_ones_best() -> No
     assert calls == ["a", "b"] * 4  # the untimed first calls (a's 0.1, b's 9.0) do not count
 
 
+def test_best_times_prepares_each_call_untimed() -> None:
+    """`prepare(name)` runs before each call of that run, and its time (10 s each here) is in no best."""
+    clock = Clock()
+    calls: list[str] = []
+
+    def prepare(name: str) -> None:
+        calls.append(f"prepare {name}")
+        clock.now += 10.0
+
+    def run(name: str, seconds: float):
+        return lambda: calls.append(name) or setattr(clock, "now", clock.now + seconds)
+
+    got = best_times({"a": run("a", 1.0), "b": run("b", 2.0)}, rounds=2, clock=clock, prepare=prepare)
+    assert got == {"a": 1.0, "b": 2.0}
+    assert calls == ["prepare a", "a", "prepare b", "b"] * 3
+
+
 def test_a_layout_is_measured_on_three_loads_per_machine_and_model_then_remembered(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -854,18 +854,19 @@ class NumpyEngine:
             cache = self.new_cache(rows, capacity=8)  # a few positions: what is timed is the weights
             idx = np.zeros((rows, 1), dtype=np.int64)
 
-            def step(choice: T, cache: Cache = cache, idx: np.ndarray = idx) -> Callable[[], object]:
-                def run() -> None:
-                    use(choice)
-                    cache.reset()
-                    self._forward(self.weights, self._head, idx, cache, False)
+            def step(cache: Cache = cache, idx: np.ndarray = idx) -> object:
+                return self._forward(self.weights, self._head, idx, cache, False)
 
-                return run
+            def prepare(name: str, cache: Cache = cache) -> None:  # untimed: the choice's args built
+                use(choices[name])
+                cache.reset()
 
             chosen = remembered(
                 {**key, "rows": rows},
                 list(choices),
-                lambda step=step: best_times({name: step(c) for name, c in choices.items()}, rounds),
+                lambda step=step, prepare=prepare: best_times(
+                    dict.fromkeys(choices, step), rounds, prepare=prepare
+                ),
             )
             picked[rows] = choices[chosen]
         return picked
@@ -903,8 +904,7 @@ class NumpyEngine:
 
         key = {
             "engine": "numpy prefill", "numpy": np.__version__, "numba": _kernels.VERSION,
-            "model": model_key(self.config),
-            "quantize": quantize, "threads": self.tuner.candidates[-1],
+            "model": model_key(self.config), "quantize": quantize, "threads": self.tuner.candidates[-1],
         }  # fmt: skip
         return choices[remembered(key, list(choices), measure)]
 

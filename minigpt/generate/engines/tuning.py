@@ -70,13 +70,16 @@ def best_times(
     runs: Mapping[str, Callable[[], object]],
     rounds: int = 5,
     clock: Callable[[], float] = time.perf_counter,
+    prepare: Callable[[str], object] | None = None,
 ) -> dict[str, float]:
     """Each run's best time: each is called once untimed (first touches), then `rounds` times, round
-    robin so that every one sees the same moments of load. The best, as STREAM takes it: other work on
-    the machine only ever slows a run down."""
+    robin so that every one sees the same moments of load, each call after `prepare(name)`, untimed,
+    where given. The best, as STREAM takes it: other work on the machine only ever slows a run down."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for round_ in range(rounds + 1):
         for name, run in runs.items():
+            if prepare is not None:
+                prepare(name)
             start = clock()
             run()
             if round_:
