@@ -735,6 +735,7 @@ class NumpyEngine:
         self.weights, self._head = packed(
             self.weights, quantized_bands(int8_linear(lm_head)) if int8 else lm_head
         )
+        self._built: dict[tuple[int | None, tuple[int, int]], _kernels.ModelArgs] = {}  # `_args`
         self._use_tiles(None)
 
     def _load_kernels(self) -> None:
@@ -791,12 +792,18 @@ class NumpyEngine:
             self._model_args, self._prefill_args = {}, None
             return
         self._model_args = {
-            rows: _kernels.model_args(
-                self.weights, self._head, _at(self.tiles, rows), _at(self.prefetch, rows)
-            )
+            rows: self._args(_at(self.tiles, rows), _at(self.prefetch, rows))
             for rows in sorted({*TILE_ROWS, *FETCH_ROWS})
         }
-        self._prefill_args = _kernels.model_args(self.weights, self._head, 0, _at(self.prefetch, sys.maxsize))
+        self._prefill_args = self._args(0, _at(self.prefetch, sys.maxsize))
+
+    def _args(self, tile_from: int | None, ahead: tuple[int, int]) -> _kernels.ModelArgs:
+        """`kernels.model_args` for the held weights, each pair of choices built once (a few milliseconds
+        for a deep model): the measurements switch between the same few pairs dozens of times."""
+        key = (tile_from, ahead)
+        if key not in self._built:
+            self._built[key] = _kernels.model_args(self.weights, self._head, tile_from, ahead)
+        return self._built[key]
 
     def _pick_tiles(self) -> dict[int, int | None]:
         """For each batch of TILE_ROWS, the row length from which its steps run fastest by tiles, on this
