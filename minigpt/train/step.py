@@ -196,8 +196,8 @@ def eval_cost(
     the first pays one-off costs (the CPU's bf16 kernels, allocations) several times a pass's own, and
     timing it would leave a short run with no periodic evaluation to measure again part of its budget
     unused and its final evaluation shrunk to fit. Evaluations pass the batch size on the CPU and larger
-    chunks on a GPU, so this errs long if at all; the second pass costs about half a training step. Also the windows each split holds (a
-    conversation is one window)."""
+    chunks on a GPU, so this errs long if at all; the second pass costs about half a training step. Also
+    the windows each split holds (a conversation is one window)."""
     if isinstance(dataset, ConversationData):
         measured = min(batch_size, dataset.val.conversations)
 
